@@ -1,0 +1,32 @@
+"""Installs impala_tf: RLlib's IMPALA (V-trace actor-learner RL) on TensorFlow 2 and Keras 3."""
+
+from setuptools import find_packages, setup
+
+setup(
+    name="impala_tf",
+    version="0.1.0",
+    description="IMPALA (V-trace actor-learner RL) for TensorFlow 2 / Keras 3, RLlib-compatible",
+    long_description=open("README.md", encoding="utf-8").read(),
+    long_description_content_type="text/markdown",
+    packages=find_packages(include=["impala_tf", "impala_tf.*"]),
+    python_requires=">=3.10",
+    install_requires=[
+        "tensorflow==2.21.*",
+        "tensorflow-probability>=0.25",
+        # tensorflow-probability imports tf_keras on import.
+        "tf-keras==2.21.*",
+        "numpy",
+        "gymnasium>=1.0",
+        "absl-py",
+        "pyyaml",
+    ],
+    extras_require={
+        "test": ["pytest", "pytest-xdist", "ruff"],
+        "tools": ["matplotlib"],
+    },
+    entry_points={
+        "console_scripts": [
+            "impala-train=impala_tf.bin.train:run",
+        ],
+    },
+)

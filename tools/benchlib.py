@@ -1,0 +1,61 @@
+"""Helpers shared by the benchmarks in tools/: timing by median and writing BENCHMARKS.md.
+
+Each benchmark owns one section of BENCHMARKS.md, delimited by HTML comments, and rewrites only
+that section, so benchmarks can be re-run one at a time.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import re
+import statistics
+import time
+from collections.abc import Callable
+
+BENCHMARKS_MD = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                             "BENCHMARKS.md")
+
+
+def median_seconds(fn: Callable[[], object], repeats: int = 50, warmup: int = 5) -> float:
+    """Returns the median wall time of `fn()` in seconds over `repeats` calls after `warmup`."""
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def machine_line() -> str:
+    """A one-line description of the machine the figures were measured on."""
+    try:
+        import tensorflow as tf
+
+        tf_version = tf.__version__
+    except ImportError:  # pragma: no cover
+        tf_version = "n/a"
+    return (f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}, "
+            f"TensorFlow {tf_version}, {time.strftime('%Y-%m-%d')}")
+
+
+def write_section(name: str, markdown: str, path: str = BENCHMARKS_MD) -> None:
+    """Replaces (or appends) the section `name` of BENCHMARKS.md with `markdown`."""
+    begin, end = f"<!-- {name}:begin -->", f"<!-- {name}:end -->"
+    block = f"{begin}\n{markdown.rstrip()}\n{end}\n"
+    text = ""
+    if os.path.exists(path):
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    if not text:
+        text = "# Benchmarks\n\nFigures written by the scripts in `tools/`; re-run one to refresh " \
+               "its section.\n\n"
+    pattern = re.compile(re.escape(begin) + r".*?" + re.escape(end) + r"\n?", re.S)
+    if pattern.search(text):
+        text = pattern.sub(lambda _: block, text)
+    else:
+        text = text.rstrip() + "\n\n" + block
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(text)
