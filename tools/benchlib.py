@@ -13,8 +13,9 @@ import statistics
 import time
 from collections.abc import Callable
 
-BENCHMARKS_MD = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-                             "BENCHMARKS.md")
+BENCHMARKS_MD = os.path.join(
+    os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "BENCHMARKS.md"
+)
 
 
 def median_seconds(fn: Callable[[], object], repeats: int = 50, warmup: int = 5) -> float:
@@ -37,8 +38,10 @@ def machine_line() -> str:
         tf_version = tf.__version__
     except ImportError:  # pragma: no cover
         tf_version = "n/a"
-    return (f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}, "
-            f"TensorFlow {tf_version}, {time.strftime('%Y-%m-%d')}")
+    return (
+        f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}, "
+        f"TensorFlow {tf_version}, {time.strftime('%Y-%m-%d')}"
+    )
 
 
 def write_section(name: str, markdown: str, path: str = BENCHMARKS_MD) -> None:
@@ -50,8 +53,10 @@ def write_section(name: str, markdown: str, path: str = BENCHMARKS_MD) -> None:
         with open(path, encoding="utf-8") as f:
             text = f.read()
     if not text:
-        text = "# Benchmarks\n\nFigures written by the scripts in `tools/`; re-run one to refresh " \
-               "its section.\n\n"
+        text = (
+            "# Benchmarks\n\nFigures written by the scripts in `tools/`; re-run one to refresh "
+            "its section.\n\n"
+        )
     pattern = re.compile(re.escape(begin) + r".*?" + re.escape(end) + r"\n?", re.S)
     if pattern.search(text):
         text = pattern.sub(lambda _: block, text)

@@ -1,0 +1,63 @@
+"""The one interface through which the driver talks to its actors.
+
+Actors and the learner meet only through data: fragments come in (`fetch_ready`), weights go out
+(`broadcast_weights`). The embedded default is `LocalActorPool` (local processes); a pool on Ray
+implements the same methods.
+"""
+
+from __future__ import annotations
+
+import abc
+import dataclasses
+
+import numpy as np
+
+from impala_tf.actors.env_runner import Fragment
+
+__all__ = ["ActorFailure", "ActorPool"]
+
+
+@dataclasses.dataclass
+class ActorFailure:
+    """An actor that died or raised.
+
+    Attributes:
+      actor_id: Which actor (0-based).
+      error: What happened, with the remote traceback when there is one.
+    """
+
+    actor_id: int
+    error: str
+
+
+class ActorPool(abc.ABC):
+    """A set of actors that sample fragments on request (RLlib's env-runner group)."""
+
+    num_actors: int
+
+    @abc.abstractmethod
+    def request_samples(self, actor_ids: list[int], count: int = 1) -> None:
+        """Asks each actor in `actor_ids` for `count` more fragments (asynchronously)."""
+
+    @abc.abstractmethod
+    def fetch_ready(self, timeout_s: float) -> tuple[list[Fragment], list[ActorFailure]]:
+        """Returns the fragments ready now (waiting up to `timeout_s` for a first one), and the
+        actors found dead since the last call."""
+
+    @abc.abstractmethod
+    def broadcast_weights(
+        self, weights: list[np.ndarray], policy_version: int, actor_ids: list[int]
+    ) -> None:
+        """Sends policy weights (without waiting) to the actors in `actor_ids`."""
+
+    @abc.abstractmethod
+    def restart(self, actor_id: int, weights: list[np.ndarray], policy_version: int) -> None:
+        """Replaces a failed actor by a fresh one holding `weights`."""
+
+    @abc.abstractmethod
+    def healthy_actor_ids(self) -> list[int]:
+        """The actors currently alive."""
+
+    @abc.abstractmethod
+    def stop(self) -> None:
+        """Ends every process or remote actor the pool started. Safe to call twice."""

@@ -1,0 +1,263 @@
+"""`EnvRunner`: steps a set of gymnasium envs with an `ActorPolicy` and cuts rollout fragments.
+
+One env runner (RLlib's "env runner" / "rollout worker") owns `num_envs_per_env_runner` envs and
+steps them together, one batched policy call per time step. `sample()` returns a `Fragment`: a
+`SampleBatch` of B = num_envs sequences of T = `rollout_fragment_length` steps, per-step columns
+shaped [B, T, ...] (`truncate_episodes`: episodes continue across fragments), plus the returns and
+lengths of the episodes that finished in it.
+
+Rewards are clipped for training as RLlib's `clip_rewards` says (True: to their sign, x: to
+[-x, x]); episode returns are reported unclipped.
+
+`values_bootstrapped[t]` is the behaviour value of the observation that follows step t in the same
+episode: V(x_{t+1}) from the next step's policy call, 0 after a termination, and V(final
+observation) after a truncation (computed by one extra batched call on the truncated envs).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+
+from impala_tf.config import ImpalaConfig
+from impala_tf.sample_batch import SampleBatch
+
+__all__ = ["EnvContext", "EnvRunner", "Fragment", "make_env", "env_seed"]
+
+#: Seeds of env j in env runner i are `seed + i * _MAX_ENVS_PER_RUNNER + j`, as RLlib derives them.
+_MAX_ENVS_PER_RUNNER = 1000
+
+
+class EnvContext(dict):
+    """The `env_config` dict handed to a user's env creator, with RLlib's extra attributes.
+
+    Attributes:
+      worker_index: 1-based index of the env runner (0 is the driver/evaluation).
+      vector_index: Index of the env within its runner.
+      num_workers: Number of env runners.
+    """
+
+    def __init__(self, env_config: dict, worker_index: int, vector_index: int, num_workers: int):
+        super().__init__(env_config or {})
+        self.worker_index = worker_index
+        self.vector_index = vector_index
+        self.num_workers = num_workers
+
+
+def env_seed(seed: int | None, worker_index: int, vector_index: int) -> int | None:
+    """The seed of env `vector_index` of env runner `worker_index` (None if `seed` is None)."""
+    if seed is None:
+        return None
+    return int(seed) + worker_index * _MAX_ENVS_PER_RUNNER + vector_index
+
+
+def make_env(config: ImpalaConfig, worker_index: int = 0, vector_index: int = 0) -> gym.Env:
+    """Creates one env from `config.env`: a registered gymnasium id or an `env_creator` callable.
+
+    A gymnasium id is made with `gym.make(id, **env_config)`; a callable is called with an
+    `EnvContext` holding `env_config` (RLlib's convention).
+    """
+    env: str | Callable[..., gym.Env] | None = config.env
+    if env is None:
+        raise ValueError("`env` is not set: pass a gymnasium id or an env_creator(env_config)")
+    if callable(env):
+        context = EnvContext(config.env_config, worker_index, vector_index, config.num_env_runners)
+        made = env(context)
+        if not isinstance(made, gym.Env):
+            raise TypeError(f"env_creator {env!r} returned {type(made).__name__}, not a gym.Env")
+        return made
+    if isinstance(env, str) and env.startswith("ALE/"):
+        import ale_py
+
+        gym.register_envs(ale_py)
+    return gym.make(env, **(config.env_config or {}))
+
+
+@dataclasses.dataclass
+class Fragment:
+    """What an env runner sends per sample request.
+
+    Attributes:
+      batch: `SampleBatch` of [B, T, ...] sequences (B = num_envs_per_env_runner).
+      episode_returns: Returns of the episodes that ended in this fragment.
+      episode_lengths: Their lengths in steps.
+      policy_version: `num_grad_updates` of the weights that acted (0 before any broadcast).
+      actor_id: Index of the actor that produced it (0-based).
+      sample_time_s: Wall time spent producing it.
+    """
+
+    batch: SampleBatch
+    episode_returns: list[float]
+    episode_lengths: list[int]
+    policy_version: int
+    actor_id: int = 0
+    sample_time_s: float = 0.0
+
+    @property
+    def env_steps(self) -> int:
+        return self.batch.env_steps
+
+
+class EnvRunner:
+    """Steps `num_envs_per_env_runner` envs with a policy and returns fragments.
+
+    Args:
+      config: The algorithm config (env, env_config, model, rollout_fragment_length,
+        num_envs_per_env_runner, seed, explore, gamma).
+      worker_index: 1-based index of this runner; it derives the env and sampling seeds.
+      explore: Overrides `config.explore` (evaluation passes False).
+    """
+
+    def __init__(self, config: ImpalaConfig, worker_index: int = 1, explore: bool | None = None):
+        from impala_tf.policy import ActorPolicy  # TensorFlow is imported here, not at import.
+
+        self.config = config
+        self.worker_index = worker_index
+        self.num_envs = int(config.num_envs_per_env_runner)
+        self.horizon = int(config.rollout_fragment_length)
+        self.envs = [make_env(config, worker_index, j) for j in range(self.num_envs)]
+        self.observation_space = self.envs[0].observation_space
+        self.action_space = self.envs[0].action_space
+        explore = config.explore if explore is None else explore
+        seed = env_seed(config.seed, worker_index, 0)
+        self.policy = ActorPolicy(
+            self.observation_space, self.action_space, config.model, explore=explore, seed=seed
+        )
+        self.policy_version = 0
+        self._obs_dtype = self.observation_space.dtype or np.float32
+        self._clip_actions = isinstance(self.action_space, gym.spaces.Box)
+        self._clip_rewards = config.clip_rewards
+        self._obs = np.stack(
+            [
+                self._reset(env, env_seed(config.seed, worker_index, j))
+                for j, env in enumerate(self.envs)
+            ]
+        )
+        self._state = self.policy.initial_state(self.num_envs)
+        self._episode_return = np.zeros(self.num_envs, np.float64)
+        self._episode_length = np.zeros(self.num_envs, np.int64)
+        self._next = None  # The policy step for self._obs, computed ahead.
+
+    def _reset(self, env: gym.Env, seed: int | None = None) -> np.ndarray:
+        obs, _ = env.reset(seed=seed)
+        return np.asarray(obs, dtype=self._obs_dtype)
+
+    def set_weights(self, weights: list[np.ndarray], policy_version: int = 0) -> None:
+        """Loads new policy weights; `policy_version` is the learner's `num_grad_updates`."""
+        self.policy.set_weights(weights)
+        self.policy_version = int(policy_version)
+
+    def get_weights(self) -> list[np.ndarray]:
+        return self.policy.get_weights()
+
+    def sample(self) -> Fragment:
+        """Steps every env `rollout_fragment_length` times and returns the fragment."""
+        start = time.perf_counter()
+        horizon, n = self.horizon, self.num_envs
+        if self._next is None:
+            self._next = self.policy.step(self._obs, self._state)
+        first = self._next
+        obs_buf = np.empty((horizon, n, *self._obs.shape[1:]), self._obs.dtype)
+        act_buf = np.empty((horizon, n, *first.actions.shape[1:]), first.actions.dtype)
+        logits_buf = np.empty((horizon, n, first.logits.shape[-1]), np.float32)
+        logp_buf = np.empty((horizon, n), np.float32)
+        vf_buf = np.empty((horizon, n), np.float32)
+        vb_buf = np.empty((horizon, n), np.float32)
+        rew_buf = np.empty((horizon, n), np.float32)
+        term_buf = np.zeros((horizon, n), bool)
+        trunc_buf = np.zeros((horizon, n), bool)
+        state_in = self._state
+        returns: list[float] = []
+        lengths: list[int] = []
+
+        for t in range(horizon):
+            step = self._next
+            obs_buf[t] = self._obs
+            act_buf[t] = step.actions
+            logits_buf[t] = step.logits
+            logp_buf[t] = step.logp
+            vf_buf[t] = step.values
+            env_actions = (
+                np.clip(step.actions, self.action_space.low, self.action_space.high)
+                if self._clip_actions
+                else step.actions
+            )
+            next_obs = np.empty_like(self._obs)
+            final_obs = {}
+            for j, env in enumerate(self.envs):
+                obs, reward, terminated, truncated, _ = env.step(env_actions[j])
+                rew_buf[t, j] = reward
+                self._episode_return[j] += reward
+                self._episode_length[j] += 1
+                if terminated or truncated:
+                    term_buf[t, j] = terminated
+                    trunc_buf[t, j] = truncated and not terminated
+                    if trunc_buf[t, j]:
+                        final_obs[j] = np.asarray(obs, dtype=self._obs_dtype)
+                    returns.append(float(self._episode_return[j]))
+                    lengths.append(int(self._episode_length[j]))
+                    self._episode_return[j] = 0.0
+                    self._episode_length[j] = 0
+                    obs = self._reset(env)
+                next_obs[j] = obs
+            state = step.state
+            if final_obs:
+                rows = np.fromiter(final_obs, np.int64)
+                final = self.policy.step(
+                    np.stack([final_obs[j] for j in rows]), tuple(s[rows] for s in state)
+                )
+            dones = term_buf[t] | trunc_buf[t]
+            if state and dones.any():
+                state = tuple(np.where(dones[:, None], 0.0, s).astype(s.dtype) for s in state)
+            self._obs, self._state = next_obs, state
+            self._next = self.policy.step(next_obs, state)
+            vb_buf[t] = np.where(term_buf[t], 0.0, self._next.values)
+            if final_obs:
+                vb_buf[t, rows] = final.values
+
+        if self._clip_rewards is True:
+            rew_buf = np.sign(rew_buf)
+        elif self._clip_rewards:
+            rew_buf = np.clip(rew_buf, -self._clip_rewards, self._clip_rewards)
+
+        def seq(x):  # [T, B, ...] -> [B, T, ...]
+            return np.ascontiguousarray(np.swapaxes(x, 0, 1))
+
+        columns: dict[str, Any] = {
+            "obs": seq(obs_buf),
+            "actions": seq(act_buf),
+            "rewards": seq(rew_buf),
+            "terminateds": seq(term_buf),
+            "truncateds": seq(trunc_buf),
+            "action_dist_inputs": seq(logits_buf),
+            "action_logp": seq(logp_buf),
+            "vf_preds": seq(vf_buf),
+            "values_bootstrapped": seq(vb_buf),
+        }
+        for i, s in enumerate(state_in):
+            columns[f"state_in_{i}"] = s
+        return Fragment(
+            batch=SampleBatch(columns),
+            episode_returns=returns,
+            episode_lengths=lengths,
+            policy_version=self.policy_version,
+            actor_id=self.worker_index - 1,
+            sample_time_s=time.perf_counter() - start,
+        )
+
+    def run_episodes(self, num_episodes: int) -> list[tuple[float, int]]:
+        """Samples until `num_episodes` episodes have finished; returns (return, length) pairs."""
+        done: list[tuple[float, int]] = []
+        while len(done) < num_episodes:
+            fragment = self.sample()
+            done.extend(zip(fragment.episode_returns, fragment.episode_lengths))
+        return done[:num_episodes]
+
+    def close(self) -> None:
+        for env in self.envs:
+            env.close()

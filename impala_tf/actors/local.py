@@ -1,0 +1,227 @@
+"""`LocalActorPool`: the embedded default, one local process per actor.
+
+Each actor process runs an `EnvRunner`. The driver sends it commands through a
+`multiprocessing.Queue` (sample requests, weights, stop), whose feeder thread never blocks the
+driver, and the actor sends fragments back through its own pipe; the driver waits on all pipes
+and process sentinels at once, so a dead actor is noticed immediately (its pipe closes).
+
+Processes are started with the "spawn" method: TensorFlow is not fork-safe. An actor whose parent
+disappears exits by itself within about a second.
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing as mp
+import os
+import queue
+import traceback
+from multiprocessing import connection
+from typing import Any
+
+import numpy as np
+
+from impala_tf.actors.base import ActorFailure, ActorPool
+from impala_tf.actors.env_runner import Fragment
+from impala_tf.config import ImpalaConfig
+
+__all__ = ["LocalActorPool"]
+
+logger = logging.getLogger(__name__)
+
+_STOP_JOIN_S = 3.0
+
+
+def _actor_main(
+    actor_id: int,
+    config: ImpalaConfig,
+    results: connection.Connection,
+    commands: Any,
+    weights: list[np.ndarray] | None,
+    policy_version: int,
+) -> None:
+    """The body of one actor process: sample one fragment per credit, apply weights, stop."""
+    # One thread per TF pool: the actors, the learner and the driver share few cores.
+    os.environ.setdefault("TF_NUM_INTRAOP_THREADS", "1")
+    os.environ.setdefault("TF_NUM_INTEROP_THREADS", "1")
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    os.environ["CUDA_VISIBLE_DEVICES"] = ""
+    parent = mp.parent_process()
+    try:
+        from impala_tf.actors.env_runner import EnvRunner
+
+        runner = EnvRunner(config, worker_index=actor_id + 1)
+        if weights is not None:
+            runner.set_weights(weights, policy_version)
+        credits = 0
+        while True:
+            latest_weights = None
+            while True:
+                try:
+                    if credits > 0:
+                        msg = commands.get_nowait()
+                    else:
+                        msg = commands.get(timeout=1.0)
+                except queue.Empty:
+                    if credits > 0:
+                        break
+                    if parent is not None and not parent.is_alive():
+                        return
+                    continue
+                kind = msg[0]
+                if kind == "stop":
+                    return
+                if kind == "sample":
+                    credits += msg[1]
+                elif kind == "weights":
+                    latest_weights = msg[1:]
+            if latest_weights is not None:
+                runner.set_weights(*latest_weights)
+            fragment = runner.sample()
+            fragment.actor_id = actor_id
+            results.send(("fragment", fragment))
+            credits -= 1
+    except (KeyboardInterrupt, BrokenPipeError):
+        return
+    except BaseException as e:  # noqa: BLE001 - reported to the driver, which decides.
+        try:
+            results.send(("error", f"{type(e).__name__}: {e}\n{traceback.format_exc()}"))
+        except (BrokenPipeError, OSError):
+            pass
+        raise SystemExit(1) from e
+
+
+class _Actor:
+    """The driver's handle on one actor process."""
+
+    def __init__(self, process, results, commands):
+        self.process = process
+        self.results = results
+        self.commands = commands
+        self.healthy = True
+
+
+class LocalActorPool(ActorPool):
+    """`num_env_runners` local actor processes (at least one).
+
+    Args:
+      config: The algorithm config; each actor builds its envs and policy from it.
+      weights: Initial policy weights for every actor (None keeps their random init).
+      policy_version: The learner's `num_grad_updates` that `weights` correspond to.
+      start_method: multiprocessing start method ("spawn" or "forkserver").
+    """
+
+    def __init__(
+        self,
+        config: ImpalaConfig,
+        weights: list[np.ndarray] | None = None,
+        policy_version: int = 0,
+        start_method: str = "spawn",
+    ):
+        self.config = config
+        self.num_actors = max(1, int(config.num_env_runners))
+        self._ctx = mp.get_context(start_method)
+        self._actors: dict[int, _Actor] = {}
+        self._stopped = False
+        for i in range(self.num_actors):
+            self._start(i, weights, policy_version)
+
+    def _start(self, actor_id: int, weights, policy_version: int) -> None:
+        recv_end, send_end = self._ctx.Pipe(duplex=False)
+        commands = self._ctx.Queue()
+        process = self._ctx.Process(
+            target=_actor_main,
+            args=(actor_id, self.config, send_end, commands, weights, policy_version),
+            name=f"impala-actor-{actor_id}",
+            daemon=True,
+        )
+        process.start()
+        send_end.close()
+        self._actors[actor_id] = _Actor(process, recv_end, commands)
+
+    def request_samples(self, actor_ids: list[int], count: int = 1) -> None:
+        for i in actor_ids:
+            actor = self._actors[i]
+            if actor.healthy:
+                actor.commands.put(("sample", count))
+
+    def fetch_ready(self, timeout_s: float) -> tuple[list[Fragment], list[ActorFailure]]:
+        healthy = [a for a in self._actors.values() if a.healthy]
+        if timeout_s > 0 and healthy:
+            connection.wait(
+                [a.results for a in healthy] + [a.process.sentinel for a in healthy], timeout_s
+            )
+        fragments: list[Fragment] = []
+        failures: list[ActorFailure] = []
+        for actor_id, actor in self._actors.items():
+            if not actor.healthy:
+                continue
+            error = None
+            try:
+                while actor.results.poll():
+                    kind, payload = actor.results.recv()
+                    if kind == "fragment":
+                        fragments.append(payload)
+                    else:
+                        error = payload
+                        break
+            except (EOFError, OSError):
+                actor.process.join(0.5)
+                error = f"actor process exited (exit code {actor.process.exitcode})"
+            if error is None and not actor.process.is_alive():
+                error = f"actor process exited (exit code {actor.process.exitcode})"
+            if error is not None:
+                actor.healthy = False
+                self._terminate(actor)
+                failures.append(ActorFailure(actor_id, error))
+        return fragments, failures
+
+    def broadcast_weights(
+        self, weights: list[np.ndarray], policy_version: int, actor_ids: list[int]
+    ) -> None:
+        for i in actor_ids:
+            actor = self._actors[i]
+            if actor.healthy:
+                actor.commands.put(("weights", weights, policy_version))
+
+    def restart(self, actor_id: int, weights: list[np.ndarray], policy_version: int) -> None:
+        old = self._actors.get(actor_id)
+        if old is not None:
+            self._terminate(old)
+        self._start(actor_id, weights, policy_version)
+
+    def healthy_actor_ids(self) -> list[int]:
+        return [i for i, a in self._actors.items() if a.healthy]
+
+    def pids(self) -> list[int]:
+        """Process ids of the live actors (for tests and monitoring)."""
+        return [a.process.pid for a in self._actors.values() if a.process.is_alive()]
+
+    @staticmethod
+    def _terminate(actor: _Actor) -> None:
+        if actor.process.is_alive():
+            actor.process.terminate()
+            actor.process.join(_STOP_JOIN_S)
+        if actor.process.is_alive():
+            actor.process.kill()
+            actor.process.join(_STOP_JOIN_S)
+        actor.commands.cancel_join_thread()
+        actor.commands.close()
+        actor.results.close()
+
+    def stop(self) -> None:
+        if self._stopped:
+            return
+        self._stopped = True
+        for actor in self._actors.values():
+            if actor.process.is_alive():
+                try:
+                    actor.commands.put(("stop",))
+                except (ValueError, OSError):
+                    pass
+        for actor in self._actors.values():
+            actor.process.join(_STOP_JOIN_S)
+            try:
+                self._terminate(actor)
+            except (ValueError, OSError):
+                pass

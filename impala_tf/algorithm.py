@@ -1,0 +1,475 @@
+"""`Impala`: the driver that wires actors, the loader and the learner thread (RLlib's `IMPALA`).
+
+Built by `ImpalaConfig.build()`. Each `train()` call runs `training_step()` for at least
+`min_time_s_per_iteration` seconds and returns RLlib's result dict. One training step
+(SEMANTICS.md section 3, the old API stack's `training_step`):
+
+1. a dead learner thread raises "The learner thread died while training!";
+2. collect the fragments that are ready (asynchronous sampling, at most
+   `max_requests_in_flight_per_env_runner` requests outstanding per actor); failed actors are
+   restarted (`restart_failed_env_runners`) or raise;
+3. pass each through the mix-in replay buffer when `replay_proportion > 0`;
+4. count `num_env_steps_sampled` / `num_agent_steps_sampled`;
+5. concatenate them into train batches (`impala_tf.pipeline.BatchBuilder`);
+6. put the batches on the learner queue: all but the last without blocking (a full queue drops
+   the batch and counts `num_times_learner_queue_full`), the last waiting for room;
+7. drain the learner's outqueue into `num_env_steps_trained` / `num_agent_steps_trained`;
+8. every `broadcast_interval` steps with a new update, send the weights to the actors that
+   sampled (`num_weight_broadcasts`).
+"""
+
+from __future__ import annotations
+
+import atexit
+import collections
+import json
+import logging
+import os
+import platform
+import queue
+import socket
+import time
+import weakref
+from typing import Any
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from impala_tf import pipeline
+from impala_tf.actors.base import ActorFailure, ActorPool
+from impala_tf.actors.env_runner import Fragment, make_env
+from impala_tf.actors.local import LocalActorPool
+from impala_tf.config import ImpalaConfig
+from impala_tf.learner import ImpalaLearner
+from impala_tf.learner_thread import LearnerThread, TrainBatch
+from impala_tf.replay import MixInReplayBuffer, replay_ratio_from_proportion
+from impala_tf.sample_batch import decompress
+
+__all__ = ["Impala", "make_strategy"]
+
+logger = logging.getLogger(__name__)
+
+#: An actor failing this many times in a row without producing a fragment is an error, not a
+#: restart loop (e.g. an env that raises on construction).
+_MAX_CONSECUTIVE_ACTOR_FAILURES = 3
+_FETCH_TIMEOUT_S = 0.02
+_QUEUE_PUT_POLL_S = 0.1
+_CHECKPOINT_STATE = "driver_state.json"
+
+
+def make_strategy(config: ImpalaConfig) -> tf.distribute.Strategy:
+    """The learner's `tf.distribute` strategy for `num_gpus` / `_fake_gpus`.
+
+    One device: the default strategy (TensorFlow places ops on the GPU if there is one). N > 1:
+    `MirroredStrategy` over N GPUs, or over N logical CPU devices with `_fake_gpus=True` (these
+    must be configured before TensorFlow initialises; we do that here when we can).
+    """
+    n = config.num_learner_devices
+    if n <= 1:
+        return tf.distribute.get_strategy()
+    if config._fake_gpus:
+        cpus = tf.config.list_physical_devices("CPU")
+        logical = tf.config.list_logical_devices("CPU")
+        if len(logical) < n:
+            try:
+                tf.config.set_logical_device_configuration(
+                    cpus[0], [tf.config.LogicalDeviceConfiguration() for _ in range(n)]
+                )
+            except RuntimeError as e:
+                raise RuntimeError(
+                    f"num_gpus={n} with _fake_gpus=True needs {n} logical CPU devices, but "
+                    f"TensorFlow was initialised with {len(logical)}: build the algorithm before "
+                    "running any TensorFlow op, or configure the logical devices yourself."
+                ) from e
+            logical = tf.config.list_logical_devices("CPU")
+        return tf.distribute.MirroredStrategy([d.name for d in logical[:n]])
+    gpus = tf.config.list_logical_devices("GPU")
+    if not gpus:
+        logger.warning(
+            "num_gpus=%d but no GPU is visible: training on the CPU (set _fake_gpus=True to "
+            "simulate %d devices).",
+            n,
+            n,
+        )
+        return tf.distribute.get_strategy()
+    if len(gpus) < n:
+        raise ValueError(f"num_gpus={n} but only {len(gpus)} GPU(s) are visible")
+    return tf.distribute.MirroredStrategy([d.name for d in gpus[:n]])
+
+
+class Impala:
+    """The IMPALA algorithm: actors sample asynchronously, a learner thread trains with V-trace.
+
+    Args:
+      config: A validated (or validatable) `ImpalaConfig` with `env` set.
+      callbacks: Keras callbacks for the learner thread (called around each update).
+      actor_pool_cls: The `ActorPool` implementation; `LocalActorPool` (local processes) is the
+        embedded default.
+    """
+
+    def __init__(
+        self,
+        config: ImpalaConfig,
+        callbacks: list[keras.callbacks.Callback] | None = None,
+        actor_pool_cls: type[ActorPool] = LocalActorPool,
+    ):
+        config.validate(require_env=True)
+        self.config = config
+        self._stopped = False
+        self.pool: ActorPool | None = None
+        self.learner_thread: LearnerThread | None = None
+        # TF sets its logical devices on first use: choose them before anything else runs.
+        self.strategy = make_strategy(config)
+        if config.seed is not None:
+            keras.utils.set_random_seed(int(config.seed))
+        env = make_env(config, 0, 0)
+        self.observation_space, self.action_space = env.observation_space, env.action_space
+        env.close()
+        try:
+            # Actors import TensorFlow and build their envs while the learner is built here.
+            self.pool = actor_pool_cls(config)
+            _live_algorithms.add(self)
+            with self.strategy.scope():
+                self.learner = ImpalaLearner(config, self.observation_space, self.action_space)
+            self.num_replicas = self.strategy.num_replicas_in_sync
+            state_shapes = tuple(tuple(s.shape[1:]) for s in self.learner.model.initial_state(1))
+            self._rows = pipeline.rows_per_batch(config, self.num_replicas)
+            signature = pipeline.batch_signature(
+                config, self.observation_space, self.action_space, self.num_replicas, state_shapes
+            )
+            self.learner_thread = LearnerThread(
+                self.learner, self.strategy, signature, callbacks=callbacks
+            )
+            self.learner_thread.start()
+        except BaseException:
+            self.stop()
+            raise
+        self._batch_builder = pipeline.BatchBuilder(self._rows)
+        self._replay = (
+            MixInReplayBuffer(
+                capacity=config.replay_buffer_num_slots,
+                replay_ratio=replay_ratio_from_proportion(config.replay_proportion),
+                seed=config.seed,
+            )
+            if config.replay_proportion > 0
+            else None
+        )
+        self._counters: collections.Counter = collections.Counter()
+        self._episodes: collections.deque = collections.deque(
+            maxlen=int(config.metrics_num_episodes_for_smoothing)
+        )
+        self._episodes_total = 0
+        self._iteration = 0
+        self._time_total_s = 0.0
+        self._steps_since_broadcast = 0
+        self._broadcast_version = -1
+        self._failures_in_a_row = collections.Counter()
+        self._in_flight = {i: 0 for i in range(self.pool.num_actors)}
+        self._learner_info: dict[str, Any] = {}
+        self._broadcast(list(self._in_flight))
+        self._top_up_requests()
+
+    # Sampling --------------------------------------------------------------------------------
+
+    def _top_up_requests(self) -> None:
+        limit = int(self.config.max_requests_in_flight_per_env_runner)
+        for actor_id in self.pool.healthy_actor_ids():
+            missing = limit - self._in_flight[actor_id]
+            if missing > 0:
+                self.pool.request_samples([actor_id], missing)
+                self._in_flight[actor_id] += missing
+
+    def _broadcast(self, actor_ids: list[int]) -> None:
+        version = int(self.learner.num_grad_updates.numpy())
+        self.pool.broadcast_weights(self.learner.get_policy_weights(), version, actor_ids)
+        self._broadcast_version = version
+
+    def _handle_failures(self, failures: list[ActorFailure]) -> None:
+        for failure in failures:
+            self._in_flight[failure.actor_id] = 0
+            self._counters["num_env_runner_failures"] += 1
+            if not self.config.restart_failed_env_runners:
+                raise RuntimeError(
+                    f"Actor {failure.actor_id} failed and restart_failed_env_runners=False: "
+                    f"{failure.error}"
+                )
+            self._failures_in_a_row[failure.actor_id] += 1
+            if self._failures_in_a_row[failure.actor_id] >= _MAX_CONSECUTIVE_ACTOR_FAILURES:
+                raise RuntimeError(
+                    f"Actor {failure.actor_id} failed {_MAX_CONSECUTIVE_ACTOR_FAILURES} times in a "
+                    f"row without producing a sample; giving up. Last error: {failure.error}"
+                )
+            logger.warning("Restarting actor %d after: %s", failure.actor_id, failure.error)
+            self.pool.restart(
+                failure.actor_id,
+                self.learner.get_policy_weights(),
+                int(self.learner.num_grad_updates.numpy()),
+            )
+            self._counters["num_env_runner_restarts"] += 1
+
+    def _process_fragment(self, fragment: Fragment) -> list[TrainBatch]:
+        self._in_flight[fragment.actor_id] = max(0, self._in_flight[fragment.actor_id] - 1)
+        self._failures_in_a_row[fragment.actor_id] = 0
+        self._counters["num_env_steps_sampled"] += fragment.env_steps
+        self._counters["num_agent_steps_sampled"] += fragment.env_steps
+        for ret, length in zip(fragment.episode_returns, fragment.episode_lengths):
+            self._episodes.append((ret, length))
+        self._episodes_total += len(fragment.episode_returns)
+        self._episodes_this_iter += len(fragment.episode_returns)
+        batch = fragment.batch
+        if self._replay is not None:
+            self._replay.add(decompress(batch) if batch.compressed else batch)
+            batch = self._replay.replay()
+            if batch is None:
+                return []
+        return [
+            TrainBatch(b, version)
+            for b, version in self._batch_builder.add(batch, fragment.policy_version)
+        ]
+
+    def _place_on_learner_queue(self, batches: list[TrainBatch]) -> None:
+        inqueue = self.learner_thread.inqueue
+        for i, batch in enumerate(batches):
+            if i < len(batches) - 1:
+                try:
+                    inqueue.put_nowait(batch)
+                except queue.Full:
+                    self._counters["num_times_learner_queue_full"] += 1
+                    continue
+            else:
+                # Waiting on the last one keeps the actors, loader and learner from thrashing when
+                # sampling outpaces training (RLlib does the same); a dead learner ends the wait.
+                while True:
+                    self._check_learner()
+                    try:
+                        inqueue.put(batch, timeout=_QUEUE_PUT_POLL_S)
+                        break
+                    except queue.Full:
+                        continue
+            self._counters["num_samples_added_to_queue"] += batch.env_steps
+
+    def _check_learner(self) -> None:
+        thread = self.learner_thread
+        if not thread.is_alive():
+            raise RuntimeError("The learner thread died while training!") from thread.error
+
+    def _drain_learner_outqueue(self) -> None:
+        thread = self.learner_thread
+        while True:
+            try:
+                env_steps, agent_steps, stats = thread.outqueue.get_nowait()
+            except queue.Empty:
+                break
+            self._counters["num_env_steps_trained"] += env_steps
+            self._counters["num_agent_steps_trained"] += agent_steps
+            self._learner_info = stats
+
+    def training_step(self) -> None:
+        """One pass of the driver loop (see the module docstring)."""
+        self._check_learner()
+        fragments, failures = self.pool.fetch_ready(_FETCH_TIMEOUT_S)
+        self._handle_failures(failures)
+        sampled = sorted({f.actor_id for f in fragments})
+        train_batches: list[TrainBatch] = []
+        for fragment in fragments:
+            train_batches.extend(self._process_fragment(fragment))
+        self._top_up_requests()
+        if train_batches:
+            self._place_on_learner_queue(train_batches)
+        self._drain_learner_outqueue()
+        self._counters["num_training_step_calls"] += 1
+        self._steps_since_broadcast += 1
+        version = int(self.learner.num_grad_updates.numpy())
+        if (
+            sampled
+            and self._steps_since_broadcast >= self.config.broadcast_interval
+            and version != self._broadcast_version
+        ):
+            self._broadcast(sampled)
+            self._steps_since_broadcast = 0
+            self._counters["num_weight_broadcasts"] += 1
+
+    # Iterations -----------------------------------------------------------------------------
+
+    def train(self) -> dict[str, Any]:
+        """Runs one training iteration and returns RLlib's result dict."""
+        if self._stopped:
+            raise RuntimeError("train() called on a stopped algorithm")
+        start = time.perf_counter()
+        before = collections.Counter(self._counters)
+        self._episodes_this_iter = 0
+        min_time = float(self.config.min_time_s_per_iteration or 0)
+        min_steps = int(self.config.min_sample_timesteps_per_iteration or 0)
+        while True:
+            self.training_step()
+            elapsed = time.perf_counter() - start
+            sampled = self._counters["num_env_steps_sampled"] - before["num_env_steps_sampled"]
+            trained = self._counters["num_env_steps_trained"] - before["num_env_steps_trained"]
+            if elapsed >= min_time and sampled >= min_steps and trained > 0:
+                break
+        self._iteration += 1
+        elapsed = time.perf_counter() - start
+        self._time_total_s += elapsed
+        return self._result(before, elapsed)
+
+    def _result(self, before: collections.Counter, elapsed: float) -> dict[str, Any]:
+        c = self._counters
+        returns = [r for r, _ in self._episodes]
+        lengths = [n for _, n in self._episodes]
+        nan = float("nan")
+        reward_mean = float(np.mean(returns)) if returns else nan
+        episode_stats = {
+            "episode_reward_mean": reward_mean,
+            "episode_reward_min": float(np.min(returns)) if returns else nan,
+            "episode_reward_max": float(np.max(returns)) if returns else nan,
+            "episode_len_mean": float(np.mean(lengths)) if lengths else nan,
+            "episodes_this_iter": self._episodes_this_iter,
+            "episodes_total": self._episodes_total,
+        }
+        sampled_iter = c["num_env_steps_sampled"] - before["num_env_steps_sampled"]
+        trained_iter = c["num_env_steps_trained"] - before["num_env_steps_trained"]
+        counters = {
+            key: int(c[key])
+            for key in (
+                "num_env_steps_sampled",
+                "num_env_steps_trained",
+                "num_agent_steps_sampled",
+                "num_agent_steps_trained",
+                "num_samples_added_to_queue",
+                "num_times_learner_queue_full",
+                "num_weight_broadcasts",
+                "num_training_step_calls",
+                "num_env_runner_failures",
+                "num_env_runner_restarts",
+            )
+        }
+        stats = dict(self._learner_info)
+        diff = stats.pop("diff_num_grad_updates_vs_sampler_policy", 0.0)
+        learner_info = {
+            "default_policy": {
+                "learner_stats": stats,
+                "num_agent_steps_trained": int(stats.get("num_agent_steps_trained", 0)),
+                "num_grad_updates_lifetime": int(stats.get("num_grad_updates_lifetime", 0)),
+                "diff_num_grad_updates_vs_sampler_policy": diff,
+            }
+        }
+        result: dict[str, Any] = {
+            **episode_stats,
+            "env_runners": {
+                "episode_return_mean": reward_mean,
+                "episode_return_min": episode_stats["episode_reward_min"],
+                "episode_return_max": episode_stats["episode_reward_max"],
+                "episode_len_mean": episode_stats["episode_len_mean"],
+                "num_episodes": self._episodes_this_iter,
+                "num_env_steps_sampled_lifetime": c["num_env_steps_sampled"],
+            },
+            "training_iteration": self._iteration,
+            "timesteps_total": c["num_env_steps_sampled"],
+            "time_this_iter_s": elapsed,
+            "time_total_s": self._time_total_s,
+            **counters,
+            "num_env_steps_sampled_this_iter": sampled_iter,
+            "num_env_steps_trained_this_iter": trained_iter,
+            "num_env_steps_sampled_throughput_per_sec": sampled_iter / max(elapsed, 1e-9),
+            "num_env_steps_trained_throughput_per_sec": trained_iter / max(elapsed, 1e-9),
+            "num_healthy_workers": len(self.pool.healthy_actor_ids()),
+            "num_in_flight_async_sample_reqs": int(sum(self._in_flight.values())),
+            "counters": dict(counters),
+            "info": {"learner": learner_info, **counters},
+            "timestamp": int(time.time()),
+            "date": time.strftime("%Y-%m-%d_%H-%M-%S"),
+            "pid": os.getpid(),
+            "hostname": socket.gethostname(),
+            "node_ip": "127.0.0.1",
+            "platform": platform.platform(),
+        }
+        self.learner_thread.add_learner_metrics(result)
+        return result
+
+    # Checkpoints ----------------------------------------------------------------------------
+
+    def _checkpoint(self) -> tf.train.Checkpoint:
+        learner = self.learner
+        parts = {
+            "model": learner.model,
+            "policy_optimizer": learner.policy_optimizer,
+            "num_grad_updates": learner.num_grad_updates,
+            "num_agent_steps_trained": learner.num_agent_steps_trained,
+        }
+        if learner.value_optimizer is not None:
+            parts["value_optimizer"] = learner.value_optimizer
+        return tf.train.Checkpoint(**parts)
+
+    def save(self, checkpoint_dir: str) -> str:
+        """Saves weights, optimizer state, counters and schedule position under `checkpoint_dir`.
+
+        Returns:
+          `checkpoint_dir`.
+        """
+        os.makedirs(checkpoint_dir, exist_ok=True)
+        self._checkpoint().write(os.path.join(checkpoint_dir, "learner"))
+        state = {
+            "iteration": self._iteration,
+            "time_total_s": self._time_total_s,
+            "counters": dict(self._counters),
+            "episodes": list(self._episodes),
+            "episodes_total": self._episodes_total,
+            "config": self.config.to_dict() if not callable(self.config.env) else None,
+        }
+        tmp = os.path.join(checkpoint_dir, _CHECKPOINT_STATE + ".tmp")
+        with open(tmp, "w", encoding="utf-8") as f:
+            json.dump(state, f, default=_json_default)
+        os.replace(tmp, os.path.join(checkpoint_dir, _CHECKPOINT_STATE))
+        return checkpoint_dir
+
+    def restore(self, checkpoint_dir: str) -> None:
+        """Restores what `save` wrote and sends the restored weights to every actor."""
+        self._checkpoint().read(os.path.join(checkpoint_dir, "learner")).assert_consumed()
+        with open(os.path.join(checkpoint_dir, _CHECKPOINT_STATE), encoding="utf-8") as f:
+            state = json.load(f)
+        self._iteration = int(state["iteration"])
+        self._time_total_s = float(state["time_total_s"])
+        self._counters = collections.Counter(state["counters"])
+        self._episodes.clear()
+        self._episodes.extend(tuple(e) for e in state["episodes"])
+        self._episodes_total = int(state["episodes_total"])
+        self._broadcast(self.pool.healthy_actor_ids())
+
+    @property
+    def iteration(self) -> int:
+        return self._iteration
+
+    # Shutdown -------------------------------------------------------------------------------
+
+    def stop(self) -> None:
+        """Stops the learner thread and every actor process. Safe to call more than once."""
+        if self._stopped:
+            return
+        self._stopped = True
+        if self.learner_thread is not None:
+            self.learner_thread.stop()
+        if self.pool is not None:
+            self.pool.stop()
+        _live_algorithms.discard(self)
+
+    def __enter__(self) -> Impala:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+def _json_default(value: Any) -> Any:
+    if isinstance(value, np.generic):
+        return value.item()
+    return str(value)
+
+
+_live_algorithms: weakref.WeakSet = weakref.WeakSet()
+
+
+@atexit.register
+def _stop_all() -> None:
+    for algo in list(_live_algorithms):
+        algo.stop()

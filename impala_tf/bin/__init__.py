@@ -1,0 +1,1 @@
+"""absl-flag binaries: impala-train (and, later, evaluate and export)."""

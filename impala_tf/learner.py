@@ -1,0 +1,304 @@
+"""`ImpalaLearner`: the V-trace learner as a `keras.Model` whose `train_step` is one IMPALA update.
+
+It reproduces RLlib's legacy TF IMPALA policy (`VTraceTFPolicy`): the summed V-trace loss of
+`impala_tf.losses`, global-norm gradient clipping (`grad_clip`), Adam or RMSProp (`opt_type`,
+`lr`, `decay`, `momentum`, `epsilon`), piecewise-linear `lr_schedule` and `entropy_coeff_schedule`
+driven by the number of agent steps trained, and `_separate_vf_optimizer` (a second Adam at
+`_lr_vf` trained on the value loss alone over the value-only variables).
+
+Input batches (what `train_step` receives, e.g. from a `tf.data.Dataset` given to `fit`) are dicts
+with RLlib's column names, in one of two layouts:
+
+* time-major: per-step columns shaped [T, B, ...] (T is time, B is batch);
+* flat, as RLlib's `SampleBatch`: per-step columns shaped [B * T, ...] with each env's T steps
+  contiguous; the learner reshapes them as RLlib's `make_time_major` does, with
+  T = `rollout_fragment_length`.
+
+Per-sequence columns (`state_in_0`, `state_in_1` of recurrent models) are [B, ...] in both.
+The layout is told apart by the rank of `rewards` (2 is time-major, 1 is flat).
+
+Multiple devices: build the learner inside `strategy.scope()` (`tf.distribute.MirroredStrategy`).
+Each replica computes the gradient of the summed loss on its shard of sequences; the gradients
+are summed across replicas (so the update equals the single-device update on the whole batch),
+then clipped by global norm, then applied; stats are reduced across replicas the same way.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import gymnasium as gym
+import keras
+import numpy as np
+import tensorflow as tf
+
+from impala_tf import distributions, losses
+from impala_tf.config import ImpalaConfig
+from impala_tf.models import build_model
+
+__all__ = ["ImpalaLearner", "piecewise_linear", "STATS_KEYS"]
+
+#: Keys of the stats dict `train_step` returns (RLlib's `learner_stats` names).
+STATS_KEYS = (
+    "cur_lr",
+    "policy_loss",
+    "entropy",
+    "entropy_coeff",
+    "var_gnorm",
+    "vf_loss",
+    "vf_explained_var",
+    "grad_gnorm",
+    "total_loss",
+    "num_agent_steps_trained",
+    "num_grad_updates_lifetime",
+)
+
+_STATE_PREFIX = "state_in_"
+
+
+def piecewise_linear(points: list[list[float]] | None, t: tf.Tensor, default: float) -> tf.Tensor:
+    """Evaluates a piecewise-linear schedule `[[t0, v0], [t1, v1], ...]` at step `t`.
+
+    Values are interpolated linearly between points and held constant before the first and after
+    the last point (RLlib's `PiecewiseSchedule` with the last value as the outside value, except
+    that before t0 we hold v0, which only differs for schedules not starting at 0).
+
+    Args:
+      points: The schedule, timesteps non-decreasing; None means the constant `default`.
+      t: Scalar step count (any numeric dtype).
+      default: Value used when `points` is None.
+
+    Returns:
+      float32 scalar.
+    """
+    if not points:
+        return tf.constant(default, tf.float32)
+    t = tf.cast(t, tf.float32)
+    value = tf.constant(float(points[-1][1]), tf.float32)
+    # Later segments first, so that each earlier one overrides the steps before its end.
+    for (t0, v0), (t1, v1) in reversed(list(zip(points[:-1], points[1:]))):
+        if t1 > t0:
+            frac = tf.clip_by_value((t - float(t0)) / float(t1 - t0), 0.0, 1.0)
+            segment = float(v0) + frac * float(v1 - v0)
+        else:  # A zero-length segment is a step, taken at t1.
+            segment = tf.constant(float(v1), tf.float32)
+        value = tf.where(t < float(t1), segment, value)
+    return value
+
+
+class ImpalaLearner(keras.Model):
+    """The IMPALA learner: an actor-critic Keras model trained with the V-trace loss.
+
+    Construct it inside `strategy.scope()` to train on several devices. `train_step` performs one
+    update and returns the stats in `STATS_KEYS`, so `learner.fit(dataset, callbacks=[...])` works
+    on a `tf.data.Dataset` of batches (see the module docstring for the layouts).
+
+    Attributes:
+      config: The `ImpalaConfig` it was built from.
+      model: The `impala_tf.models.ActorCritic` being trained.
+      policy_optimizer: The optimizer of the total loss (or of the policy loss when
+        `_separate_vf_optimizer`).
+      value_optimizer: The value-function Adam when `_separate_vf_optimizer`, else None.
+      num_grad_updates: int64 variable, updates applied so far (RLlib `num_grad_updates_lifetime`).
+      num_agent_steps_trained: int64 variable, steps trained so far; drives the schedules.
+    """
+
+    def __init__(
+        self,
+        config: ImpalaConfig,
+        observation_space: gym.Space,
+        action_space: gym.Space,
+        model: keras.Model | None = None,
+        name: str = "impala_learner",
+    ):
+        super().__init__(name=name)
+        self.config = config
+        self.observation_space = observation_space
+        self.action_space = action_space
+        self.model = model or build_model(observation_space, action_space, config.model)
+        self._lr_points = config.lr_schedule_points()
+        self._entropy_points = config.entropy_coeff_schedule_points()
+        self._separate_vf = bool(config._separate_vf_optimizer)
+
+        self.policy_optimizer = self._make_optimizer(config.lr)
+        self.value_optimizer = (
+            keras.optimizers.Adam(learning_rate=config._lr_vf, epsilon=1e-8, name="value_adam")
+            if self._separate_vf
+            else None
+        )
+        if self._separate_vf:
+            self._policy_vars = list(self.model.policy_variables)
+            self._value_vars = list(self.model.value_variables)
+            self.policy_optimizer.build(self._policy_vars)
+            self.value_optimizer.build(self._value_vars)
+        else:
+            self.policy_optimizer.build(self.model.trainable_variables)
+        counter = dict(
+            dtype=tf.int64,
+            trainable=False,
+            aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA,
+        )
+        self.num_grad_updates = tf.Variable(0, name="num_grad_updates", **counter)
+        self.num_agent_steps_trained = tf.Variable(0, name="num_agent_steps_trained", **counter)
+        self.compile(optimizer=self.policy_optimizer, jit_compile=False)
+        # Every variable exists now; telling Keras so stops `fit` from calling the model on a
+        # batch to build it.
+        self.built = True
+
+    def _make_optimizer(self, lr: float) -> keras.optimizers.Optimizer:
+        # RLlib uses tf1's AdamOptimizer (epsilon 1e-8) and RMSPropOptimizer(lr, decay, momentum,
+        # epsilon); Keras' RMSprop calls `decay` rho.
+        if self.config.opt_type == "adam":
+            return keras.optimizers.Adam(learning_rate=lr, epsilon=1e-8, name="policy_adam")
+        return keras.optimizers.RMSprop(
+            learning_rate=lr,
+            rho=self.config.decay,
+            momentum=self.config.momentum,
+            epsilon=self.config.epsilon,
+            name="policy_rmsprop",
+        )
+
+    # Keras plumbing -------------------------------------------------------------------------
+
+    def call(self, inputs, training=False):
+        """Runs the model on a batch of observations [B, ...]; returns (logits, values)."""
+        return self.model(inputs, training=training)
+
+    def get_config(self) -> dict[str, Any]:
+        return {"name": self.name}
+
+    # The update -----------------------------------------------------------------------------
+
+    def time_major(self, batch: dict[str, tf.Tensor]) -> dict[str, tf.Tensor]:
+        """Returns `batch` with per-step columns time-major [T, B, ...] (see module docstring)."""
+        rewards = batch["rewards"]
+        if rewards.shape.rank == 2:
+            return dict(batch)
+        if rewards.shape.rank != 1:
+            raise ValueError(
+                f"`rewards` must be [T, B] (time-major) or [B*T] (flat), got shape {rewards.shape}"
+            )
+        horizon = int(self.config.rollout_fragment_length)
+        out = {}
+        for key, column in batch.items():
+            if key.startswith(_STATE_PREFIX):
+                out[key] = column
+                continue
+            column = tf.convert_to_tensor(column)
+            seq = tf.reshape(column, tf.concat([[-1, horizon], tf.shape(column)[1:]], axis=0))
+            perm = [1, 0] + list(range(2, column.shape.rank + 1))
+            out[key] = tf.transpose(seq, perm)
+        return out
+
+    def _schedules(self) -> tuple[tf.Tensor, tf.Tensor]:
+        steps = self.num_agent_steps_trained
+        cur_lr = piecewise_linear(self._lr_points, steps, self.config.lr)
+        entropy_coeff = piecewise_linear(self._entropy_points, steps, self.config.entropy_coeff)
+        return cur_lr, entropy_coeff
+
+    def train_step(self, data):
+        """Applies one V-trace update to a batch and returns RLlib's learner stats."""
+        batch, _, _ = keras.utils.unpack_x_y_sample_weight(data)
+        batch = self.time_major(batch)
+        config = self.config
+        ctx = tf.distribute.get_replica_context()
+        num_replicas = ctx.num_replicas_in_sync
+        cur_lr, entropy_coeff = self._schedules()
+
+        terminateds = tf.cast(batch["terminateds"], tf.bool)
+        truncateds = tf.cast(batch["truncateds"], tf.bool)
+        dones = tf.logical_or(terminateds, truncateds)
+        # The stored initial state already starts each sequence; reset after each episode end.
+        resets = tf.concat([tf.zeros_like(dones[:1]), dones[:-1]], axis=0)
+        state = tuple(batch[k] for k in sorted(k for k in batch if k.startswith(_STATE_PREFIX)))
+        actions = batch["actions"]
+
+        with tf.GradientTape(persistent=self._separate_vf) as tape:
+            logits, values, _ = self.model.unroll(batch["obs"], resets, state, training=True)
+            target = distributions.make_distribution(self.action_space, logits)
+            behaviour = distributions.make_distribution(
+                self.action_space, tf.cast(batch["action_dist_inputs"], tf.float32)
+            )
+            out = losses.vtrace_loss(
+                target_log_probs=target.log_prob(actions),
+                behaviour_log_probs=behaviour.log_prob(actions),
+                entropy=target.entropy(),
+                values=values,
+                rewards=batch["rewards"],
+                terminateds=terminateds,
+                truncateds=truncateds,
+                values_bootstrapped=batch["values_bootstrapped"],
+                gamma=config.gamma,
+                clip_rho_threshold=config.vtrace_clip_rho_threshold,
+                clip_pg_rho_threshold=config.vtrace_clip_pg_rho_threshold,
+                vf_loss_coeff=config.vf_loss_coeff,
+                entropy_coeff=entropy_coeff,
+                drop_last_ts=config.vtrace_drop_last_ts,
+            )
+            if self._separate_vf:
+                policy_loss = out.sums.pi_loss - entropy_coeff * out.sums.entropy
+                value_loss = out.sums.vf_loss
+
+        if self._separate_vf:
+            groups = [
+                (
+                    self.policy_optimizer,
+                    self._policy_vars,
+                    tape.gradient(policy_loss, self._policy_vars),
+                ),
+                (
+                    self.value_optimizer,
+                    self._value_vars,
+                    tape.gradient(value_loss, self._value_vars),
+                ),
+            ]
+            del tape
+        else:
+            variables = self.model.trainable_variables
+            groups = [(self.policy_optimizer, variables, tape.gradient(out.total_loss, variables))]
+
+        self.policy_optimizer.learning_rate.assign(cur_lr)
+        all_grads = []
+        for optimizer, variables, grads in groups:
+            grads = [tf.zeros_like(v) if g is None else g for g, v in zip(grads, variables)]
+            # Sum over replicas = the gradient of the whole batch's summed loss.
+            grads = ctx.all_reduce(tf.distribute.ReduceOp.SUM, grads)
+            all_grads.extend(grads)
+            if config.grad_clip is not None:
+                grads, _ = tf.clip_by_global_norm(grads, config.grad_clip)
+            # Keras' optimizer sums the gradients over replicas once more; hand it 1/n of each.
+            optimizer.apply_gradients([(g / num_replicas, v) for g, v in zip(grads, variables)])
+
+        sums = losses.LossSums(*ctx.all_reduce(tf.distribute.ReduceOp.SUM, list(out.sums)))
+        num_valid = tf.maximum(sums.num_valid, 1.0)
+        rows = ctx.all_reduce(
+            tf.distribute.ReduceOp.SUM, tf.cast(tf.size(batch["rewards"]), tf.int64)
+        )
+        self.num_grad_updates.assign_add(1)
+        self.num_agent_steps_trained.assign_add(rows)
+        return {
+            "cur_lr": cur_lr,
+            "policy_loss": sums.pi_loss / num_valid,
+            "entropy": sums.entropy / num_valid,
+            "entropy_coeff": entropy_coeff,
+            "var_gnorm": tf.linalg.global_norm(self.model.trainable_variables),
+            "vf_loss": sums.vf_loss / num_valid,
+            "vf_explained_var": losses.explained_variance(sums),
+            "grad_gnorm": tf.linalg.global_norm(all_grads),
+            "total_loss": (
+                sums.pi_loss + config.vf_loss_coeff * sums.vf_loss - entropy_coeff * sums.entropy
+            )
+            / num_valid,
+            "num_agent_steps_trained": self.num_agent_steps_trained.read_value(),
+            "num_grad_updates_lifetime": self.num_grad_updates.read_value(),
+        }
+
+    # Convenience for non-Keras callers ------------------------------------------------------
+
+    def get_policy_weights(self) -> list[np.ndarray]:
+        """The model's weights as numpy arrays (what the actors receive)."""
+        return self.model.get_weights()
+
+    def set_policy_weights(self, weights: list[np.ndarray]) -> None:
+        """Sets the model's weights from `get_policy_weights()` output."""
+        self.model.set_weights(weights)

@@ -1,0 +1,168 @@
+"""The V-trace actor-critic loss of RLlib's legacy TF IMPALA policy (`VTraceLoss`), as pure tensors.
+
+Everything here is time-major: T is time (the rollout fragment length), B is batch (the number of
+env sequences). The loss holds no variables; the learner calls it inside its `train_step`.
+
+RLlib trains on the SUMS of the per-step losses (its hyper-parameters, e.g. `grad_clip=40`, are
+tuned for sums) and reports the MEANS as stats; so do we. Two details differ from RLlib, on
+purpose (see SEMANTICS.md section 4):
+
+* A time-limit truncation does not cut the return: the step is bootstrapped from the value of the
+  episode's final observation (`values_bootstrapped`), and the trace stops there so the next
+  episode's values cannot leak into it.
+* Within a fragment, episode boundaries (terminated or truncated) always cut the trace.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import tensorflow as tf
+
+from impala_tf import vtrace
+
+__all__ = ["LossOutputs", "LossSums", "vtrace_loss", "explained_variance"]
+
+
+class LossSums(NamedTuple):
+    """Sums over the valid steps of a (per-replica) batch; the quantities all-reduced across devices.
+
+    Attributes:
+      pi_loss: float32 scalar, -sum(m * log pi(a_t|x_t) * A_t) with A_t the V-trace pg advantage.
+      vf_loss: float32 scalar, 0.5 * sum(m * (V(x_t) - v_t)^2).
+      entropy: float32 scalar, sum(m * H[pi(.|x_t)]).
+      num_valid: float32 scalar, sum(m): the number of valid steps.
+      vs: float32 scalar, sum(m * v_t) (for the explained variance).
+      vs_sq: float32 scalar, sum(m * v_t^2).
+      err: float32 scalar, sum(m * (v_t - V(x_t))).
+      err_sq: float32 scalar, sum(m * (v_t - V(x_t))^2).
+    """
+
+    pi_loss: tf.Tensor
+    vf_loss: tf.Tensor
+    entropy: tf.Tensor
+    num_valid: tf.Tensor
+    vs: tf.Tensor
+    vs_sq: tf.Tensor
+    err: tf.Tensor
+    err_sq: tf.Tensor
+
+
+class LossOutputs(NamedTuple):
+    """What `vtrace_loss` returns.
+
+    Attributes:
+      total_loss: float32 scalar, pi_loss + vf_loss_coeff * vf_loss - entropy_coeff * entropy (sums).
+      sums: `LossSums` of this batch.
+      vs: float32 [T, B], the V-trace value targets v_s (no gradient).
+      pg_advantages: float32 [T, B], the policy-gradient advantages (no gradient).
+    """
+
+    total_loss: tf.Tensor
+    sums: LossSums
+    vs: tf.Tensor
+    pg_advantages: tf.Tensor
+
+
+def vtrace_loss(
+    *,
+    target_log_probs: tf.Tensor,
+    behaviour_log_probs: tf.Tensor,
+    entropy: tf.Tensor,
+    values: tf.Tensor,
+    rewards: tf.Tensor,
+    terminateds: tf.Tensor,
+    truncateds: tf.Tensor,
+    values_bootstrapped: tf.Tensor,
+    mask: tf.Tensor | None = None,
+    gamma: float = 0.99,
+    clip_rho_threshold: float | None = 1.0,
+    clip_pg_rho_threshold: float | None = 1.0,
+    vf_loss_coeff: float | tf.Tensor = 0.5,
+    entropy_coeff: float | tf.Tensor = 0.01,
+    drop_last_ts: bool = False,
+) -> LossOutputs:
+    """Computes RLlib's V-trace loss on a time-major batch.
+
+    Args:
+      target_log_probs: float32 [T, B], log pi(a_t|x_t) under the policy being trained.
+      behaviour_log_probs: float32 [T, B], log mu(a_t|x_t) under the policy that acted.
+      entropy: float32 [T, B], the entropy of pi(.|x_t).
+      values: float32 [T, B], V(x_t) of the value function being trained.
+      rewards: float32 [T, B], r_t.
+      terminateds: bool [T, B], the episode ended in a terminal state at step t.
+      truncateds: bool [T, B], the episode was cut (time limit) at step t.
+      values_bootstrapped: float32 [T, B], the behaviour value of the observation after step t in
+        the same episode (0 after a termination, V(final observation) after a truncation). Its last
+        row is the bootstrap value of each sequence.
+      mask: float32 or bool [T, B] of valid steps (sequence padding), or None for all valid.
+      gamma: The discount factor gamma (RLlib `gamma`).
+      clip_rho_threshold: rho-bar (RLlib `vtrace_clip_rho_threshold`); None for no clipping.
+      clip_pg_rho_threshold: rho-bar for the pg advantage (`vtrace_clip_pg_rho_threshold`).
+      vf_loss_coeff: Weight of the value loss in the total loss (`vf_loss_coeff`).
+      entropy_coeff: Weight of the entropy bonus (`entropy_coeff`).
+      drop_last_ts: RLlib's legacy `vtrace_drop_last_ts`: train on the first T-1 steps and
+        bootstrap from the trained value function at step T-1.
+
+    Returns:
+      `LossOutputs` with the total (summed) loss, the sums for stats and the V-trace targets.
+    """
+    rewards = tf.cast(rewards, tf.float32)
+    values = tf.cast(values, tf.float32)
+    values_bootstrapped = tf.cast(values_bootstrapped, tf.float32)
+    terminateds = tf.cast(terminateds, tf.float32)
+    truncateds = tf.cast(truncateds, tf.float32)
+    mask = tf.ones_like(rewards) if mask is None else tf.cast(mask, tf.float32)
+
+    # A truncated step bootstraps from V(final observation) and cuts the trace; a terminated step
+    # just cuts it. Folding the bootstrap into the reward keeps V-trace itself unchanged.
+    discounts = gamma * (1.0 - tf.maximum(terminateds, truncateds))
+    rewards = rewards + gamma * truncateds * (1.0 - terminateds) * values_bootstrapped
+    if drop_last_ts:
+        bootstrap_value = values[-1]
+        target_log_probs, behaviour_log_probs, entropy, values, rewards, discounts, mask = (
+            x[:-1]
+            for x in (
+                target_log_probs,
+                behaviour_log_probs,
+                entropy,
+                values,
+                rewards,
+                discounts,
+                mask,
+            )
+        )
+    else:
+        bootstrap_value = values_bootstrapped[-1]
+
+    returns = vtrace.from_importance_weights(
+        log_rhos=target_log_probs - behaviour_log_probs,
+        discounts=discounts,
+        rewards=rewards,
+        values=values,
+        bootstrap_value=tf.stop_gradient(bootstrap_value),
+        clip_rho_threshold=clip_rho_threshold,
+        clip_pg_rho_threshold=clip_pg_rho_threshold,
+    )
+    vs, pg_advantages = returns.vs, returns.pg_advantages
+    err = vs - values
+    sums = LossSums(
+        pi_loss=-tf.reduce_sum(mask * target_log_probs * pg_advantages),
+        vf_loss=0.5 * tf.reduce_sum(mask * tf.square(err)),
+        entropy=tf.reduce_sum(mask * entropy),
+        num_valid=tf.reduce_sum(mask),
+        vs=tf.reduce_sum(mask * vs),
+        vs_sq=tf.reduce_sum(mask * tf.square(vs)),
+        err=tf.stop_gradient(tf.reduce_sum(mask * err)),
+        err_sq=tf.stop_gradient(tf.reduce_sum(mask * tf.square(err))),
+    )
+    total = sums.pi_loss + vf_loss_coeff * sums.vf_loss - entropy_coeff * sums.entropy
+    return LossOutputs(total_loss=total, sums=sums, vs=vs, pg_advantages=pg_advantages)
+
+
+def explained_variance(sums: LossSums) -> tf.Tensor:
+    """RLlib's `vf_explained_var`: max(-1, 1 - Var(v - V) / Var(v)) over the valid steps."""
+    n = tf.maximum(sums.num_valid, 1.0)
+    var_vs = sums.vs_sq / n - tf.square(sums.vs / n)
+    var_err = sums.err_sq / n - tf.square(sums.err / n)
+    return tf.maximum(-1.0, 1.0 - tf.math.divide_no_nan(var_err, var_vs))

@@ -1,0 +1,158 @@
+"""Builds an ActorCritic from gymnasium spaces and RLlib's model config keys.
+
+Torso choice (RLlib's ModelCatalog, with the IMPALA paper's networks added):
+
+- Image observations (rank-3 Box, H x W x C): `custom_model="impala_resnet"` -> the IMPALA deep
+  ResNet; otherwise `conv_filters` given -> an RLlib-format conv stack; otherwise (and for
+  `custom_model="nature_cnn"`) the Nature CNN. The value head shares the conv torso whatever
+  `vf_share_layers` says: a second CNN tower would double the most expensive part of the model
+  for little gain (RLlib's Atari IMPALA examples share it too).
+- Other observations: an MLP of `fcnet_hiddens` / `fcnet_activation`; with
+  `vf_share_layers=False` (RLlib's default) a second MLP of the same shape feeds the value head.
+- `use_lstm=True`: an LSTM core of `lstm_cell_size` between the torso and both heads, shared by
+  policy and value (as RLlib's LSTM wrapper), so no separate value tower is built.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import gymnasium as gym
+
+from impala_tf.distributions import logits_size
+from impala_tf.models.actor_critic import ActorCritic
+from impala_tf.models.mlp import MLP, get_activation
+from impala_tf.models.preprocessing import ObservationPreprocessor, is_image_space
+from impala_tf.models.recurrent import LSTMCore
+from impala_tf.models.vision import ConvStack, ImpalaResNet, NatureCNN, parse_conv_filters
+
+__all__ = ["CUSTOM_MODELS", "MODEL_DEFAULTS", "build_model", "resolve_model_config"]
+
+MODEL_DEFAULTS: dict[str, Any] = {
+    "fcnet_hiddens": [256, 256],
+    "fcnet_activation": "tanh",
+    "vf_share_layers": False,
+    "conv_filters": None,
+    "conv_activation": "relu",
+    "custom_model": None,
+    "use_lstm": False,
+    "lstm_cell_size": 256,
+    "lstm_use_prev_action": False,
+    "lstm_use_prev_reward": False,
+    "max_seq_len": 20,
+    "dim": 84,
+    "free_log_std": False,
+    "use_attention": False,
+}
+
+CUSTOM_MODELS = ("nature_cnn", "impala_resnet")
+
+
+def resolve_model_config(model_config: dict[str, Any] | None) -> dict[str, Any]:
+    """Fills RLlib's defaults into `model_config` and rejects what the models cannot do.
+
+    Unknown keys are kept and ignored here (the config module validates key names).
+
+    Raises:
+        ValueError: naming the key, for free_log_std=True, use_attention=True,
+            lstm_use_prev_action/lstm_use_prev_reward with use_lstm, an unknown custom_model,
+            a non-positive lstm_cell_size, bad activations or a malformed conv_filters.
+    """
+    config = dict(MODEL_DEFAULTS)
+    config.update(model_config or {})
+    if config["free_log_std"]:
+        raise ValueError("model_config free_log_std=True is not supported by impala_tf.")
+    if config["use_attention"]:
+        raise ValueError("model_config use_attention=True is not supported by impala_tf.")
+    if config["use_lstm"] and (config["lstm_use_prev_action"] or config["lstm_use_prev_reward"]):
+        raise ValueError(
+            "model_config lstm_use_prev_action / lstm_use_prev_reward are not supported yet: "
+            "the models do not take previous actions or rewards as inputs."
+        )
+    custom = config["custom_model"]
+    if custom is not None and custom not in CUSTOM_MODELS:
+        raise ValueError(
+            f"model_config custom_model={custom!r} is unknown; use None or one of {CUSTOM_MODELS}."
+        )
+    if int(config["lstm_cell_size"]) <= 0:
+        raise ValueError(
+            f"model_config lstm_cell_size must be > 0, got {config['lstm_cell_size']}."
+        )
+    hiddens = config["fcnet_hiddens"]
+    if not isinstance(hiddens, list | tuple) or not all(
+        isinstance(h, int) and not isinstance(h, bool) and h > 0 for h in hiddens
+    ):
+        raise ValueError(
+            f"model_config fcnet_hiddens must be a list of positive ints, got {hiddens!r}."
+        )
+    get_activation(config["fcnet_activation"], "fcnet_activation")
+    get_activation(config["conv_activation"], "conv_activation")
+    if config["conv_filters"]:  # RLlib reads an empty list as "use the default CNN".
+        parse_conv_filters(config["conv_filters"])
+    return config
+
+
+def build_model(
+    observation_space: gym.Space,
+    action_space: gym.Space,
+    model_config: dict[str, Any] | None = None,
+    name: str = "impala_model",
+) -> ActorCritic:
+    """Builds the actor-critic for the given spaces from RLlib-style model config keys.
+
+    Args:
+        observation_space: Box (vector or H x W x C image), Discrete, MultiDiscrete or MultiBinary.
+        action_space: Discrete, MultiDiscrete or Box (see `impala_tf.distributions`).
+        model_config: RLlib model keys; missing ones take RLlib's defaults (`MODEL_DEFAULTS`).
+            `lstm_use_prev_action` / `lstm_use_prev_reward` with `use_lstm` raise "not supported
+            yet"; `max_seq_len` and `dim` are informational here.
+        name: the Keras model name.
+
+    Returns:
+        An `ActorCritic` with all variables created.
+
+    Raises:
+        ValueError: for unsupported spaces or config values, or an image too small for the torso.
+    """
+    config = resolve_model_config(model_config)
+    num_outputs = logits_size(action_space)
+    ObservationPreprocessor(observation_space)  # Rejects unsupported observation spaces early.
+    custom = config["custom_model"]
+    value_torso = None
+    if is_image_space(observation_space):
+        if custom == "impala_resnet":
+            torso = ImpalaResNet(name="impala_resnet")
+        elif custom is None and config["conv_filters"]:
+            torso = ConvStack(config["conv_filters"], config["conv_activation"], name="conv_stack")
+        else:
+            torso = NatureCNN(config["conv_activation"], name="nature_cnn")
+    else:
+        if custom is not None:
+            raise ValueError(
+                f"model_config custom_model={custom!r} needs image observations (a rank-3 Box), "
+                f"got {observation_space!r}."
+            )
+        torso = MLP(config["fcnet_hiddens"], config["fcnet_activation"], name="fc_torso")
+        if not config["vf_share_layers"] and not config["use_lstm"]:
+            value_torso = MLP(
+                config["fcnet_hiddens"], config["fcnet_activation"], name="fc_value_torso"
+            )
+    core = LSTMCore(int(config["lstm_cell_size"]), name="lstm") if config["use_lstm"] else None
+    try:
+        return ActorCritic(
+            observation_space,
+            action_space,
+            config,
+            num_outputs=num_outputs,
+            torso=torso,
+            value_torso=value_torso,
+            core=core,
+            name=name,
+        )
+    except ValueError as e:
+        if not is_image_space(observation_space):
+            raise
+        raise ValueError(
+            f"Could not build the {torso.name} torso for observations of shape "
+            f"{observation_space.shape} (too small for its kernels and strides?): {e}"
+        ) from e

@@ -1,0 +1,166 @@
+"""Convolutional torsos for image observations.
+
+Input float32 [N, H, W, C] (channels last; N rows: T*B in the learner, B in the actors); output
+float32 [N, F] features for the heads or the LSTM core.
+
+- `NatureCNN`: Mnih et al. 2015, conv 32x8x8/4, 64x4x4/2, 64x3x3/1 (valid padding), dense 512
+  relu; F = 512.
+- `ImpalaResNet`: Espeholt et al. 2018 ("deep" network), three sections of 16, 32, 32 channels,
+  each conv3x3 + maxpool3x3/2 + two residual blocks (relu-conv-relu-conv + skip), then relu,
+  flatten, dense 256 relu; F = 256.
+- `ConvStack`: RLlib's `conv_filters` list [[out_channels, kernel, stride], ...], "same" padding
+  for all but the last layer and "valid" for the last (as RLlib's VisionNetwork), flattened;
+  F = the flattened size of the last conv.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import keras
+import tensorflow as tf
+
+from impala_tf.models.initializers import NormcInitializer
+from impala_tf.models.mlp import get_activation
+
+__all__ = ["ConvStack", "ImpalaResNet", "NatureCNN", "parse_conv_filters"]
+
+
+def _pair(value: Any, what: str, entry: Any) -> tuple[int, int]:
+    if isinstance(value, int) and not isinstance(value, bool):
+        return (value, value)
+    if (
+        isinstance(value, Sequence)
+        and len(value) == 2
+        and all(isinstance(v, int) and not isinstance(v, bool) for v in value)
+    ):
+        return (int(value[0]), int(value[1]))
+    raise ValueError(
+        f"conv_filters entry {entry!r}: {what} must be an int or a pair [h, w], got {value!r}."
+    )
+
+
+def parse_conv_filters(
+    conv_filters: Sequence[Any],
+) -> list[tuple[int, tuple[int, int], tuple[int, int]]]:
+    """Normalises RLlib's `conv_filters` to [(out_channels, (kh, kw), (sh, sw)), ...].
+
+    Args:
+        conv_filters: a non-empty list of [out_channels, kernel, stride], kernel and stride each
+            an int or an [h, w] pair.
+
+    Raises:
+        ValueError: naming `conv_filters` and the bad entry.
+    """
+    if not isinstance(conv_filters, Sequence) or isinstance(conv_filters, str) or not conv_filters:
+        raise ValueError(
+            f"conv_filters must be a non-empty list of [out_channels, kernel, stride], "
+            f"got {conv_filters!r}."
+        )
+    parsed = []
+    for entry in conv_filters:
+        if not isinstance(entry, Sequence) or isinstance(entry, str) or len(entry) != 3:
+            raise ValueError(
+                f"conv_filters entry {entry!r} must be [out_channels, kernel, stride]."
+            )
+        out, kernel, stride = entry
+        if not isinstance(out, int) or isinstance(out, bool) or out <= 0:
+            raise ValueError(f"conv_filters entry {entry!r}: out_channels must be a positive int.")
+        parsed.append((int(out), _pair(kernel, "kernel", entry), _pair(stride, "stride", entry)))
+    return parsed
+
+
+class NatureCNN(keras.layers.Layer):
+    """The DQN Nature torso (Mnih et al. 2015) with a 512-unit relu layer on top."""
+
+    def __init__(self, activation: str | None = "relu", **kwargs):
+        super().__init__(**kwargs)
+        act = get_activation(activation, "conv_activation")
+        self.convs = [
+            keras.layers.Conv2D(32, 8, strides=4, activation=act, name="conv1"),
+            keras.layers.Conv2D(64, 4, strides=2, activation=act, name="conv2"),
+            keras.layers.Conv2D(64, 3, strides=1, activation=act, name="conv3"),
+        ]
+        self.flatten = keras.layers.Flatten()
+        self.fc = keras.layers.Dense(
+            512, activation="relu", kernel_initializer=NormcInitializer(1.0), name="fc"
+        )
+
+    def call(self, x: tf.Tensor) -> tf.Tensor:
+        for conv in self.convs:
+            x = conv(x)
+        return self.fc(self.flatten(x))
+
+
+class _ResidualBlock(keras.layers.Layer):
+    """relu -> conv3x3 -> relu -> conv3x3, added to the input."""
+
+    def __init__(self, channels: int, **kwargs):
+        super().__init__(**kwargs)
+        self.conv_a = keras.layers.Conv2D(channels, 3, padding="same", name="conv_a")
+        self.conv_b = keras.layers.Conv2D(channels, 3, padding="same", name="conv_b")
+
+    def call(self, x: tf.Tensor) -> tf.Tensor:
+        y = self.conv_a(tf.nn.relu(x))
+        y = self.conv_b(tf.nn.relu(y))
+        return x + y
+
+
+class _ResNetSection(keras.layers.Layer):
+    """conv3x3 -> maxpool3x3 stride 2 -> two residual blocks."""
+
+    def __init__(self, channels: int, **kwargs):
+        super().__init__(**kwargs)
+        self.conv = keras.layers.Conv2D(channels, 3, padding="same", name="conv")
+        self.pool = keras.layers.MaxPooling2D(3, strides=2, padding="same")
+        self.res0 = _ResidualBlock(channels, name="res0")
+        self.res1 = _ResidualBlock(channels, name="res1")
+
+    def call(self, x: tf.Tensor) -> tf.Tensor:
+        return self.res1(self.res0(self.pool(self.conv(x))))
+
+
+class ImpalaResNet(keras.layers.Layer):
+    """The IMPALA "deep" torso (Espeholt et al. 2018, figure 3, right)."""
+
+    def __init__(self, channels: Sequence[int] = (16, 32, 32), hidden: int = 256, **kwargs):
+        super().__init__(**kwargs)
+        self.sections = [
+            _ResNetSection(int(ch), name=f"section{i}") for i, ch in enumerate(channels)
+        ]
+        self.flatten = keras.layers.Flatten()
+        self.fc = keras.layers.Dense(
+            hidden, activation="relu", kernel_initializer=NormcInitializer(1.0), name="fc"
+        )
+
+    def call(self, x: tf.Tensor) -> tf.Tensor:
+        for section in self.sections:
+            x = section(x)
+        return self.fc(self.flatten(tf.nn.relu(x)))
+
+
+class ConvStack(keras.layers.Layer):
+    """RLlib-format conv stack ("same" padding, the last layer "valid"), flattened."""
+
+    def __init__(self, conv_filters: Sequence[Any], activation: str | None = "relu", **kwargs):
+        super().__init__(**kwargs)
+        act = get_activation(activation, "conv_activation")
+        filters = parse_conv_filters(conv_filters)
+        self.convs = [
+            keras.layers.Conv2D(
+                out,
+                kernel,
+                strides=stride,
+                padding="valid" if i == len(filters) - 1 else "same",
+                activation=act,
+                name=f"conv{i + 1}",
+            )
+            for i, (out, kernel, stride) in enumerate(filters)
+        ]
+        self.flatten = keras.layers.Flatten()
+
+    def call(self, x: tf.Tensor) -> tf.Tensor:
+        for conv in self.convs:
+            x = conv(x)
+        return self.flatten(x)

@@ -1,0 +1,235 @@
+"""Tests of ImpalaLearner: the update, input layouts, options, schedules, strategies and fit."""
+
+from __future__ import annotations
+
+import gymnasium as gym
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from impala_tf import distributions, losses
+from impala_tf.config import ImpalaConfig
+from impala_tf.learner import STATS_KEYS, ImpalaLearner, piecewise_linear
+from tests import fakes
+
+OBS = gym.spaces.Box(-1.0, 1.0, (4,), np.float32)
+ACT = gym.spaces.Discrete(3)
+T, ROWS = 5, 4
+
+
+def _config(**overrides) -> ImpalaConfig:
+    config = ImpalaConfig().environment("CartPole-v1")
+    config.training(model={"fcnet_hiddens": [16, 16]})
+    config.env_runners(rollout_fragment_length=T)
+    return config.update_from_dict(overrides)
+
+
+def _learner(config: ImpalaConfig, weights=None, strategy=None) -> ImpalaLearner:
+    keras.utils.set_random_seed(0)
+    strategy = strategy or tf.distribute.get_strategy()
+    with strategy.scope():
+        learner = ImpalaLearner(config, OBS, ACT)
+    if weights is not None:
+        learner.model.set_weights(weights)
+    return learner
+
+
+def _step(learner: ImpalaLearner, batch) -> dict[str, float]:
+    batch = {k: tf.constant(v) for k, v in batch.items()}
+    out = tf.function(learner.train_step)(batch)
+    return {k: float(v) for k, v in out.items()}
+
+
+def _weights(learner):
+    return [w.copy() for w in learner.model.get_weights()]
+
+
+def test_train_step_returns_rllib_stats_matching_the_loss():
+    config = _config()
+    learner = _learner(config)
+    batch = fakes.time_major(fakes.sequence_batch(OBS, ACT, T, ROWS))
+    logits, values, _ = learner.model.unroll(
+        tf.constant(batch["obs"]), tf.zeros((T, ROWS), tf.bool), ()
+    )
+    target = distributions.make_distribution(ACT, logits)
+    behaviour = distributions.make_distribution(ACT, tf.constant(batch["action_dist_inputs"]))
+    expected = losses.vtrace_loss(
+        target_log_probs=target.log_prob(batch["actions"]),
+        behaviour_log_probs=behaviour.log_prob(batch["actions"]),
+        entropy=target.entropy(),
+        values=values,
+        rewards=batch["rewards"],
+        terminateds=batch["terminateds"],
+        truncateds=batch["truncateds"],
+        values_bootstrapped=batch["values_bootstrapped"],
+        gamma=config.gamma,
+    )
+    # The loss must see the resets the learner derives from episode ends; without resets a
+    # feed-forward model gives the same values, so the loss above is the reference.
+    before = _weights(learner)
+    stats = _step(learner, batch)
+    assert set(STATS_KEYS) <= set(stats)
+    n = T * ROWS
+    np.testing.assert_allclose(stats["policy_loss"], expected.sums.pi_loss / n, rtol=1e-4)
+    np.testing.assert_allclose(stats["vf_loss"], expected.sums.vf_loss / n, rtol=1e-4)
+    np.testing.assert_allclose(stats["entropy"], expected.sums.entropy / n, rtol=1e-4)
+    assert stats["cur_lr"] == pytest.approx(config.lr)
+    assert stats["entropy_coeff"] == pytest.approx(config.entropy_coeff)
+    assert stats["num_agent_steps_trained"] == n
+    assert stats["num_grad_updates_lifetime"] == 1
+    assert stats["grad_gnorm"] > 0
+    assert not all(np.allclose(a, b) for a, b in zip(before, _weights(learner)))
+
+
+def test_flat_and_time_major_layouts_give_the_same_update():
+    config = _config()
+    seq = fakes.sequence_batch(OBS, ACT, T, ROWS, seed=1)
+    a = _learner(config)
+    init = _weights(a)
+    b = _learner(config, weights=init)
+    stats_a = _step(a, fakes.time_major(seq))
+    stats_b = _step(b, fakes.flat(seq))
+    for key in ("policy_loss", "vf_loss", "entropy", "grad_gnorm"):
+        assert stats_a[key] == pytest.approx(stats_b[key], rel=1e-5)
+    for wa, wb in zip(_weights(a), _weights(b)):
+        np.testing.assert_allclose(wa, wb, rtol=1e-5, atol=1e-7)
+
+
+def test_bad_layout_is_a_clear_error():
+    learner = _learner(_config())
+    batch = fakes.time_major(fakes.sequence_batch(OBS, ACT, T, ROWS))
+    batch["rewards"] = batch["rewards"][..., None]
+    with pytest.raises(ValueError, match="rewards"):
+        _step(learner, batch)
+
+
+@pytest.mark.parametrize("train_value", [True, False])
+def test_separate_value_optimizer_moves_only_its_variables(train_value):
+    # lr=0 freezes the policy optimizer; _lr_vf=0 freezes the value optimizer.
+    config = _config(
+        _separate_vf_optimizer=True,
+        lr=0.0 if train_value else 0.01,
+        _lr_vf=0.01 if train_value else 0.0,
+    )
+    learner = _learner(config)
+    value_ids = {id(v) for v in learner.model.value_variables}
+    before = {id(v): v.numpy().copy() for v in learner.model.trainable_variables}
+    _step(learner, fakes.time_major(fakes.sequence_batch(OBS, ACT, T, ROWS, seed=2)))
+    moved_value = moved_policy = False
+    for v in learner.model.trainable_variables:
+        moved = not np.allclose(before[id(v)], v.numpy())
+        if id(v) in value_ids:
+            moved_value |= moved
+        else:
+            moved_policy |= moved
+    assert moved_value == train_value
+    assert moved_policy == (not train_value)
+
+
+def test_separate_value_optimizer_ignores_vf_loss_coeff():
+    seq = fakes.time_major(fakes.sequence_batch(OBS, ACT, T, ROWS, seed=3))
+    results = []
+    for coeff in (0.5, 0.01):
+        learner = _learner(_config(_separate_vf_optimizer=True, vf_loss_coeff=coeff))
+        _step(learner, seq)
+        results.append(_weights(learner))
+    for wa, wb in zip(*results):
+        np.testing.assert_allclose(wa, wb, rtol=1e-6)
+
+
+def test_vf_loss_coeff_changes_the_update_without_separate_optimizer():
+    seq = fakes.time_major(fakes.sequence_batch(OBS, ACT, T, ROWS, seed=3))
+    results = []
+    for coeff in (0.5, 0.01):
+        learner = _learner(_config(vf_loss_coeff=coeff, opt_type="rmsprop"))
+        _step(learner, seq)
+        results.append(_weights(learner))
+    assert not all(np.allclose(a, b) for a, b in zip(*results))
+
+
+def test_grad_clip_bounds_the_update():
+    # RMSProp with RLlib's epsilon=0.1 makes the first step roughly proportional to the gradient.
+    seq = fakes.time_major(fakes.sequence_batch(OBS, ACT, T, ROWS, seed=4))
+    deltas = {}
+    for clip in (None, 1e-3):
+        learner = _learner(_config(opt_type="rmsprop", grad_clip=clip, lr=0.01))
+        before = _weights(learner)
+        stats = _step(learner, seq)
+        deltas[clip] = np.sqrt(sum(np.sum((a - b) ** 2) for a, b in zip(before, _weights(learner))))
+        assert stats["grad_gnorm"] > 1e-3  # reported before clipping
+    assert deltas[1e-3] < 0.05 * deltas[None]
+
+
+def test_piecewise_linear_schedule_values():
+    points = [[0, 1.0], [100, 0.5], [100, 0.2], [300, 0.0]]
+    for t, expected in [(0, 1.0), (50, 0.75), (99, 0.505), (100, 0.2), (200, 0.1), (999, 0.0)]:
+        assert float(piecewise_linear(points, tf.constant(t), 9.0)) == pytest.approx(expected)
+    assert float(piecewise_linear(None, tf.constant(5), 9.0)) == 9.0
+
+
+def test_schedules_are_driven_by_steps_trained():
+    n = T * ROWS
+    config = _config(
+        lr_schedule=[[0, 0.01], [4 * n, 0.001]],
+        entropy_coeff_schedule=[[0, 0.1], [2 * n, 0.0]],
+    )
+    learner = _learner(config)
+    seen = []
+    for i in range(4):
+        stats = _step(learner, fakes.time_major(fakes.sequence_batch(OBS, ACT, T, ROWS, seed=i)))
+        seen.append((stats["cur_lr"], stats["entropy_coeff"]))
+    # The schedule is read before each update, at the steps trained so far (0, n, 2n, 3n).
+    expected_lr = [0.01, 0.01 - 0.009 / 4, 0.01 - 0.009 / 2, 0.01 - 0.009 * 3 / 4]
+    expected_ent = [0.1, 0.05, 0.0, 0.0]
+    np.testing.assert_allclose([s[0] for s in seen], expected_lr, rtol=1e-5)
+    np.testing.assert_allclose([s[1] for s in seen], expected_ent, atol=1e-7)
+    assert float(learner.policy_optimizer.learning_rate.numpy()) == pytest.approx(
+        expected_lr[-1], rel=1e-5
+    )
+
+
+def test_fit_on_a_dataset_with_callbacks():
+    config = _config()
+    learner = _learner(config)
+    batches = [fakes.flat(fakes.sequence_batch(OBS, ACT, T, ROWS, seed=s)) for s in range(3)]
+    dataset = tf.data.Dataset.from_tensor_slices(
+        {k: np.stack([b[k] for b in batches]) for k in batches[0]}
+    )
+
+    class Recorder(keras.callbacks.Callback):
+        def __init__(self):
+            super().__init__()
+            self.logs = []
+
+        def on_train_batch_end(self, batch, logs=None):
+            self.logs.append(dict(logs))
+
+    recorder = Recorder()
+    history = learner.fit(dataset, epochs=1, verbose=0, callbacks=[recorder])
+    assert len(recorder.logs) == 3
+    assert "vf_explained_var" in history.history
+    assert int(learner.num_grad_updates.numpy()) == 3
+    assert int(learner.num_agent_steps_trained.numpy()) == 3 * T * ROWS
+
+
+def test_mirrored_strategy_gives_the_same_update_as_one_device():
+    devices = [d.name for d in tf.config.list_logical_devices("CPU")[:2]]
+    assert len(devices) == 2, "conftest configures two logical CPUs"
+    config = _config(num_gpus=2, _fake_gpus=True)
+    seq = fakes.sequence_batch(OBS, ACT, T, ROWS, seed=5)
+    # Under a strategy Keras' fit averages one batch to build the model, which bool columns do
+    # not support: episode-end flags go in as float32 0/1 (the learner accepts both).
+    for key in ("terminateds", "truncateds"):
+        seq[key] = seq[key].astype(np.float32)
+    dataset = tf.data.Dataset.from_tensors(fakes.flat(seq))
+    single = _learner(config)
+    init = _weights(single)
+    mirrored = _learner(config, weights=init, strategy=tf.distribute.MirroredStrategy(devices))
+    h1 = single.fit(dataset, epochs=1, verbose=0).history
+    h2 = mirrored.fit(dataset, epochs=1, verbose=0).history
+    for key in ("policy_loss", "vf_loss", "entropy", "grad_gnorm", "vf_explained_var"):
+        assert h1[key][0] == pytest.approx(h2[key][0], rel=1e-4, abs=1e-6), key
+    for wa, wb in zip(_weights(single), _weights(mirrored)):
+        np.testing.assert_allclose(wa, wb, rtol=1e-4, atol=1e-6)
+    assert int(mirrored.num_agent_steps_trained.numpy()) == T * ROWS

@@ -1,0 +1,394 @@
+"""Tests for impala_tf.models: torsos, shapes, the LSTM unroll, resets and variable partitions."""
+
+from __future__ import annotations
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from impala_tf.models import (
+    ConvStack,
+    ImpalaResNet,
+    NatureCNN,
+    NormcInitializer,
+    ObservationPreprocessor,
+    build_model,
+)
+
+RNG = np.random.default_rng(0)
+CARTPOLE_OBS = gym.spaces.Box(-np.inf, np.inf, (4,), np.float32)
+ATARI_OBS = gym.spaces.Box(0, 255, (84, 84, 4), np.uint8)
+SMALL_MLP = {"fcnet_hiddens": [16, 16]}
+
+
+def _obs(space: gym.Space, lead: tuple[int, ...]) -> np.ndarray:
+    return np.stack([space.sample() for _ in range(int(np.prod(lead)))]).reshape(
+        *lead, *space.shape
+    )
+
+
+def _check_shapes(model, obs_space, num_outputs, t=3, b=2):
+    obs = _obs(obs_space, (t, b))
+    state = model.initial_state(b)
+    logits, values, final = model.unroll(obs, np.zeros((t, b), bool), state)
+    assert logits.shape == (t, b, num_outputs) and logits.dtype == tf.float32
+    assert values.shape == (t, b) and values.dtype == tf.float32
+    logits1, values1, new_state = model.step(obs[0], state)
+    assert logits1.shape == (b, num_outputs) and values1.shape == (b,)
+    call_logits, call_values = model(obs[0])
+    assert call_logits.shape == (b, num_outputs) and call_values.shape == (b,)
+    # The first unrolled step equals one step from the same state.
+    np.testing.assert_allclose(logits[0], logits1, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(values[0], values1, rtol=1e-5, atol=1e-6)
+    return final, new_state
+
+
+def _assert_partition(model, expected_value_vars):
+    policy = {id(v) for v in model.policy_variables}
+    value = {id(v) for v in model.value_variables}
+    every = {id(v) for v in model.trainable_variables}
+    assert policy.isdisjoint(value)
+    assert policy | value == every
+    assert len(model.value_variables) == expected_value_vars
+    assert len(model.policy_variables) == len(model.trainable_variables) - expected_value_vars
+
+
+# ------------------------------------------------------------------------ MLP and spaces
+
+
+def test_cartpole_mlp_defaults():
+    model = build_model(CARTPOLE_OBS, gym.spaces.Discrete(2))
+    assert model.num_outputs == 2 and not model.is_recurrent
+    assert model.initial_state(5) == ()
+    assert model.torso.hiddens == [256, 256]
+    assert model.value_torso is not None  # RLlib's default vf_share_layers=False.
+    final, new_state = _check_shapes(model, CARTPOLE_OBS, 2, t=4, b=5)
+    assert final == () and new_state == ()
+    # Non-recurrent unroll is the per-step forward applied at every t.
+    obs = _obs(CARTPOLE_OBS, (4, 5))
+    logits, values, _ = model.unroll(obs, np.zeros((4, 5), bool), ())
+    for t in range(4):
+        step_logits, step_values, _ = model.step(obs[t], ())
+        np.testing.assert_allclose(logits[t], step_logits, rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(values[t], step_values, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize(
+    "action_space, num_outputs",
+    [
+        (gym.spaces.MultiDiscrete([3, 4]), 7),
+        (gym.spaces.Box(-1.0, 1.0, (3,), np.float32), 6),
+        (gym.spaces.Discrete(5), 5),
+    ],
+)
+def test_action_spaces_set_num_outputs(action_space, num_outputs):
+    model = build_model(CARTPOLE_OBS, action_space, SMALL_MLP)
+    assert model.num_outputs == num_outputs
+    _check_shapes(model, CARTPOLE_OBS, num_outputs)
+
+
+def test_discrete_obs_is_one_hot():
+    space = gym.spaces.Discrete(5)
+    model = build_model(
+        space, gym.spaces.Discrete(3), {"fcnet_hiddens": [], "vf_share_layers": True}
+    )
+    obs = np.array([[0, 3], [4, 1]], np.int64)
+    logits, values, _ = model.unroll(obs, np.zeros((2, 2), bool), ())
+    # With no hidden layers the heads are linear in the one-hot: row k of the kernel plus bias.
+    w, bias = (v.numpy() for v in model.logits_head.weights)
+    np.testing.assert_allclose(logits, w[obs] + bias, rtol=1e-5, atol=1e-7)
+    wv, bv = (v.numpy() for v in model.value_head.weights)
+    np.testing.assert_allclose(values, (wv[obs] + bv)[..., 0], rtol=1e-5, atol=1e-7)
+
+
+def test_preprocessor_per_space():
+    onehot = ObservationPreprocessor(gym.spaces.Discrete(3, start=1))(tf.constant([1, 3]))
+    np.testing.assert_array_equal(onehot, [[1, 0, 0], [0, 0, 1]])
+    multi = ObservationPreprocessor(gym.spaces.MultiDiscrete([2, 3]))(tf.constant([[1, 2]]))
+    np.testing.assert_array_equal(multi, [[0, 1, 0, 0, 1]])
+    image = np.full((1, 4, 4, 2), 255, np.uint8)
+    scaled = ObservationPreprocessor(gym.spaces.Box(0, 255, (4, 4, 2), np.uint8))(image)
+    assert scaled.dtype == tf.float32 and scaled.shape == (1, 4, 4, 2)
+    np.testing.assert_allclose(scaled, 1.0)
+    float_image = ObservationPreprocessor(gym.spaces.Box(0, 9, (4, 4, 2), np.float32))
+    np.testing.assert_allclose(float_image(np.full((1, 4, 4, 2), 9.0, np.float32)), 9.0)
+    flat = ObservationPreprocessor(gym.spaces.Box(0, 1, (2, 3), np.float64))(np.ones((5, 2, 3)))
+    assert flat.shape == (5, 6) and flat.dtype == tf.float32
+    with pytest.raises(ValueError, match="Dict"):
+        ObservationPreprocessor(gym.spaces.Dict({"a": CARTPOLE_OBS}))
+
+
+def test_mlp_config_keys_change_the_network():
+    relu = build_model(CARTPOLE_OBS, gym.spaces.Discrete(2), {"fcnet_hiddens": [8, 6, 4]})
+    assert [layer.units for layer in relu.torso.dense_layers] == [8, 6, 4]
+    assert relu.logits_head.kernel.shape == (4, 2)
+    x = tf.constant(RNG.normal(size=(3, 4)).astype(np.float32) * 10)
+    for name, fn in (("tanh", np.tanh), ("relu", lambda z: np.maximum(z, 0.0))):
+        model = build_model(
+            CARTPOLE_OBS, gym.spaces.Discrete(2), {"fcnet_hiddens": [8], "fcnet_activation": name}
+        )
+        kernel, bias = (v.numpy() for v in model.torso.dense_layers[0].weights)
+        np.testing.assert_allclose(model.torso(x), fn(x.numpy() @ kernel + bias), atol=1e-5)
+
+
+def test_normc_init_column_norms():
+    kernel = NormcInitializer(0.01, seed=3)((50, 7)).numpy()
+    np.testing.assert_allclose(np.linalg.norm(kernel, axis=0), 0.01, rtol=1e-5)
+    model = build_model(CARTPOLE_OBS, gym.spaces.Discrete(3), SMALL_MLP)
+    for head in (model.logits_head, model.value_head):
+        np.testing.assert_allclose(np.linalg.norm(head.kernel.numpy(), axis=0), 0.01, rtol=1e-4)
+    np.testing.assert_allclose(
+        np.linalg.norm(model.torso.dense_layers[0].kernel.numpy(), axis=0), 1.0, rtol=1e-4
+    )
+
+
+# ------------------------------------------------------------------------------- vision
+
+
+def _count(layer) -> int:
+    return sum(int(np.prod(v.shape)) for v in layer.trainable_variables)
+
+
+def test_nature_cnn_on_atari_frames():
+    model = build_model(ATARI_OBS, gym.spaces.Discrete(6))
+    assert isinstance(model.torso, NatureCNN) and model.value_torso is None
+    # conv 8x8x4x32, 4x4x32x64, 3x3x64x64 and a 3136 -> 512 dense, with biases.
+    assert _count(model.torso) == 8224 + 32832 + 36928 + 1606144
+    _check_shapes(model, ATARI_OBS, 6, t=2, b=2)
+    _assert_partition(model, expected_value_vars=2)
+
+
+def test_impala_resnet_on_atari_frames():
+    model = build_model(ATARI_OBS, gym.spaces.Discrete(6), {"custom_model": "impala_resnet"})
+    assert isinstance(model.torso, ImpalaResNet)
+    # Sections of 16, 32, 32 channels (a conv and two residual blocks of two convs each) on
+    # 84 -> 42 -> 21 -> 11 pixels, then an 11*11*32 -> 256 dense.
+    sections = (4 * 9 * 16 + 16) + 4 * (16 * 9 * 16 + 16)
+    sections += (16 * 9 * 32 + 32) + 4 * (32 * 9 * 32 + 32)
+    sections += (32 * 9 * 32 + 32) + 4 * (32 * 9 * 32 + 32)
+    assert _count(model.torso) == sections + 11 * 11 * 32 * 256 + 256
+    _check_shapes(model, ATARI_OBS, 6, t=2, b=2)
+    _assert_partition(model, expected_value_vars=2)
+
+
+def test_conv_filters_rllib_format_on_42x42():
+    obs_space = gym.spaces.Box(0, 255, (42, 42, 4), np.uint8)
+    filters = [[8, [4, 4], 2], [16, 4, 2], [32, [11, 11], 1]]
+    model = build_model(obs_space, gym.spaces.Discrete(3), {"conv_filters": filters})
+    assert isinstance(model.torso, ConvStack)
+    # "same" padding then a "valid" last layer: 42 -> 21 -> 11 -> 1, so 32 features.
+    assert model.logits_head.kernel.shape == (32, 3)
+    assert [c.padding for c in model.torso.convs] == ["same", "same", "valid"]
+    _check_shapes(model, obs_space, 3, t=2, b=2)
+    # vf_share_layers=False is not honoured for images: the value head shares the conv torso.
+    _assert_partition(model, expected_value_vars=2)
+
+
+def test_empty_conv_filters_means_the_default_nature_cnn():
+    model = build_model(ATARI_OBS, gym.spaces.Discrete(2), {"conv_filters": []})
+    assert isinstance(model.torso, NatureCNN)
+
+
+def test_image_too_small_for_torso_raises():
+    with pytest.raises(ValueError, match="too small"):
+        build_model(gym.spaces.Box(0, 255, (16, 16, 1), np.uint8), gym.spaces.Discrete(2))
+
+
+# ------------------------------------------------------------------------------ compiled
+
+
+def test_unroll_under_tf_function_with_unknown_time_and_batch():
+    model = build_model(CARTPOLE_OBS, gym.spaces.Discrete(2), SMALL_MLP)
+    sig = [tf.TensorSpec([None, None, 4], tf.float32), tf.TensorSpec([None, None], tf.bool), ()]
+    unroll = tf.function(model.unroll, input_signature=sig)
+    xla_unroll = tf.function(model.unroll, jit_compile=True)
+    for t, b in ((3, 2), (5, 7)):
+        obs = _obs(CARTPOLE_OBS, (t, b))
+        resets = np.zeros((t, b), bool)
+        eager = model.unroll(obs, resets, ())
+        for fn in (unroll, xla_unroll):
+            logits, values, _ = fn(tf.constant(obs), tf.constant(resets), ())
+            np.testing.assert_allclose(logits, eager[0], rtol=1e-5, atol=1e-6)
+            np.testing.assert_allclose(values, eager[1], rtol=1e-5, atol=1e-6)
+    assert unroll.experimental_get_tracing_count() == 1  # One trace serves every T and B.
+
+
+def test_cnn_unroll_under_tf_function_with_unknown_time_and_batch():
+    obs_space = gym.spaces.Box(0, 255, (42, 42, 2), np.uint8)
+    model = build_model(
+        obs_space, gym.spaces.Discrete(3), {"conv_filters": [[4, 4, 2], [8, 21, 1]]}
+    )
+    sig = [
+        tf.TensorSpec([None, None, 42, 42, 2], tf.uint8),
+        tf.TensorSpec([None, None], tf.bool),
+        (),
+    ]
+    unroll = tf.function(model.unroll, input_signature=sig)
+    obs = _obs(obs_space, (2, 3))
+    logits, values, _ = unroll(obs, np.zeros((2, 3), bool), ())
+    eager = model.unroll(obs, np.zeros((2, 3), bool), ())
+    np.testing.assert_allclose(logits, eager[0], rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(values, eager[1], rtol=1e-5, atol=1e-6)
+
+
+def test_mirrored_strategy_builds_and_unrolls():
+    strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+    with strategy.scope():
+        model = build_model(CARTPOLE_OBS, gym.spaces.Discrete(2), {"fcnet_hiddens": [8]})
+    obs = tf.constant(_obs(CARTPOLE_OBS, (3, 2)))
+    resets = tf.zeros((3, 2), tf.bool)
+    result = strategy.run(tf.function(lambda o, r: model.unroll(o, r, ())[0]), args=(obs, resets))
+    expected = model.unroll(obs, resets, ())[0]
+    for logits in strategy.experimental_local_results(result):
+        np.testing.assert_allclose(logits, expected, rtol=1e-5, atol=1e-6)
+
+
+# ---------------------------------------------------------------------------------- LSTM
+
+LSTM_CONFIG = {"fcnet_hiddens": [16], "use_lstm": True, "lstm_cell_size": 8}
+
+
+def _loop_steps(model, obs, resets, state):
+    """The reference: step() T times, zeroing the state rows where resets[t]."""
+    logits, values = [], []
+    h, c = (s.numpy() for s in state)
+    for t in range(obs.shape[0]):
+        h, c = h.copy(), c.copy()
+        h[resets[t]] = 0.0
+        c[resets[t]] = 0.0
+        step_logits, step_values, (h, c) = model.step(obs[t], (h, c))
+        h, c = h.numpy(), c.numpy()
+        logits.append(step_logits)
+        values.append(step_values)
+    return np.stack(logits), np.stack(values), (h, c)
+
+
+def test_lstm_initial_state_and_shapes():
+    model = build_model(CARTPOLE_OBS, gym.spaces.Discrete(2), LSTM_CONFIG)
+    assert model.is_recurrent
+    h, c = model.initial_state(3)
+    assert h.shape == (3, 8) and c.shape == (3, 8) and h.dtype == tf.float32
+    assert not np.any(h) and not np.any(c)
+    final, new_state = _check_shapes(model, CARTPOLE_OBS, 2, t=4, b=3)
+    assert [s.shape for s in final] == [(3, 8), (3, 8)]
+    assert [s.shape for s in new_state] == [(3, 8), (3, 8)]
+    # The LSTM is shared: no value tower, only the value head is value-only.
+    _assert_partition(model, expected_value_vars=2)
+
+
+def test_lstm_unroll_equals_looped_steps_with_resets():
+    model = build_model(CARTPOLE_OBS, gym.spaces.Discrete(2), LSTM_CONFIG)
+    t, b = 6, 3
+    obs = _obs(CARTPOLE_OBS, (t, b)).astype(np.float32)
+    resets = np.zeros((t, b), bool)
+    resets[2, 0] = resets[4, 1] = resets[5, 0] = True
+    state = tuple(tf.constant(RNG.normal(size=(b, 8)).astype(np.float32)) for _ in range(2))
+    ref_logits, ref_values, ref_state = _loop_steps(model, obs, resets, state)
+
+    sig = [
+        tf.TensorSpec([None, None, 4], tf.float32),
+        tf.TensorSpec([None, None], tf.bool),
+        (tf.TensorSpec([None, 8], tf.float32), tf.TensorSpec([None, 8], tf.float32)),
+    ]
+    for fn in (
+        model.unroll,
+        tf.function(model.unroll, input_signature=sig),
+        tf.function(model.unroll, jit_compile=True),
+    ):
+        logits, values, final = fn(tf.constant(obs), tf.constant(resets), state)
+        np.testing.assert_allclose(logits, ref_logits, rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(values, ref_values, rtol=1e-5, atol=1e-6)
+        for got, want in zip(final, ref_state, strict=True):
+            np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+def test_lstm_reset_cuts_dependence_on_earlier_inputs():
+    model = build_model(CARTPOLE_OBS, gym.spaces.Discrete(2), LSTM_CONFIG)
+    t, b, cut = 5, 2, 3
+    resets = np.zeros((t, b), bool)
+    resets[cut, :] = True
+    obs_a = _obs(CARTPOLE_OBS, (t, b)).astype(np.float32)
+    obs_b = obs_a.copy()
+    obs_b[:cut] = _obs(CARTPOLE_OBS, (cut, b))  # Different inputs before the reset only.
+    state_b = tuple(tf.ones((b, 8)) for _ in range(2))
+    out_a = model.unroll(obs_a, resets, model.initial_state(b))
+    out_b = model.unroll(obs_b, resets, state_b)
+    assert not np.allclose(out_a[0][:cut], out_b[0][:cut])
+    np.testing.assert_allclose(out_a[0][cut:], out_b[0][cut:], rtol=1e-6, atol=1e-7)
+    np.testing.assert_allclose(out_a[1][cut:], out_b[1][cut:], rtol=1e-6, atol=1e-7)
+    # Without the reset the later outputs do depend on the earlier inputs.
+    no_reset = np.zeros((t, b), bool)
+    later_a = model.unroll(obs_a, no_reset, model.initial_state(b))[0][cut:]
+    later_b = model.unroll(obs_b, no_reset, state_b)[0][cut:]
+    assert not np.allclose(later_a, later_b)
+
+
+def test_lstm_on_images_with_impala_resnet():
+    model = build_model(
+        ATARI_OBS,
+        gym.spaces.Discrete(4),
+        {"custom_model": "impala_resnet", "use_lstm": True, "lstm_cell_size": 16},
+    )
+    final, _ = _check_shapes(model, ATARI_OBS, 4, t=2, b=2)
+    assert [s.shape for s in final] == [(2, 16), (2, 16)]
+
+
+# ------------------------------------------------------------------------ partition, config
+
+
+@pytest.mark.parametrize("share, value_vars", [(False, 2 * 2 + 2), (True, 2)])
+def test_policy_value_partition_mlp(share, value_vars):
+    model = build_model(
+        CARTPOLE_OBS, gym.spaces.Discrete(2), {"fcnet_hiddens": [8, 8], "vf_share_layers": share}
+    )
+    _assert_partition(model, expected_value_vars=value_vars)
+    assert (model.value_torso is None) == share
+    # The policy variables alone determine the logits, the value variables alone the values:
+    # perturbing the value variables leaves the logits unchanged.
+    obs = _obs(CARTPOLE_OBS, (2,))
+    before_logits, before_values = model(obs)
+    for v in model.value_variables:
+        v.assign(v + 0.5)
+    after_logits, after_values = model(obs)
+    np.testing.assert_allclose(after_logits, before_logits)
+    assert not np.allclose(after_values, before_values)
+
+
+@pytest.mark.parametrize(
+    "config, match",
+    [
+        ({"free_log_std": True}, "free_log_std"),
+        ({"use_attention": True}, "use_attention"),
+        ({"use_lstm": True, "lstm_use_prev_action": True}, "not supported yet"),
+        ({"use_lstm": True, "lstm_use_prev_reward": True}, "not supported yet"),
+        ({"custom_model": "my_net"}, "custom_model"),
+        ({"custom_model": "nature_cnn"}, "needs image observations"),
+        ({"fcnet_activation": "sigmoidal"}, "fcnet_activation"),
+        ({"conv_activation": "nope"}, "conv_activation"),
+        ({"fcnet_hiddens": [16, -1]}, "fcnet_hiddens"),
+        ({"lstm_cell_size": 0}, "lstm_cell_size"),
+        ({"conv_filters": [[16, [4, 4]]]}, "conv_filters"),
+        ({"conv_filters": [[16, [4, 4, 4], 2]]}, "kernel"),
+    ],
+)
+def test_invalid_config_raises_naming_the_key(config, match):
+    with pytest.raises(ValueError, match=match):
+        build_model(CARTPOLE_OBS, gym.spaces.Discrete(2), config)
+
+
+def test_prev_action_keys_are_ignored_without_lstm_and_unknown_keys_pass():
+    model = build_model(
+        CARTPOLE_OBS,
+        gym.spaces.Discrete(2),
+        {**SMALL_MLP, "lstm_use_prev_action": True, "some_future_key": 1, "max_seq_len": 7},
+    )
+    assert not model.is_recurrent
+    assert model.model_config["max_seq_len"] == 7
+
+
+def test_unsupported_spaces_raise():
+    with pytest.raises(ValueError, match="Tuple"):
+        build_model(gym.spaces.Tuple((CARTPOLE_OBS,)), gym.spaces.Discrete(2))
+    with pytest.raises(ValueError, match="Dict"):
+        build_model(CARTPOLE_OBS, gym.spaces.Dict({"a": gym.spaces.Discrete(2)}))
