@@ -19,6 +19,8 @@ setup(
         "gymnasium>=1.0",
         "absl-py",
         "pyyaml",
+        # TensorFlow 2.21 no longer depends on it; tf.summary needs it.
+        "tensorboard",
     ],
     extras_require={
         "test": ["pytest", "pytest-xdist", "ruff"],

@@ -23,19 +23,23 @@ The reverse recursion acc_t = delta_t + a_t acc_{t+1} (a_t = gamma_t c_t) is the
 part. It has two implementations, chosen when the graph is built:
 
 * outside XLA (eagerly and in `tf.function`): a log-depth doubling scan (Hillis-Steele on the
-  affine maps x -> delta_t + a_t x), ceil(log2 T) vectorised steps; exact (products of the a_t,
-  no division), so a zero discount gives exactly zero weight. Python-unrolled when T is static,
-  a `tf.while_loop` over the doubling steps when it is not.
-* inside `tf.function(jit_compile=True)`: a plain sequential `tf.while_loop` over T. XLA compiles
-  it into a tight loop, while it fuses the doubling scan's steps by recomputing the shared
-  products (measured ~10x slower per V-trace than the loop).
+  affine maps x -> delta_t + a_t x), ceil(log2 T) vectorised steps. It is exact (products of the
+  a_t, no division), so a zero discount gives exactly zero weight. Python-unrolled when T is
+  static; with unknown T, six steps (T <= 64) are unrolled and a `tf.while_loop` does the rest.
+* inside `tf.function(jit_compile=True)`: a plain sequential `tf.while_loop` over T, which XLA
+  compiles into a tight loop, whereas it fuses the doubling steps by recomputing their products.
 
-Measured on a 2-core x86 CPU, T=50, B=500, float32, cost of one V-trace inside a compiled graph
-(10 V-traces per call, so the ~0.5 ms tf.function call overhead is amortised): RLlib's `tf.scan`
-baseline 1.0 ms in `tf.function`, 0.2 ms under XLA; the doubling scan 0.24 ms in `tf.function`,
-1.5 ms under XLA; the sequential loop 0.11 ms under XLA. A `[B, T, T]` matrix of cumulative
-discount-trace products (acc = M @ delta) does O(T^2 B) work with exps and was not competitive.
-`tools/bench_vtrace.py` measures the full functions and writes BENCHMARKS.md.
+Cost of one V-trace inside a traced graph (10 chained per call, so TensorFlow's per-call overhead
+of ~0.6-0.8 ms is amortised), 2-core x86 CPU, T=50, B=500, float32, in ms:
+
+    recursion                          tf.function   XLA
+    tf.scan, parallel_iterations=1     1.32          0.14   (RLlib's formulation, the baseline)
+    sequential tf.while_loop           1.20          0.14
+    doubling scan                      0.24          0.99
+    [T, T, B] matrix of cumulative     2.50          0.85   (acc = M @ delta, M from cumsums of
+      discount-trace products                                log a_t and of zero counts)
+
+`tools/bench_vtrace.py` times the public functions and writes BENCHMARKS.md.
 """
 
 from __future__ import annotations
@@ -86,9 +90,7 @@ Attributes:
 """
 
 
-def log_probs_from_logits_and_actions(
-    policy_logits: tf.Tensor, actions: tf.Tensor
-) -> tf.Tensor:
+def log_probs_from_logits_and_actions(policy_logits: tf.Tensor, actions: tf.Tensor) -> tf.Tensor:
     """Returns the categorical log-probabilities of `actions` under `policy_logits`.
 
     Args:
@@ -233,9 +235,7 @@ def multi_from_logits(
     Raises:
         ValueError: on empty or mismatched lists, inconsistent ranks or static shapes.
     """
-    target_action_log_probs = multi_log_probs_from_logits_and_actions(
-        target_policy_logits, actions
-    )
+    target_action_log_probs = multi_log_probs_from_logits_and_actions(target_policy_logits, actions)
     if behaviour_action_log_probs is None:
         if len(list(behaviour_policy_logits)) != len(target_action_log_probs):
             raise ValueError(
@@ -347,6 +347,10 @@ def _vtrace(
     return VTraceReturns(vs=tf.stop_gradient(vs), pg_advantages=tf.stop_gradient(pg_advantages))
 
 
+# Unrolled doubling steps when T is unknown: enough for T <= 64 (RLlib's T is 50 by default).
+_UNROLLED_MAX_OFFSET = 32
+
+
 def _reverse_recursion(a: tf.Tensor, b: tf.Tensor) -> tf.Tensor:
     """Returns acc [T, ...] with acc_t = b_t + a_t acc_{t+1} and acc_T = 0."""
     if _in_xla_context():
@@ -357,30 +361,37 @@ def _reverse_recursion(a: tf.Tensor, b: tf.Tensor) -> tf.Tensor:
 def _doubling_recursion(a: tf.Tensor, b: tf.Tensor) -> tf.Tensor:
     """Log-depth scan: after the step with offset k, (a_t, b_t) compose the maps t..t+2k-1.
 
-    Rows past the end compose with the zero map, which is exact because acc_T = 0.
+    Rows past the end compose with the zero map, which is exact because acc_T = 0; for the same
+    reason a step with offset k >= T leaves b unchanged, so when T is unknown the steps up to
+    offset _UNROLLED_MAX_OFFSET are unrolled and a `tf.while_loop` does any further ones.
     """
     rank = b.shape.rank
     num_steps = b.shape[0]
+    k = 1
     if num_steps is not None:
-        k = 1
         while k < num_steps:
-            last = 2 * k >= num_steps
-            a, b = _doubling_step(a, b, k, rank, update_a=not last)
+            a, b = _doubling_step(a, b, k, k, rank, update_a=2 * k < num_steps)
             k *= 2
         return b
 
+    t_len = tf.shape(b)[0]
+    while k <= _UNROLLED_MAX_OFFSET:
+        a, b = _doubling_step(a, b, k, tf.minimum(k, t_len), rank, update_a=True)
+        k *= 2
+
     def body(k, a, b):
-        a, b = _doubling_step(a, b, k, rank, update_a=True)
+        a, b = _doubling_step(a, b, k, k, rank, update_a=True)
         return k * 2, a, b
 
     _, _, b = tf.while_loop(
-        lambda k, a, b: k < tf.shape(b)[0], body, (tf.constant(1), a, b), parallel_iterations=1
+        lambda k, a, b: k < tf.shape(b)[0], body, (tf.constant(k), a, b), parallel_iterations=1
     )
     return b
 
 
-def _doubling_step(a, b, k, rank, update_a):
-    paddings = [[0, k]] + [[0, 0]] * (rank - 1)
+def _doubling_step(a, b, k, pad, rank, update_a):
+    """Composes each row's map with the one k rows later; `pad` = min(k, T) rows of zero maps."""
+    paddings = [[0, pad]] + [[0, 0]] * (rank - 1)
     b = b + a * tf.pad(b[k:], paddings)
     if update_a:
         a = a * tf.pad(a[k:], paddings)
@@ -446,14 +457,18 @@ def _prepare(
     )
     rank = log_rhos.shape.rank
     if rank is None or rank < 2:
-        raise ValueError(f"log_rhos must have a known rank >= 2 ([T, B, ...]); got {log_rhos.shape}.")
+        raise ValueError(
+            f"log_rhos must have a known rank >= 2 ([T, B, ...]); got {log_rhos.shape}."
+        )
     for name, x in (("discounts", discounts), ("rewards", rewards), ("values", values)):
         if x.shape.rank != rank:
             raise ValueError(
                 f"{name} must have the rank of log_rhos ({rank}, [T, B, ...]); got {x.shape}."
             )
         if not x.shape.is_compatible_with(log_rhos.shape):
-            raise ValueError(f"{name} shape {x.shape} differs from log_rhos shape {log_rhos.shape}.")
+            raise ValueError(
+                f"{name} shape {x.shape} differs from log_rhos shape {log_rhos.shape}."
+            )
     if bootstrap_value.shape.rank != rank - 1:
         raise ValueError(
             f"bootstrap_value must have rank {rank - 1} (that of values minus the time axis); "
