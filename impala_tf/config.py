@@ -944,6 +944,10 @@ class ImpalaConfig:
         if env is not None:
             self.environment(env)
         self.validate(require_env=True)
+        # Start the actors' fork server first, so that its TensorFlow import overlaps ours.
+        from impala_tf.actors.local import prestart_fork_server
+
+        prestart_fork_server()
         # Lazy: the algorithm pulls in TensorFlow, which config users should not pay for.
         from impala_tf.algorithm import Impala
 

@@ -165,7 +165,8 @@ class LearnerThread(threading.Thread):
             callbacks or [], add_history=False, add_progbar=False, model=learner
         )
         self._dataset = pipeline.make_dataset(self._batches, signature, config, strategy)
-        self._train_fn = tf.function(self._distributed_step)
+        # Autograph is not needed (the graph code is explicit) and costs seconds of tracing.
+        self._train_fn = tf.function(self._distributed_step, autograph=False)
 
     @property
     def stopped(self) -> bool:
@@ -195,6 +196,8 @@ class LearnerThread(threading.Thread):
     def run(self) -> None:
         try:
             self._callbacks.on_train_begin()
+            # Trace the update now, while the actors start, rather than on the first batch.
+            self._train_fn.get_concrete_function(self._dataset.element_spec)
             iterator = iter(self._dataset)
             while not self._stopped.is_set():
                 with self.load_wait_timer:

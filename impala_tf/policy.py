@@ -64,7 +64,7 @@ class ActorPolicy:
         self.model = build_model(observation_space, action_space, model_config)
         self._seed = int(np.random.SeedSequence(seed).generate_state(1)[0] % (2**31 - 1))
         self._calls = 0
-        self._step = tf.function(self._step_fn, reduce_retracing=True)
+        self._step = tf.function(self._step_fn, reduce_retracing=True, autograph=False)
 
     @property
     def is_recurrent(self) -> bool:

@@ -5,12 +5,14 @@ Each actor process runs an `EnvRunner`. The driver sends it commands through a
 driver, and the actor sends fragments back through its own pipe; the driver waits on all pipes
 and process sentinels at once, so a dead actor is noticed immediately (its pipe closes).
 
-Processes are started with the "spawn" method: TensorFlow is not fork-safe. An actor whose parent
+Processes are forked from a fork server that has imported TensorFlow (but never run it), or
+spawned where there is no fork server: TensorFlow is not fork-safe once it has run. An actor whose parent
 disappears exits by itself within about a second.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import multiprocessing as mp
 import os
@@ -30,6 +32,7 @@ __all__ = ["LocalActorPool"]
 logger = logging.getLogger(__name__)
 
 _STOP_JOIN_S = 3.0
+_STOP_GRACE_S = 0.5
 
 
 def _actor_main(
@@ -66,11 +69,13 @@ def _actor_main(
                     if credits > 0:
                         break
                     if parent is not None and not parent.is_alive():
-                        return
+                        os._exit(0)
                     continue
                 kind = msg[0]
                 if kind == "stop":
-                    return
+                    results.close()
+                    # Skips interpreter teardown, which takes seconds with TensorFlow loaded.
+                    os._exit(0)
                 if kind == "sample":
                     credits += msg[1]
                 elif kind == "weights":
@@ -84,11 +89,27 @@ def _actor_main(
     except (KeyboardInterrupt, BrokenPipeError):
         return
     except BaseException as e:  # noqa: BLE001 - reported to the driver, which decides.
-        try:
+        with contextlib.suppress(BrokenPipeError, OSError):
             results.send(("error", f"{type(e).__name__}: {e}\n{traceback.format_exc()}"))
-        except (BrokenPipeError, OSError):
-            pass
         raise SystemExit(1) from e
+
+
+_PRELOAD = ["impala_tf.policy"]
+
+
+def prestart_fork_server() -> None:
+    """Starts the fork server now, so that its TensorFlow import overlaps the caller's.
+
+    Cheap and non-blocking; a no-op where there is no fork server. `ImpalaConfig.build()` calls
+    it before importing the algorithm (and with it TensorFlow).
+    """
+    if "forkserver" not in mp.get_all_start_methods():
+        return
+    from multiprocessing import forkserver
+
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload(_PRELOAD)
+    forkserver.ensure_running()
 
 
 class _Actor:
@@ -108,7 +129,9 @@ class LocalActorPool(ActorPool):
       config: The algorithm config; each actor builds its envs and policy from it.
       weights: Initial policy weights for every actor (None keeps their random init).
       policy_version: The learner's `num_grad_updates` that `weights` correspond to.
-      start_method: multiprocessing start method ("spawn" or "forkserver").
+      start_method: multiprocessing start method: "forkserver" (the default where available:
+        TensorFlow is imported once, by the fork server) or "spawn". Never "fork": TensorFlow
+        is not fork-safe once it runs.
     """
 
     def __init__(
@@ -116,11 +139,17 @@ class LocalActorPool(ActorPool):
         config: ImpalaConfig,
         weights: list[np.ndarray] | None = None,
         policy_version: int = 0,
-        start_method: str = "spawn",
+        start_method: str | None = None,
     ):
+        if start_method is None:
+            methods = mp.get_all_start_methods()
+            start_method = "forkserver" if "forkserver" in methods else "spawn"
         self.config = config
         self.num_actors = max(1, int(config.num_env_runners))
         self._ctx = mp.get_context(start_method)
+        if start_method == "forkserver":
+            # The fork server imports TensorFlow once; each actor forks from it.
+            self._ctx.set_forkserver_preload(_PRELOAD)
         self._actors: dict[int, _Actor] = {}
         self._stopped = False
         for i in range(self.num_actors):
@@ -215,13 +244,11 @@ class LocalActorPool(ActorPool):
         self._stopped = True
         for actor in self._actors.values():
             if actor.process.is_alive():
-                try:
+                with contextlib.suppress(ValueError, OSError):
                     actor.commands.put(("stop",))
-                except (ValueError, OSError):
-                    pass
+        # An actor blocked sending a fragment nobody reads never sees "stop": give the others a
+        # moment to exit cleanly, then terminate the rest.
         for actor in self._actors.values():
-            actor.process.join(_STOP_JOIN_S)
-            try:
+            actor.process.join(_STOP_GRACE_S)
+            with contextlib.suppress(ValueError, OSError):
                 self._terminate(actor)
-            except (ValueError, OSError):
-                pass

@@ -1,0 +1,246 @@
+"""Checkpoints on disk: the one layout `Impala.save` writes, and loading a policy back from it.
+
+A checkpoint is a directory holding
+
+* `learner.index` / `learner.data-*`: a `tf.train.Checkpoint` with the parts `model`,
+  `policy_optimizer`, `num_grad_updates`, `num_agent_steps_trained` and, with
+  `_separate_vf_optimizer`, `value_optimizer` (see `learner_checkpoint`);
+* `driver_state.json`: the driver's counters plus `"config": ImpalaConfig.to_dict()` (None when
+  `env` is a callable, which JSON cannot hold).
+
+Evaluation and export only need the weights: they restore the `model` part alone, into a model
+rebuilt from the stored config and the env's spaces.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from impala_tf.config import ImpalaConfig
+
+if TYPE_CHECKING:  # TensorFlow is imported by the functions that need it.
+    import keras
+    import tensorflow as tf
+
+    from impala_tf.actors.env_runner import EnvRunner
+    from impala_tf.learner import ImpalaLearner
+    from impala_tf.policy import ActorPolicy
+
+__all__ = [
+    "DRIVER_STATE_FILE",
+    "LEARNER_PREFIX",
+    "learner_checkpoint",
+    "load_config",
+    "load_env_runner",
+    "load_policy",
+    "read_driver_state",
+    "resolve_checkpoint_dir",
+    "restore_model",
+    "write_checkpoint",
+]
+
+#: The JSON file with the driver's state and the config.
+DRIVER_STATE_FILE = "driver_state.json"
+#: The `tf.train.Checkpoint` prefix inside a checkpoint directory.
+LEARNER_PREFIX = "learner"
+
+
+def learner_checkpoint(learner: ImpalaLearner) -> tf.train.Checkpoint:
+    """The `tf.train.Checkpoint` of everything the learner trains or counts.
+
+    Args:
+      learner: An `impala_tf.learner.ImpalaLearner`.
+
+    Returns:
+      A checkpoint with parts `model`, `policy_optimizer`, `num_grad_updates`,
+      `num_agent_steps_trained` and, when the learner has one, `value_optimizer`.
+    """
+    import tensorflow as tf
+
+    parts = {
+        "model": learner.model,
+        "policy_optimizer": learner.policy_optimizer,
+        "num_grad_updates": learner.num_grad_updates,
+        "num_agent_steps_trained": learner.num_agent_steps_trained,
+    }
+    if learner.value_optimizer is not None:
+        parts["value_optimizer"] = learner.value_optimizer
+    return tf.train.Checkpoint(**parts)
+
+
+def _json_default(value: Any) -> Any:
+    if isinstance(value, np.generic):
+        return value.item()
+    if isinstance(value, np.ndarray):
+        return value.tolist()
+    return str(value)
+
+
+def write_checkpoint(
+    checkpoint_dir: str,
+    learner: ImpalaLearner,
+    config: ImpalaConfig,
+    driver_state: Mapping[str, Any] | None = None,
+) -> str:
+    """Writes the learner checkpoint and `driver_state.json` (with the config) to a directory.
+
+    `driver_state.json` is replaced atomically (written to a temporary file, then renamed), so a
+    reader never sees half a file.
+
+    Args:
+      checkpoint_dir: The directory; created if missing, its previous checkpoint overwritten.
+      learner: The `ImpalaLearner` whose parts `learner_checkpoint` lists.
+      config: The algorithm's config, stored under the `"config"` key (None if `env` is a
+        callable).
+      driver_state: Further JSON-serialisable driver state (counters, iteration, episodes).
+
+    Returns:
+      `checkpoint_dir`.
+    """
+    os.makedirs(checkpoint_dir, exist_ok=True)
+    learner_checkpoint(learner).write(os.path.join(checkpoint_dir, LEARNER_PREFIX))
+    state = dict(driver_state or {})
+    state["config"] = None if callable(config.env) else config.to_dict()
+    path = os.path.join(checkpoint_dir, DRIVER_STATE_FILE)
+    tmp = f"{path}.tmp"
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump(state, f, default=_json_default)
+    os.replace(tmp, path)
+    return checkpoint_dir
+
+
+def resolve_checkpoint_dir(path: str) -> str:
+    """Finds the checkpoint directory a user means by `path`.
+
+    Accepted, in this order: a checkpoint directory itself (it holds `driver_state.json`); a
+    training logdir (its `checkpoint/` subdirectory); a directory of checkpoint directories (the
+    last one by name).
+
+    Raises:
+      FileNotFoundError: naming `path` when none of these hold a checkpoint.
+    """
+    for base in (path, os.path.join(path, "checkpoint")):
+        if os.path.isfile(os.path.join(base, DRIVER_STATE_FILE)):
+            return base
+        if os.path.isdir(base):
+            children = sorted(
+                entry.path
+                for entry in os.scandir(base)
+                if entry.is_dir() and os.path.isfile(os.path.join(entry.path, DRIVER_STATE_FILE))
+            )
+            if children:
+                return children[-1]
+    raise FileNotFoundError(
+        f"No checkpoint at {path!r}: expected a directory holding {DRIVER_STATE_FILE} (what "
+        "Impala.save writes), or a training logdir with a checkpoint/ subdirectory."
+    )
+
+
+def read_driver_state(checkpoint_dir: str) -> dict[str, Any]:
+    """Returns the parsed `driver_state.json` of the checkpoint at `checkpoint_dir`."""
+    directory = resolve_checkpoint_dir(checkpoint_dir)
+    with open(os.path.join(directory, DRIVER_STATE_FILE), encoding="utf-8") as f:
+        return json.load(f)
+
+
+def load_config(checkpoint_dir: str) -> ImpalaConfig:
+    """Rebuilds the `ImpalaConfig` a checkpoint was trained with.
+
+    Args:
+      checkpoint_dir: Anything `resolve_checkpoint_dir` accepts.
+
+    Raises:
+      FileNotFoundError: if there is no checkpoint there.
+      ValueError: if the checkpoint holds no config (it was trained on an `env` callable, which
+        JSON cannot store).
+    """
+    config = read_driver_state(checkpoint_dir).get("config")
+    if config is None:
+        raise ValueError(
+            f"The checkpoint at {checkpoint_dir!r} holds no config: it was trained on an "
+            "env_creator callable, which cannot be stored. Rebuild the ImpalaConfig in Python "
+            "and pass it as `config=`."
+        )
+    return ImpalaConfig.from_dict(config)
+
+
+def restore_model(model: keras.Model, checkpoint_dir: str) -> None:
+    """Loads the `model` part of a checkpoint into `model`, ignoring optimizers and counters.
+
+    Args:
+      model: An `ActorCritic` built from the checkpoint's config and the env's spaces.
+      checkpoint_dir: Anything `resolve_checkpoint_dir` accepts.
+
+    Raises:
+      AssertionError: if a variable of `model` has no value in the checkpoint (a different
+        architecture); a variable of another shape raises while reading.
+    """
+    import tensorflow as tf
+
+    prefix = os.path.join(resolve_checkpoint_dir(checkpoint_dir), LEARNER_PREFIX)
+    status = tf.train.Checkpoint(model=model).read(prefix)
+    # The optimizers and counters stay unread on purpose; every model variable must be matched.
+    status.expect_partial().assert_existing_objects_matched()
+
+
+def load_policy(
+    checkpoint_dir: str, explore: bool = False, config: ImpalaConfig | None = None
+) -> tuple[ImpalaConfig, ActorPolicy]:
+    """Rebuilds the acting policy of a checkpoint, weights restored (no envs kept open).
+
+    Args:
+      checkpoint_dir: Anything `resolve_checkpoint_dir` accepts.
+      explore: Sample actions (True) or take the distribution's mode (False).
+      config: The config to build the model from; default: the checkpoint's own.
+
+    Returns:
+      `(config, policy)`: the config used and an `impala_tf.policy.ActorPolicy`.
+    """
+    from impala_tf.actors.env_runner import env_seed, make_env
+    from impala_tf.policy import ActorPolicy
+
+    config = load_config(checkpoint_dir) if config is None else config
+    env = make_env(config, 0, 0)
+    try:
+        observation_space, action_space = env.observation_space, env.action_space
+    finally:
+        env.close()
+    policy = ActorPolicy(
+        observation_space,
+        action_space,
+        config.model,
+        explore=explore,
+        seed=env_seed(config.seed, 0, 0),
+    )
+    restore_model(policy.model, checkpoint_dir)
+    return config, policy
+
+
+def load_env_runner(
+    checkpoint_dir: str, explore: bool = False, config: ImpalaConfig | None = None
+) -> tuple[ImpalaConfig, EnvRunner]:
+    """Builds an `EnvRunner` (worker index 0, the evaluation index) acting with a checkpoint.
+
+    Its envs are seeded from `config.seed` as RLlib seeds the driver's, so with a seed and
+    `num_envs_per_env_runner=1` the episodes it runs are reproducible.
+
+    Args:
+      checkpoint_dir: Anything `resolve_checkpoint_dir` accepts.
+      explore: Sample actions (True) or take the distribution's mode (False).
+      config: The config for the runner (env, env_config, model, seed, envs per runner);
+        default: the checkpoint's own.
+
+    Returns:
+      `(config, runner)`: the config used and the runner, weights restored.
+    """
+    from impala_tf.actors.env_runner import EnvRunner
+
+    config = load_config(checkpoint_dir) if config is None else config
+    runner = EnvRunner(config, worker_index=0, explore=explore)
+    restore_model(runner.policy.model, checkpoint_dir)
+    return config, runner
