@@ -194,25 +194,25 @@ class LearnerThread(threading.Thread):
         return self.strategy.experimental_local_results(outputs)[0]
 
     def run(self) -> None:
+        # An error ends the thread and is kept in `self.error`; the driver, seeing the thread
+        # dead, raises RLlib's "The learner thread died while training!" from it.
         try:
             self._callbacks.on_train_begin()
             # Trace the update now, while the actors start, rather than on the first batch.
             self._train_fn.get_concrete_function(self._dataset.element_spec)
             iterator = iter(self._dataset)
-            while not self._stopped.is_set():
+            while not self._stopped.is_set() and self.error is None:
                 with self.load_wait_timer:
                     try:
                         data = next(iterator)
                     except (StopIteration, tf.errors.OutOfRangeError):
                         break
                 self.step(data)
-            if self.error is not None:
-                raise self.error
-            self._callbacks.on_train_end()
-        except BaseException as e:
+            if self.error is None:
+                self._callbacks.on_train_end()
+        except BaseException as e:  # noqa: BLE001 - handed to the driver.
             if self.error is None:
                 self.error = e
-            raise
 
     def step(self, data) -> None:
         """Runs one update on a distributed batch and reports it."""

@@ -28,6 +28,7 @@ from collections.abc import Sequence
 import gymnasium as gym
 import numpy as np
 from absl import app, flags
+from absl import logging as absl_logging
 
 __all__ = [
     "FrameRecorder",
@@ -269,9 +270,7 @@ def write_gif(path: str, frames: Sequence[np.ndarray], fps: float, use_pillow: b
             f.write(encode_gif(frames, fps))
         return
     images = [Image.fromarray(np.asarray(f, np.uint8)[..., :3]) for f in frames]
-    images[0].save(
-        path, save_all=True, append_images=images[1:], duration=1000.0 / fps, loop=0
-    )
+    images[0].save(path, save_all=True, append_images=images[1:], duration=1000.0 / fps, loop=0)
 
 
 def write_mp4(path: str, frames: Sequence[np.ndarray], fps: float) -> None:
@@ -299,6 +298,8 @@ def main(argv: list[str]) -> int:
     del argv
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    if not FLAGS["verbosity"].present:  # absl turns INFO on after parsing; TF logs much there.
+        absl_logging.set_verbosity(absl_logging.WARNING)
     from impala_tf import checkpoints
 
     try:
@@ -315,9 +316,7 @@ def main(argv: list[str]) -> int:
     env_name = config.env
     recorders: list[FrameRecorder] = []
     if ext:
-        config = _recording_config(
-            config, recorders, FLAGS.video_episodes, FLAGS.video_max_frames
-        )
+        config = _recording_config(config, recorders, FLAGS.video_episodes, FLAGS.video_max_frames)
 
     _, runner = checkpoints.load_env_runner(checkpoint_dir, explore=explore, config=config)
     try:
@@ -332,8 +331,7 @@ def main(argv: list[str]) -> int:
             logging.warning("Video cut at --video_max_frames=%d frames.", FLAGS.video_max_frames)
         (write_gif if ext == ".gif" else write_mp4)(FLAGS.video, recorder.frames, fps)
         print(
-            f"impala-evaluate: wrote {len(recorder.frames)} frames at {fps:g} fps to "
-            f"{FLAGS.video}",
+            f"impala-evaluate: wrote {len(recorder.frames)} frames at {fps:g} fps to {FLAGS.video}",
             flush=True,
         )
 

@@ -1,0 +1,155 @@
+r"""impala-export: writes a checkpoint's policy as a TensorFlow SavedModel for serving.
+
+  impala-export --checkpoint=runs/cartpole/checkpoint --out=exported/cartpole
+
+B is batch. The SavedModel's `serving_default` signature takes `obs`, a batch of observations
+[B, *obs_shape] in the observation space's dtype, and returns
+
+* `actions`: the distribution's mode, the deterministic action [B, *action_shape] (int64 for
+  Discrete / MultiDiscrete, float32 for Box);
+* `logits`: float32 [B, A], the action distribution's inputs (RLlib's `action_dist_inputs`);
+* `values`: float32 [B], V(x).
+
+Recurrent models (`use_lstm`) also take `state_in_0`, `state_in_1` (float32 [B, H]: h and c) and
+return `state_out_0`, `state_out_1`; their `initial_state` signature maps `batch_size` (int32
+scalar) to the zero state `state_in_0`, `state_in_1`. Zero a row's state when its episode ends.
+
+Loading needs TensorFlow only (no impala_tf, no Keras):
+
+    policy = tf.saved_model.load("exported/cartpole").signatures["serving_default"]
+    action = policy(obs=tf.constant(obs[None]))["actions"][0]
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+
+from absl import app, flags
+from absl import logging as absl_logging
+
+__all__ = ["export_saved_model", "serving_module", "run"]
+
+FLAGS = flags.FLAGS
+
+flags.DEFINE_string("checkpoint", None, "Checkpoint directory, or a training logdir.")
+flags.DEFINE_string("out", None, "Directory to write the SavedModel to.")
+
+
+def serving_module(model, action_space):
+    """A `tf.Module` holding `model`'s variables with the serving functions described above.
+
+    Args:
+      model: An `impala_tf.models.ActorCritic`.
+      action_space: The env's action space (it picks the action distribution).
+
+    Returns:
+      `(module, signatures)`: the module to save and its signatures by name.
+    """
+    import numpy as np
+    import tensorflow as tf
+
+    from impala_tf import distributions
+
+    module = tf.Module(name="impala_policy")
+    # Tracked so that the SavedModel stores them; the functions below capture the same ones.
+    module.model_variables = list(model.variables)
+    obs_shape = tuple(int(d) for d in (model.observation_space.shape or ()))
+    obs_spec = tf.TensorSpec(
+        [None, *obs_shape], tf.as_dtype(np.dtype(model.observation_space.dtype)), name="obs"
+    )
+
+    def act(obs, state):
+        logits, values, new_state = model.step(obs, state)
+        actions = distributions.make_distribution(action_space, logits).mode()
+        out = {"actions": actions, "logits": logits, "values": values}
+        for i, s in enumerate(new_state):
+            out[f"state_out_{i}"] = s
+        return out
+
+    if not model.is_recurrent:
+
+        @tf.function(input_signature=[obs_spec])
+        def serve(obs):
+            return act(obs, ())
+
+        module.serve = serve
+        return module, {"serving_default": serve}
+
+    zero = model.initial_state(1)
+    if len(zero) != 2:
+        raise ValueError(f"Expected an (h, c) recurrent state, got {len(zero)} tensors.")
+    state_specs = [
+        tf.TensorSpec([None, *s.shape[1:]], s.dtype, name=f"state_in_{i}")
+        for i, s in enumerate(zero)
+    ]
+
+    @tf.function(input_signature=[obs_spec, *state_specs])
+    def serve_recurrent(obs, state_in_0, state_in_1):
+        return act(obs, (state_in_0, state_in_1))
+
+    @tf.function(input_signature=[tf.TensorSpec([], tf.int32, name="batch_size")])
+    def initial_state(batch_size):
+        h, c = model.initial_state(batch_size)
+        return {"state_in_0": h, "state_in_1": c}
+
+    module.serve = serve_recurrent
+    module.initial_state = initial_state
+    return module, {"serving_default": serve_recurrent, "initial_state": initial_state}
+
+
+def export_saved_model(model, action_space, out_dir: str) -> dict:
+    """Writes `model` as a SavedModel to `out_dir` (see the module docstring).
+
+    Returns:
+      The signatures written, by name (`tf.function`s with input signatures).
+    """
+    import tensorflow as tf
+
+    module, signatures = serving_module(model, action_space)
+    tf.saved_model.save(module, out_dir, signatures=signatures)
+    return signatures
+
+
+def main(argv: list[str]) -> int:
+    del argv
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    if not FLAGS["verbosity"].present:  # absl turns INFO on after parsing; TF logs much there.
+        absl_logging.set_verbosity(absl_logging.WARNING)
+    from impala_tf import checkpoints
+
+    try:
+        checkpoint_dir = checkpoints.resolve_checkpoint_dir(FLAGS.checkpoint)
+        config = checkpoints.load_config(checkpoint_dir)
+    except (FileNotFoundError, ValueError) as e:
+        print(f"impala-export: error: {e}", file=sys.stderr, flush=True)
+        return 1
+    import tensorflow as tf
+
+    _, policy = checkpoints.load_policy(checkpoint_dir, explore=False, config=config)
+    signatures = export_saved_model(policy.model, policy.action_space, FLAGS.out)
+    serving = signatures["serving_default"].get_concrete_function()
+    inputs = ", ".join(
+        f"{spec.name}{spec.shape.as_list()} {spec.dtype.name}"
+        for spec in tf.nest.flatten(serving.structured_input_signature)
+    )
+    outputs = ", ".join(sorted(serving.structured_outputs))
+    print(
+        f"impala-export: wrote {FLAGS.out} from {checkpoint_dir} ({config.env}); "
+        f"serving_default: {inputs} -> {outputs}",
+        flush=True,
+    )
+    return 0
+
+
+def run() -> None:
+    """Console-script entry point."""
+    flags.mark_flag_as_required("checkpoint")
+    flags.mark_flag_as_required("out")
+    app.run(main)
+
+
+if __name__ == "__main__":
+    run()
