@@ -408,7 +408,8 @@ class Impala:
           `checkpoint_dir`.
         """
         os.makedirs(checkpoint_dir, exist_ok=True)
-        self._checkpoint().write(os.path.join(checkpoint_dir, "learner"))
+        with self.learner_thread.lock:
+            self._checkpoint().write(os.path.join(checkpoint_dir, "learner"))
         state = {
             "iteration": self._iteration,
             "time_total_s": self._time_total_s,

@@ -41,6 +41,7 @@ __all__ = [
     "read_driver_state",
     "resolve_checkpoint_dir",
     "restore_model",
+    "untracked_variables",
     "write_checkpoint",
 ]
 
@@ -169,6 +170,20 @@ def load_config(checkpoint_dir: str) -> ImpalaConfig:
     return ImpalaConfig.from_dict(config)
 
 
+def untracked_variables(model: keras.Model) -> list:
+    """The variables of `model` that a `tf.train.Checkpoint` of it would not hold.
+
+    Keras 3 does not track layers kept in Python lists for TensorFlow checkpoints (only
+    attributes), so a torso that keeps its layers in a list saves none of their weights under
+    the `model` part. A model whose list is empty checkpoints completely.
+    """
+    import tensorflow as tf
+
+    root = tf.train.Checkpoint(model=model)
+    reachable = {id(obj) for obj in tf.train.TrackableView(root).descendants()}
+    return [v for v in model.variables if id(v) not in reachable]
+
+
 def restore_model(model: keras.Model, checkpoint_dir: str) -> None:
     """Loads the `model` part of a checkpoint into `model`, ignoring optimizers and counters.
 
@@ -177,11 +192,22 @@ def restore_model(model: keras.Model, checkpoint_dir: str) -> None:
       checkpoint_dir: Anything `resolve_checkpoint_dir` accepts.
 
     Raises:
+      ValueError: if some variables of `model` cannot be in a checkpoint's `model` part (see
+        `untracked_variables`), rather than leave them at their initial values.
       AssertionError: if a variable of `model` has no value in the checkpoint (a different
         architecture); a variable of another shape raises while reading.
     """
     import tensorflow as tf
 
+    missing = untracked_variables(model)
+    if missing:
+        raise ValueError(
+            f"{len(missing)} of the model's {len(model.variables)} variables "
+            f"({', '.join(v.path for v in missing[:4])}{', ...' if len(missing) > 4 else ''}) "
+            "are not tracked by tf.train.Checkpoint, so no checkpoint holds them under `model`: "
+            "a layer keeps sublayers in a Python list, which Keras 3 does not track for "
+            "TensorFlow checkpoints. Assign each sublayer to an attribute as well."
+        )
     prefix = os.path.join(resolve_checkpoint_dir(checkpoint_dir), LEARNER_PREFIX)
     status = tf.train.Checkpoint(model=model).read(prefix)
     # The optimizers and counters stay unread on purpose; every model variable must be matched.
@@ -227,7 +253,9 @@ def load_env_runner(
     """Builds an `EnvRunner` (worker index 0, the evaluation index) acting with a checkpoint.
 
     Its envs are seeded from `config.seed` as RLlib seeds the driver's, so with a seed and
-    `num_envs_per_env_runner=1` the episodes it runs are reproducible.
+    `num_envs_per_env_runner=1` the episodes it runs are reproducible. The weights are restored
+    into a Keras model and handed to the runner's policy, whichever kind it is (numpy or
+    TensorFlow).
 
     Args:
       checkpoint_dir: Anything `resolve_checkpoint_dir` accepts.
@@ -239,8 +267,15 @@ def load_env_runner(
       `(config, runner)`: the config used and the runner, weights restored.
     """
     from impala_tf.actors.env_runner import EnvRunner
+    from impala_tf.models import build_model
 
     config = load_config(checkpoint_dir) if config is None else config
     runner = EnvRunner(config, worker_index=0, explore=explore)
-    restore_model(runner.policy.model, checkpoint_dir)
+    try:
+        model = build_model(runner.observation_space, runner.action_space, config.model)
+        restore_model(model, checkpoint_dir)
+        runner.set_weights(model.get_weights())
+    except BaseException:
+        runner.close()
+        raise
     return config, runner

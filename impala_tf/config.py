@@ -947,7 +947,7 @@ class ImpalaConfig:
         # Start the actors' fork server first, so that its TensorFlow import overlaps ours.
         from impala_tf.actors.local import prestart_fork_server
 
-        prestart_fork_server()
+        prestart_fork_server(self)
         # Lazy: the algorithm pulls in TensorFlow, which config users should not pay for.
         from impala_tf.algorithm import Impala
 

@@ -160,6 +160,9 @@ class LearnerThread(threading.Thread):
         self.num_steps = 0
         self.stats: dict[str, Any] = {}
         self.error: BaseException | None = None
+        # Held during each update, so a checkpoint sees weights, optimizer state and counters
+        # from the same step.
+        self.lock = threading.RLock()
         self._meta: collections.deque = collections.deque()
         self._callbacks = keras.callbacks.CallbackList(
             callbacks or [], add_history=False, add_progbar=False, model=learner
@@ -218,7 +221,7 @@ class LearnerThread(threading.Thread):
         """Runs one update on a distributed batch and reports it."""
         env_steps, policy_version = self._meta.popleft()
         self._callbacks.on_train_batch_begin(self.num_steps)
-        with self.grad_timer:
+        with self.grad_timer, self.lock:
             updates_before = int(self.learner.num_grad_updates.numpy())
             stats = {k: v.numpy().item() for k, v in self._train_fn(data).items()}
         stats["diff_num_grad_updates_vs_sampler_policy"] = float(updates_before - policy_version)

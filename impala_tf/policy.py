@@ -8,34 +8,15 @@ Sampling is stateless and seeded, so an actor with a fixed seed acts reproducibl
 
 from __future__ import annotations
 
-from typing import NamedTuple
-
 import gymnasium as gym
 import numpy as np
 import tensorflow as tf
 
 from impala_tf import distributions
 from impala_tf.models import build_model
+from impala_tf.policy_step import PolicyStep
 
 __all__ = ["ActorPolicy", "PolicyStep"]
-
-
-class PolicyStep(NamedTuple):
-    """One acting step for a batch of B observations (numpy arrays).
-
-    Attributes:
-      actions: [B, *action_shape], the actions to take.
-      logits: float32 [B, logits_size], the behaviour policy's distribution inputs.
-      logp: float32 [B], log mu(a|x) of the actions.
-      values: float32 [B], V(x) of the behaviour value function.
-      state: tuple of [B, ...] arrays, the recurrent state after this step (() if none).
-    """
-
-    actions: np.ndarray
-    logits: np.ndarray
-    logp: np.ndarray
-    values: np.ndarray
-    state: tuple
 
 
 class ActorPolicy:

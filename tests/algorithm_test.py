@@ -186,9 +186,10 @@ def test_save_and_restore_round_trip(tmp_path):
     try:
         algo.train()
         algo.train()
-        saved = algo.save(str(tmp_path / "ckpt"))
-        weights = [w.copy() for w in algo.learner.model.get_weights()]
-        steps = int(algo.learner.num_agent_steps_trained.numpy())
+        with algo.learner_thread.lock:  # no update between the save and our copy
+            saved = algo.save(str(tmp_path / "ckpt"))
+            weights = [w.copy() for w in algo.learner.model.get_weights()]
+            steps = int(algo.learner.num_agent_steps_trained.numpy())
         counters = dict(algo._counters)
         algo.train()
         assert int(algo.learner.num_agent_steps_trained.numpy()) > steps

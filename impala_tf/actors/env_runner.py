@@ -1,4 +1,7 @@
-"""`EnvRunner`: steps a set of gymnasium envs with an `ActorPolicy` and cuts rollout fragments.
+"""`EnvRunner`: steps a set of gymnasium envs with a policy and cuts rollout fragments.
+
+The policy is `impala_tf.numpy_policy.make_policy`'s choice: numpy for MLPs, TensorFlow for the
+rest; it has no weights until `set_weights` (the driver broadcasts them before any sample).
 
 One env runner (RLlib's "env runner" / "rollout worker") owns `num_envs_per_env_runner` envs and
 steps them together, one batched policy call per time step. `sample()` returns a `Fragment`: a
@@ -25,6 +28,7 @@ import gymnasium as gym
 import numpy as np
 
 from impala_tf.config import ImpalaConfig
+from impala_tf.numpy_policy import make_policy
 from impala_tf.sample_batch import SampleBatch
 
 __all__ = ["EnvContext", "EnvRunner", "Fragment", "make_env", "env_seed"]
@@ -114,8 +118,6 @@ class EnvRunner:
     """
 
     def __init__(self, config: ImpalaConfig, worker_index: int = 1, explore: bool | None = None):
-        from impala_tf.policy import ActorPolicy  # TensorFlow is imported here, not at import.
-
         self.config = config
         self.worker_index = worker_index
         self.num_envs = int(config.num_envs_per_env_runner)
@@ -125,7 +127,7 @@ class EnvRunner:
         self.action_space = self.envs[0].action_space
         explore = config.explore if explore is None else explore
         seed = env_seed(config.seed, worker_index, 0)
-        self.policy = ActorPolicy(
+        self.policy = make_policy(
             self.observation_space, self.action_space, config.model, explore=explore, seed=seed
         )
         self.policy_version = 0

@@ -94,11 +94,22 @@ def _actor_main(
         raise SystemExit(1) from e
 
 
-_PRELOAD = ["impala_tf.policy"]
+def _preload(config: ImpalaConfig) -> list[str]:
+    """Modules the fork server imports once for every actor: TensorFlow only if the policy
+    needs it (MLP policies act in numpy, see `impala_tf.numpy_policy`)."""
+    from impala_tf.actors.env_runner import make_env
+    from impala_tf.numpy_policy import supports
+
+    env = make_env(config, 0, 0)
+    try:
+        numpy_only = supports(env.observation_space, env.action_space, config.model)
+    finally:
+        env.close()
+    return ["impala_tf.actors.env_runner"] if numpy_only else ["impala_tf.policy"]
 
 
-def prestart_fork_server() -> None:
-    """Starts the fork server now, so that its TensorFlow import overlaps the caller's.
+def prestart_fork_server(config: ImpalaConfig) -> None:
+    """Starts the fork server now, so that its imports overlap the caller's TensorFlow import.
 
     Cheap and non-blocking; a no-op where there is no fork server. `ImpalaConfig.build()` calls
     it before importing the algorithm (and with it TensorFlow).
@@ -107,8 +118,7 @@ def prestart_fork_server() -> None:
         return
     from multiprocessing import forkserver
 
-    ctx = mp.get_context("forkserver")
-    ctx.set_forkserver_preload(_PRELOAD)
+    mp.get_context("forkserver").set_forkserver_preload(_preload(config))
     forkserver.ensure_running()
 
 
@@ -149,7 +159,7 @@ class LocalActorPool(ActorPool):
         self._ctx = mp.get_context(start_method)
         if start_method == "forkserver":
             # The fork server imports TensorFlow once; each actor forks from it.
-            self._ctx.set_forkserver_preload(_PRELOAD)
+            self._ctx.set_forkserver_preload(_preload(config))
         self._actors: dict[int, _Actor] = {}
         self._stopped = False
         for i in range(self.num_actors):

@@ -1,0 +1,218 @@
+"""`NumpyPolicy`: the actors' fast path for feed-forward MLP policies, in numpy alone.
+
+Profiling the actors on CartPole showed 70% of their time inside the TensorFlow call that runs a
+tiny MLP (about 1 ms per call on this machine, almost all of it dispatch). The same forward pass
+in numpy takes tens of microseconds, and an actor that needs no TensorFlow starts in under a
+second instead of five. So when a policy is an MLP (`impala_tf.models` builds one for flat
+observations without `use_lstm`), actors run this numpy program over the very weights the
+learner trains; every other model (CNNs, LSTMs) acts through `impala_tf.policy.ActorPolicy`.
+
+The program mirrors `impala_tf.models.ActorCritic` for MLPs: preprocessing (one-hot for
+Discrete/MultiDiscrete observations, flatten and cast for Box/MultiBinary), the `fcnet_hiddens`
+torso, the separate value tower unless `vf_share_layers`, and linear logits and value heads.
+`tests/numpy_policy_test.py` checks it against the Keras model for every supported combination.
+Weights arrive in `keras.Model.get_weights()` order: torso, value tower, logits head, value head.
+"""
+
+from __future__ import annotations
+
+import math
+
+import gymnasium as gym
+import numpy as np
+
+from impala_tf.policy_step import PolicyStep
+
+__all__ = ["NumpyPolicy", "make_policy", "supports"]
+
+_ACTIVATIONS = {
+    "tanh": np.tanh,
+    "relu": lambda x: np.maximum(x, 0.0),
+    "elu": lambda x: np.where(x > 0, x, np.expm1(np.minimum(x, 0.0))),
+    "swish": lambda x: x / (1.0 + np.exp(-x)),
+    "silu": lambda x: x / (1.0 + np.exp(-x)),
+    "linear": lambda x: x,
+    None: lambda x: x,
+}
+_OBS_SPACES = (gym.spaces.Box, gym.spaces.Discrete, gym.spaces.MultiDiscrete, gym.spaces.MultiBinary)
+_ACTION_SPACES = (gym.spaces.Discrete, gym.spaces.MultiDiscrete, gym.spaces.Box)
+
+
+def _model_value(model_config: dict | None, key: str, default):
+    return (model_config or {}).get(key, default)
+
+
+def supports(observation_space: gym.Space, action_space: gym.Space, model_config: dict | None) -> bool:
+    """True when the model for these spaces and RLlib model keys is a feed-forward MLP."""
+    if not isinstance(observation_space, _OBS_SPACES) or not isinstance(action_space, _ACTION_SPACES):
+        return False
+    if isinstance(observation_space, gym.spaces.Box) and len(observation_space.shape) == 3:
+        return False  # images go through a CNN
+    if isinstance(action_space, gym.spaces.MultiDiscrete) and np.ndim(action_space.nvec) != 1:
+        return False
+    if _model_value(model_config, "use_lstm", False) or _model_value(
+        model_config, "use_attention", False
+    ):
+        return False
+    if _model_value(model_config, "custom_model", None) is not None:
+        return False
+    return _model_value(model_config, "fcnet_activation", "tanh") in _ACTIVATIONS
+
+
+class NumpyPolicy:
+    """Acts with an MLP actor-critic in numpy (same interface as `ActorPolicy`).
+
+    Args:
+      observation_space: The env's observation space.
+      action_space: The env's action space.
+      model_config: RLlib model keys (`fcnet_hiddens`, `fcnet_activation`, `vf_share_layers`).
+      explore: Sample actions when True, take the distribution's mode when False.
+      seed: Seed of the action sampling; None draws one at random.
+    """
+
+    is_recurrent = False
+
+    def __init__(
+        self,
+        observation_space: gym.Space,
+        action_space: gym.Space,
+        model_config: dict | None = None,
+        explore: bool = True,
+        seed: int | None = None,
+    ):
+        if not supports(observation_space, action_space, model_config):
+            raise ValueError(
+                f"NumpyPolicy runs feed-forward MLPs only, not {model_config!r} on "
+                f"{observation_space!r} -> {action_space!r}; use impala_tf.policy.ActorPolicy"
+            )
+        self.observation_space = observation_space
+        self.action_space = action_space
+        self.explore = explore
+        self._rng = np.random.default_rng(seed)
+        self._hiddens = [int(h) for h in _model_value(model_config, "fcnet_hiddens", [256, 256])]
+        self._act = _ACTIVATIONS[_model_value(model_config, "fcnet_activation", "tanh")]
+        self._shared = bool(_model_value(model_config, "vf_share_layers", False))
+        self._weights: list[np.ndarray] | None = None
+        if isinstance(action_space, gym.spaces.MultiDiscrete):
+            self._nvec = [int(n) for n in action_space.nvec]
+            self._offsets = np.cumsum([0, *self._nvec])
+        if isinstance(observation_space, gym.spaces.MultiDiscrete):
+            self._obs_nvec = [int(n) for n in np.asarray(observation_space.nvec).reshape(-1)]
+
+    # Weights ----------------------------------------------------------------------------------
+
+    def set_weights(self, weights: list[np.ndarray]) -> None:
+        """Loads `keras.Model.get_weights()` of the matching `ActorCritic`."""
+        layers = len(self._hiddens) * (1 if self._shared else 2) + 2
+        if len(weights) != 2 * layers:
+            raise ValueError(
+                f"expected {2 * layers} arrays (kernels and biases of {layers} layers), "
+                f"got {len(weights)}: the weights do not belong to this MLP"
+            )
+        self._weights = [np.asarray(w, np.float32) for w in weights]
+
+    def get_weights(self) -> list[np.ndarray]:
+        if self._weights is None:
+            raise RuntimeError("NumpyPolicy has no weights yet: call set_weights first")
+        return [w.copy() for w in self._weights]
+
+    def initial_state(self, batch_size: int) -> tuple:
+        return ()
+
+    # Forward ----------------------------------------------------------------------------------
+
+    def _preprocess(self, obs: np.ndarray) -> np.ndarray:
+        space = self.observation_space
+        n = obs.shape[0]
+        if isinstance(space, gym.spaces.Discrete):
+            out = np.zeros((n, int(space.n)), np.float32)
+            out[np.arange(n), obs.astype(np.int64).reshape(n) - int(space.start)] = 1.0
+            return out
+        if isinstance(space, gym.spaces.MultiDiscrete):
+            idx = obs.astype(np.int64).reshape(n, len(self._obs_nvec))
+            return np.concatenate(
+                [np.eye(k, dtype=np.float32)[idx[:, i]] for i, k in enumerate(self._obs_nvec)],
+                axis=1,
+            )
+        return obs.reshape(n, math.prod(space.shape)).astype(np.float32, copy=False)
+
+    def _tower(self, x: np.ndarray, weights: list[np.ndarray]) -> np.ndarray:
+        for i in range(0, len(weights), 2):
+            x = self._act(x @ weights[i] + weights[i + 1])
+        return x
+
+    def forward(self, obs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Returns (logits float32 [B, A], values float32 [B]) for observations [B, ...]."""
+        w = self._weights
+        if w is None:
+            raise RuntimeError("NumpyPolicy has no weights yet: call set_weights first")
+        x = self._preprocess(np.asarray(obs))
+        k = 2 * len(self._hiddens)
+        features = self._tower(x, w[:k])
+        value_features = features if self._shared else self._tower(x, w[k : 2 * k])
+        head = k if self._shared else 2 * k
+        logits = features @ w[head] + w[head + 1]
+        values = (value_features @ w[head + 2] + w[head + 3])[:, 0]
+        return logits.astype(np.float32, copy=False), values.astype(np.float32, copy=False)
+
+    # Acting -----------------------------------------------------------------------------------
+
+    @staticmethod
+    def _log_softmax(logits: np.ndarray) -> np.ndarray:
+        z = logits - logits.max(axis=-1, keepdims=True)
+        return z - np.log(np.exp(z).sum(axis=-1, keepdims=True))
+
+    def _categorical(self, logits: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        logp_all = self._log_softmax(logits)
+        if self.explore:  # Gumbel-max sampling
+            gumbel = -np.log(-np.log(self._rng.uniform(1e-12, 1.0, logits.shape)))
+            actions = np.argmax(logp_all + gumbel, axis=-1)
+        else:
+            actions = np.argmax(logp_all, axis=-1)
+        return actions, np.take_along_axis(logp_all, actions[:, None], axis=-1)[:, 0]
+
+    def distribution_step(self, logits: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Samples (or takes the mode of) actions from logits; returns (actions, logp)."""
+        space = self.action_space
+        if isinstance(space, gym.spaces.Discrete):
+            actions, logp = self._categorical(logits)
+            return actions + int(space.start), logp.astype(np.float32)
+        if isinstance(space, gym.spaces.MultiDiscrete):
+            parts = [
+                self._categorical(logits[:, a:b])
+                for a, b in zip(self._offsets[:-1], self._offsets[1:])
+            ]
+            actions = np.stack([p[0] for p in parts], axis=-1)
+            return actions, np.sum([p[1] for p in parts], axis=0).astype(np.float32)
+        mean, log_std = np.split(logits, 2, axis=-1)
+        noise = (
+            self._rng.standard_normal(mean.shape).astype(np.float32)
+            if self.explore
+            else np.zeros_like(mean)
+        )
+        actions = mean + np.exp(log_std) * noise
+        # From the noise itself: (actions - mean) / std would cancel catastrophically.
+        logp = -0.5 * np.sum(noise**2 + 2.0 * log_std + np.log(2.0 * np.pi), axis=-1)
+        shape = (actions.shape[0], *space.shape)
+        return actions.reshape(shape).astype(np.float32), logp.astype(np.float32)
+
+    def step(self, obs: np.ndarray, state: tuple = ()) -> PolicyStep:
+        """Acts on a batch of observations [B, ...] (no recurrent state)."""
+        logits, values = self.forward(obs)
+        actions, logp = self.distribution_step(logits)
+        return PolicyStep(actions=actions, logits=logits, logp=logp, values=values, state=())
+
+
+def make_policy(
+    observation_space: gym.Space,
+    action_space: gym.Space,
+    model_config: dict | None = None,
+    explore: bool = True,
+    seed: int | None = None,
+):
+    """The acting policy for these spaces: `NumpyPolicy` for MLPs, else `ActorPolicy` (TF)."""
+    if supports(observation_space, action_space, model_config):
+        return NumpyPolicy(observation_space, action_space, model_config, explore, seed)
+    from impala_tf.policy import ActorPolicy  # imports TensorFlow
+
+    return ActorPolicy(observation_space, action_space, model_config, explore, seed)

@@ -1,0 +1,111 @@
+"""Tests of tools/plot_results.py on synthetic result.json files."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import os
+import sys
+
+import numpy as np
+import pytest
+
+_PATH = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tools")
+_spec = importlib.util.spec_from_file_location(
+    "plot_results", os.path.join(_PATH, "plot_results.py")
+)
+plot_results = importlib.util.module_from_spec(_spec)
+sys.modules["plot_results"] = plot_results  # dataclasses look their module up there.
+_spec.loader.exec_module(plot_results)
+
+
+def write_results(logdir, rows):
+    logdir.mkdir(parents=True)
+    with open(logdir / "result.json", "w", encoding="utf-8") as f:
+        for row in rows:
+            f.write(json.dumps(row) + "\n")
+        f.write("\n")  # A trailing blank line, as an interrupted writer may leave.
+    return str(logdir)
+
+
+def _rows(n, with_wall_clock):
+    rows = []
+    for i in range(n):
+        row = {
+            "timesteps_total": 1000 * (i + 1),
+            "time_total_s": 10.0 * (i + 1),
+            "episode_reward_mean": float("nan") if i == 0 else 20.0 * i,
+            "training_iteration": i + 1,
+        }
+        if with_wall_clock:
+            row["time_since_start_s"] = 10.0 * (i + 1) + 7.0
+        rows.append(row)
+    return rows
+
+
+def test_load_run_prefers_wall_clock_time(tmp_path):
+    run = plot_results.load_run(write_results(tmp_path / "a", _rows(4, with_wall_clock=True)))
+    assert run.label == "a"
+    assert run.time_key == "time_since_start_s"
+    np.testing.assert_array_equal(run.steps, [1000, 2000, 3000, 4000])
+    np.testing.assert_array_equal(run.seconds, [17, 27, 37, 47])
+    assert math.isnan(run.returns[0])
+    np.testing.assert_array_equal(run.returns[1:], [20, 40, 60])
+
+    # Without time_since_start_s (e.g. results from RLlib) the time inside train() is used.
+    path = write_results(tmp_path / "b", _rows(3, with_wall_clock=False))
+    run = plot_results.load_run(os.path.join(path, "result.json"), label="rllib")
+    assert (run.label, run.time_key) == ("rllib", "time_total_s")
+    np.testing.assert_array_equal(run.seconds, [10, 20, 30])
+
+
+def test_plot_draws_one_line_per_run_on_both_panels(tmp_path):
+    runs = [
+        plot_results.load_run(write_results(tmp_path / "a", _rows(4, True)), "adam"),
+        plot_results.load_run(write_results(tmp_path / "b", _rows(6, False)), "rmsprop"),
+    ]
+    fig = plot_results.plot_runs(runs, title="CartPole")
+    by_steps, by_time = fig.axes
+    assert [line.get_label() for line in by_steps.lines] == ["adam", "rmsprop"]
+    np.testing.assert_array_equal(by_steps.lines[1].get_xdata(), runs[1].steps)
+    np.testing.assert_array_equal(by_time.lines[0].get_xdata(), runs[0].seconds)
+    np.testing.assert_array_equal(by_time.lines[1].get_ydata(), runs[1].returns)
+    assert "time_since_start_s" in by_time.get_xlabel()
+    assert "time_total_s" in by_time.get_xlabel()
+
+
+def test_main_writes_a_png(tmp_path, capsys):
+    a = write_results(tmp_path / "a", _rows(4, True))
+    b = write_results(tmp_path / "b", _rows(5, True))
+    out = tmp_path / "curves.png"
+    assert plot_results.main([a, b, f"--out={out}", "--labels=first,second"]) == 0
+    data = out.read_bytes()
+    assert data.startswith(b"\x89PNG\r\n\x1a\n") and len(data) > 10_000
+    assert "first: best 60.0" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    "content, message",
+    [
+        (None, "No result.json"),
+        ("", "holds no results"),
+        ("{not json\n", "result.json:1: not a JSON line"),
+        ('{"episode_reward_mean": 1.0}\n', "needs `timesteps_total`"),
+    ],
+)
+def test_main_explains_bad_logdirs(tmp_path, capsys, content, message):
+    logdir = tmp_path / "run"
+    logdir.mkdir()
+    if content is not None:
+        (logdir / "result.json").write_text(content)
+    with pytest.raises(SystemExit):
+        plot_results.main([str(logdir), f"--out={tmp_path / 'x.png'}"])
+    assert message in capsys.readouterr().err
+
+
+def test_main_checks_the_label_count(tmp_path, capsys):
+    a = write_results(tmp_path / "a", _rows(2, True))
+    with pytest.raises(SystemExit):
+        plot_results.main([a, f"--out={tmp_path / 'x.png'}", "--labels=x,y"])
+    assert "--labels has 2 entries for 1 logdirs" in capsys.readouterr().err

@@ -1,0 +1,201 @@
+"""CartPole wall-clock benchmark: time to return 450 and env steps/s, over several seeds.
+
+    .venv/bin/python tools/bench_cartpole.py                      # 5 seeds of the tuned config
+    .venv/bin/python tools/bench_cartpole.py --seeds 0 1 --timeout 120
+    .venv/bin/python tools/bench_cartpole.py --rllib-python /path/to/rllib-venv/bin/python
+    .venv/bin/python tools/bench_cartpole.py --make-rllib-venv /tmp/rllib-venv
+
+Each seed runs the real binary (`python -m impala_tf.bin.train --config=...`) in a fresh process;
+the wall time is measured from launching the process to the moment it prints the iteration whose
+`episode_reward_mean` reaches the target, so it includes Python, TensorFlow and actor start-up.
+Throughput is `timesteps_total / time_total_s` (sampled) and `num_env_steps_trained /
+time_total_s` (trained) of that last iteration, i.e. while learning, excluding start-up.
+
+With `--rllib-python` (a Python that has `ray[rllib]`; `--make-rllib-venv DIR` creates one as
+PLATFORM.md describes), RLlib's IMPALA runs the same task in the same run, and the ratios are
+printed. Results go to BENCHMARKS.md (section "bench_cartpole").
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import benchlib  # noqa: E402
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_ITER_LINE = re.compile(r"^iter\s+\d+.*return\s+([-\d.]+)")
+
+RLLIB_SCRIPT = r"""
+import json, sys, time
+start = time.time()
+from ray.rllib.algorithms.impala import IMPALAConfig
+target, budget_s, seed = float(sys.argv[1]), float(sys.argv[2]), int(sys.argv[3])
+config = (
+    IMPALAConfig()
+    .environment("CartPole-v1")
+    .env_runners(num_env_runners=1)
+    .training(train_batch_size_per_learner=500, lr=0.0005, vf_loss_coeff=0.05, entropy_coeff=0.0)
+    .rl_module(model_config={"vf_share_layers": True})
+    .debugging(seed=seed)
+)
+algo = config.build_algo()
+steps = ret = 0
+while time.time() - start < budget_s:
+    r = algo.train()
+    ret = r["env_runners"].get("episode_return_mean", float("nan"))
+    steps = r["env_runners"]["num_env_steps_sampled_lifetime"]
+    print(json.dumps({"t": time.time() - start, "return": ret, "steps": steps}), flush=True)
+    if ret == ret and ret >= target:
+        break
+algo.stop()
+"""
+
+
+def run_impala(config: str, seed: int, target: float, timeout: float) -> dict:
+    """Runs the binary once; returns wall time to target, steps and throughputs."""
+    logdir = tempfile.mkdtemp(prefix=f"bench-cartpole-{seed}-")
+    cmd = [
+        sys.executable, "-m", "impala_tf.bin.train", f"--config={config}", f"--seed={seed}",
+        f"--logdir={logdir}", f"--stop_reward={target}", "--checkpoint_freq=0",
+    ]
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", PYTHONUNBUFFERED="1")
+    start = time.perf_counter()
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            cwd=ROOT, env=env)
+    reached_s = None
+    try:
+        for line in proc.stdout:
+            match = _ITER_LINE.match(line)
+            if match and match.group(1) != "-" and float(match.group(1)) >= target:
+                reached_s = time.perf_counter() - start
+            if time.perf_counter() - start > timeout:
+                break
+    finally:
+        if proc.poll() is None:
+            proc.terminate()
+        proc.wait(30)
+    results = []
+    with open(os.path.join(logdir, "result.json"), encoding="utf-8") as f:
+        results = [json.loads(line) for line in f]
+    last = results[-1] if results else {}
+    total_s = max(last.get("time_total_s", 0.0), 1e-9)
+    return {
+        "seed": seed,
+        "reached": reached_s is not None,
+        "wall_s": reached_s,
+        "steps": last.get("timesteps_total", 0),
+        "sampled_per_s": last.get("timesteps_total", 0) / total_s,
+        "trained_per_s": last.get("num_env_steps_trained", 0) / total_s,
+        "iterations": len(results),
+    }
+
+
+def run_rllib(python: str, target: float, budget_s: float, seed: int) -> dict:
+    """Runs RLlib's IMPALA (new API stack, torch) on CartPole in a side virtualenv."""
+    start = time.perf_counter()
+    proc = subprocess.run(
+        [python, "-c", RLLIB_SCRIPT, str(target), str(budget_s), str(seed)],
+        capture_output=True, text=True, timeout=budget_s + 300,
+    )
+    wall = time.perf_counter() - start
+    rows = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+    if not rows:
+        raise RuntimeError(f"RLlib run failed:\n{proc.stderr[-3000:]}")
+    last = rows[-1]
+    reached = last["return"] == last["return"] and last["return"] >= target
+    return {
+        "reached": reached,
+        "wall_s": wall if reached else None,
+        "steps": last["steps"],
+        "sampled_per_s": last["steps"] / max(last["t"], 1e-9),
+    }
+
+
+def make_rllib_venv(path: str) -> str:
+    """Creates a side virtualenv with RLlib (as PLATFORM.md measured it); returns its python."""
+    subprocess.run([sys.executable, "-m", "venv", path], check=True)
+    python = os.path.join(path, "bin", "python")
+    pip = [python, "-m", "pip", "install", "-q"]
+    subprocess.run([*pip, "torch==2.13.0"], check=True)
+    subprocess.run([*pip, "ray[rllib]==2.60.0", "gymnasium"], check=True)
+    return python
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--config", default=os.path.join(ROOT, "configs", "cartpole-impala.yaml"))
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4])
+    parser.add_argument("--target", type=float, default=450.0)
+    parser.add_argument("--timeout", type=float, default=300.0)
+    parser.add_argument("--rllib-python", default=None)
+    parser.add_argument("--make-rllib-venv", default=None)
+    parser.add_argument("--rllib-budget-s", type=float, default=600.0)
+    parser.add_argument("--no-write", action="store_true", help="do not update BENCHMARKS.md")
+    args = parser.parse_args()
+
+    runs = []
+    for seed in args.seeds:
+        run = run_impala(args.config, seed, args.target, args.timeout)
+        runs.append(run)
+        print(json.dumps(run), flush=True)
+    reached = [r for r in runs if r["reached"]]
+    median_wall = statistics.median(r["wall_s"] for r in reached) if reached else float("nan")
+    median_sampled = statistics.median(r["sampled_per_s"] for r in runs)
+    median_trained = statistics.median(r["trained_per_s"] for r in runs)
+    median_steps = statistics.median(r["steps"] for r in reached) if reached else float("nan")
+
+    lines = [
+        f"CartPole-v1 to episode_reward_mean >= {args.target:g} with "
+        f"`{os.path.relpath(args.config, ROOT)}` ({benchlib.machine_line()}).",
+        "",
+        "| seed | reached | wall s (process start to result) | env steps | sampled/s | trained/s |",
+        "|---:|:---:|---:|---:|---:|---:|",
+    ]
+    for r in runs:
+        wall = f"{r['wall_s']:.1f}" if r["wall_s"] is not None else "-"
+        lines.append(
+            f"| {r['seed']} | {'yes' if r['reached'] else 'no'} | {wall} | {r['steps']:,} | "
+            f"{r['sampled_per_s']:,.0f} | {r['trained_per_s']:,.0f} |"
+        )
+    lines += [
+        "",
+        f"**{len(reached)}/{len(runs)} seeds reached {args.target:g}; median wall time "
+        f"{median_wall:.1f} s; median {median_steps:,.0f} env steps; median throughput while "
+        f"learning {median_sampled:,.0f} sampled/s, {median_trained:,.0f} trained/s.**",
+    ]
+
+    python = args.rllib_python
+    if args.make_rllib_venv:
+        python = make_rllib_venv(args.make_rllib_venv)
+    if python:
+        rllib = run_rllib(python, args.target, args.rllib_budget_s, args.seeds[0])
+        print(json.dumps({"rllib": rllib}), flush=True)
+        rwall = f"{rllib['wall_s']:.1f} s" if rllib["wall_s"] else f"not within {args.rllib_budget_s:g} s"
+        lines += [
+            "",
+            f"RLlib 2.60 IMPALA (torch, new API stack, 1 env runner, its CartPole example "
+            f"settings), same machine, same run: time to {args.target:g}: {rwall}; "
+            f"{rllib['sampled_per_s']:,.0f} env steps/s sampled.",
+        ]
+        if rllib["wall_s"] and reached:
+            lines.append(
+                f"Ratios (impala_tf vs RLlib): {rllib['wall_s'] / median_wall:.1f}x less wall "
+                f"time, {median_sampled / rllib['sampled_per_s']:.1f}x the env steps/s."
+            )
+    text = "\n".join(lines)
+    print(text)
+    if not args.no_write:
+        benchlib.write_section("bench_cartpole", "## CartPole wall clock\n\n" + text)
+
+
+if __name__ == "__main__":
+    main()
