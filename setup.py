@@ -23,12 +23,16 @@ setup(
         "tensorboard",
     ],
     extras_require={
-        "test": ["pytest", "pytest-xdist", "ruff"],
+        "test": ["pytest", "pytest-xdist", "ruff", "matplotlib"],
         "tools": ["matplotlib"],
+        # Rendering classic-control envs and writing .mp4 videos in impala-evaluate.
+        "video": ["gymnasium[classic-control]", "imageio[ffmpeg]"],
     },
     entry_points={
         "console_scripts": [
             "impala-train=impala_tf.bin.train:run",
+            "impala-evaluate=impala_tf.bin.evaluate:run",
+            "impala-export=impala_tf.bin.export:run",
         ],
     },
 )

@@ -1,4 +1,4 @@
-"""impala_tf: RLlib's IMPALA (V-trace actor-learner reinforcement learning) on TensorFlow 2 / Keras 3.
+"""impala_tf: RLlib's IMPALA (V-trace actor-learner RL) on TensorFlow 2 / Keras 3.
 
 The public API, importable from the top level. Names are loaded on first use, so that
 `import impala_tf` (and the config alone) stay cheap: TensorFlow is imported only by the names

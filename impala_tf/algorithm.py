@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import atexit
 import collections
-import json
 import logging
 import os
 import platform
@@ -36,7 +35,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from impala_tf import pipeline
+from impala_tf import checkpoints, pipeline
 from impala_tf.actors.base import ActorFailure, ActorPool
 from impala_tf.actors.env_runner import Fragment, make_env
 from impala_tf.actors.local import LocalActorPool
@@ -55,7 +54,6 @@ logger = logging.getLogger(__name__)
 _MAX_CONSECUTIVE_ACTOR_FAILURES = 3
 _FETCH_TIMEOUT_S = 0.02
 _QUEUE_PUT_POLL_S = 0.1
-_CHECKPOINT_STATE = "driver_state.json"
 
 
 def make_strategy(config: ImpalaConfig) -> tf.distribute.Strategy:
@@ -389,46 +387,33 @@ class Impala:
 
     # Checkpoints ----------------------------------------------------------------------------
 
-    def _checkpoint(self) -> tf.train.Checkpoint:
-        learner = self.learner
-        parts = {
-            "model": learner.model,
-            "policy_optimizer": learner.policy_optimizer,
-            "num_grad_updates": learner.num_grad_updates,
-            "num_agent_steps_trained": learner.num_agent_steps_trained,
-        }
-        if learner.value_optimizer is not None:
-            parts["value_optimizer"] = learner.value_optimizer
-        return tf.train.Checkpoint(**parts)
-
     def save(self, checkpoint_dir: str) -> str:
-        """Saves weights, optimizer state, counters and schedule position under `checkpoint_dir`.
+        """Saves weights, optimizer state, counters and schedule position to `checkpoint_dir`.
+
+        The learner is paused for the write, so all parts come from the same update; the
+        directory is replaced atomically (`impala_tf.checkpoints.write_checkpoint`).
 
         Returns:
           `checkpoint_dir`.
         """
-        os.makedirs(checkpoint_dir, exist_ok=True)
-        with self.learner_thread.lock:
-            self._checkpoint().write(os.path.join(checkpoint_dir, "learner"))
         state = {
             "iteration": self._iteration,
             "time_total_s": self._time_total_s,
             "counters": dict(self._counters),
             "episodes": list(self._episodes),
             "episodes_total": self._episodes_total,
-            "config": self.config.to_dict() if not callable(self.config.env) else None,
         }
-        tmp = os.path.join(checkpoint_dir, _CHECKPOINT_STATE + ".tmp")
-        with open(tmp, "w", encoding="utf-8") as f:
-            json.dump(state, f, default=_json_default)
-        os.replace(tmp, os.path.join(checkpoint_dir, _CHECKPOINT_STATE))
-        return checkpoint_dir
+        with self.learner_thread.lock:
+            return checkpoints.write_checkpoint(checkpoint_dir, self.learner, self.config, state)
 
     def restore(self, checkpoint_dir: str) -> None:
         """Restores what `save` wrote and sends the restored weights to every actor."""
-        self._checkpoint().read(os.path.join(checkpoint_dir, "learner")).assert_consumed()
-        with open(os.path.join(checkpoint_dir, _CHECKPOINT_STATE), encoding="utf-8") as f:
-            state = json.load(f)
+        checkpoint_dir = checkpoints.resolve_checkpoint_dir(checkpoint_dir)
+        with self.learner_thread.lock:
+            checkpoints.learner_checkpoint(self.learner).read(
+                os.path.join(checkpoint_dir, checkpoints.LEARNER_PREFIX)
+            ).assert_consumed()
+        state = checkpoints.read_driver_state(checkpoint_dir)
         self._iteration = int(state["iteration"])
         self._time_total_s = float(state["time_total_s"])
         self._counters = collections.Counter(state["counters"])
@@ -459,12 +444,6 @@ class Impala:
 
     def __exit__(self, *exc) -> None:
         self.stop()
-
-
-def _json_default(value: Any) -> Any:
-    if isinstance(value, np.generic):
-        return value.item()
-    return str(value)
 
 
 _live_algorithms: weakref.WeakSet = weakref.WeakSet()

@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
+import tempfile
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -90,11 +92,13 @@ def write_checkpoint(
 ) -> str:
     """Writes the learner checkpoint and `driver_state.json` (with the config) to a directory.
 
-    `driver_state.json` is replaced atomically (written to a temporary file, then renamed), so a
-    reader never sees half a file.
+    The write is atomic at the directory level: everything goes to a sibling temporary
+    directory, which then replaces `checkpoint_dir` by two renames. A process killed at any point
+    leaves either the previous checkpoint or the new one loadable (between the two renames the
+    previous one waits at `<checkpoint_dir>.old`, which `resolve_checkpoint_dir` falls back to).
 
     Args:
-      checkpoint_dir: The directory; created if missing, its previous checkpoint overwritten.
+      checkpoint_dir: The directory; created if missing, its previous checkpoint replaced.
       learner: The `ImpalaLearner` whose parts `learner_checkpoint` lists.
       config: The algorithm's config, stored under the `"config"` key (None if `env` is a
         callable).
@@ -103,29 +107,45 @@ def write_checkpoint(
     Returns:
       `checkpoint_dir`.
     """
-    os.makedirs(checkpoint_dir, exist_ok=True)
-    learner_checkpoint(learner).write(os.path.join(checkpoint_dir, LEARNER_PREFIX))
-    state = dict(driver_state or {})
-    state["config"] = None if callable(config.env) else config.to_dict()
-    path = os.path.join(checkpoint_dir, DRIVER_STATE_FILE)
-    tmp = f"{path}.tmp"
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(state, f, default=_json_default)
-    os.replace(tmp, path)
+    checkpoint_dir = os.path.abspath(checkpoint_dir)
+    parent = os.path.dirname(checkpoint_dir)
+    os.makedirs(parent, exist_ok=True)
+    tmp = tempfile.mkdtemp(prefix=os.path.basename(checkpoint_dir) + ".tmp-", dir=parent)
+    try:
+        learner_checkpoint(learner).write(os.path.join(tmp, LEARNER_PREFIX))
+        state = dict(driver_state or {})
+        state["config"] = None if callable(config.env) else config.to_dict()
+        with open(os.path.join(tmp, DRIVER_STATE_FILE), "w", encoding="utf-8") as f:
+            json.dump(state, f, default=_json_default)
+        old = checkpoint_dir + ".old"
+        shutil.rmtree(old, ignore_errors=True)
+        if os.path.exists(checkpoint_dir):
+            os.replace(checkpoint_dir, old)
+        os.replace(tmp, checkpoint_dir)
+        shutil.rmtree(old, ignore_errors=True)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
     return checkpoint_dir
 
 
 def resolve_checkpoint_dir(path: str) -> str:
     """Finds the checkpoint directory a user means by `path`.
 
-    Accepted, in this order: a checkpoint directory itself (it holds `driver_state.json`); a
-    training logdir (its `checkpoint/` subdirectory); a directory of checkpoint directories (the
-    last one by name).
+    Accepted, in this order: a checkpoint directory itself (it holds `driver_state.json`), or
+    its `.old` twin left by a write that was killed between its two renames; a training logdir
+    (its `checkpoint/` subdirectory); a directory of checkpoint directories (the last one by
+    name).
 
     Raises:
       FileNotFoundError: naming `path` when none of these hold a checkpoint.
     """
-    for base in (path, os.path.join(path, "checkpoint")):
+    bases = (
+        path,
+        path + ".old",
+        os.path.join(path, "checkpoint"),
+        os.path.join(path, "checkpoint.old"),
+    )
+    for base in bases:
         if os.path.isfile(os.path.join(base, DRIVER_STATE_FILE)):
             return base
         if os.path.isdir(base):

@@ -25,7 +25,7 @@ __all__ = ["LossOutputs", "LossSums", "vtrace_loss", "explained_variance"]
 
 
 class LossSums(NamedTuple):
-    """Sums over the valid steps of a (per-replica) batch; the quantities all-reduced across devices.
+    """Sums over the valid steps of a (per-replica) batch: what is all-reduced across devices.
 
     Attributes:
       pi_loss: float32 scalar, -sum(m * log pi(a_t|x_t) * A_t) with A_t the V-trace pg advantage.
@@ -52,7 +52,8 @@ class LossOutputs(NamedTuple):
     """What `vtrace_loss` returns.
 
     Attributes:
-      total_loss: float32 scalar, pi_loss + vf_loss_coeff * vf_loss - entropy_coeff * entropy (sums).
+      total_loss: float32 scalar, pi_loss + vf_loss_coeff * vf_loss - entropy_coeff * entropy
+        (of the sums).
       sums: `LossSums` of this batch.
       vs: float32 [T, B], the V-trace value targets v_s (no gradient).
       pg_advantages: float32 [T, B], the policy-gradient advantages (no gradient).

@@ -34,7 +34,12 @@ _ACTIVATIONS = {
     "linear": lambda x: x,
     None: lambda x: x,
 }
-_OBS_SPACES = (gym.spaces.Box, gym.spaces.Discrete, gym.spaces.MultiDiscrete, gym.spaces.MultiBinary)
+_OBS_SPACES = (
+    gym.spaces.Box,
+    gym.spaces.Discrete,
+    gym.spaces.MultiDiscrete,
+    gym.spaces.MultiBinary,
+)
 _ACTION_SPACES = (gym.spaces.Discrete, gym.spaces.MultiDiscrete, gym.spaces.Box)
 
 
@@ -42,9 +47,13 @@ def _model_value(model_config: dict | None, key: str, default):
     return (model_config or {}).get(key, default)
 
 
-def supports(observation_space: gym.Space, action_space: gym.Space, model_config: dict | None) -> bool:
+def supports(
+    observation_space: gym.Space, action_space: gym.Space, model_config: dict | None
+) -> bool:
     """True when the model for these spaces and RLlib model keys is a feed-forward MLP."""
-    if not isinstance(observation_space, _OBS_SPACES) or not isinstance(action_space, _ACTION_SPACES):
+    if not isinstance(observation_space, _OBS_SPACES) or not isinstance(
+        action_space, _ACTION_SPACES
+    ):
         return False
     if isinstance(observation_space, gym.spaces.Box) and len(observation_space.shape) == 3:
         return False  # images go through a CNN

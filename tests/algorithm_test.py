@@ -64,8 +64,16 @@ def test_iterations_report_rllib_results_with_consistent_counters(tmp_path):
     assert last["env_runners"]["episode_return_mean"] == last["episode_reward_mean"]
     info = last["info"]
     stats = info["learner"]["default_policy"]["learner_stats"]
-    for key in ("cur_lr", "policy_loss", "entropy", "entropy_coeff", "var_gnorm", "vf_loss",
-                "vf_explained_var", "grad_gnorm"):
+    for key in (
+        "cur_lr",
+        "policy_loss",
+        "entropy",
+        "entropy_coeff",
+        "var_gnorm",
+        "vf_loss",
+        "vf_explained_var",
+        "grad_gnorm",
+    ):
         assert np.isfinite(stats[key]), key
     policy_info = info["learner"]["default_policy"]
     assert policy_info["num_grad_updates_lifetime"] >= 1

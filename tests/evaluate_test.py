@@ -305,6 +305,26 @@ def test_evaluate_mp4_without_imageio_says_what_to_install(tmp_path):
         assert video.stat().st_size > 0
 
 
+def test_evaluate_video_of_classic_control_needs_pygame(tmp_path):
+    import importlib.util
+
+    write_test_checkpoint(tmp_path / "ckpt")  # gymnasium's own CartPole-v1.
+    video = tmp_path / "episode.gif"
+    proc = run_module(
+        "impala_tf.bin.evaluate",
+        f"--checkpoint={tmp_path / 'ckpt'}",
+        "--episodes=1",
+        f"--video={video}",
+    )
+    if importlib.util.find_spec("pygame") is None:
+        assert proc.returncode == 1
+        assert "gymnasium[classic-control]" in proc.stderr
+        assert "needed to render --video" in proc.stderr
+    else:
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        assert video.stat().st_size > 0
+
+
 def test_builtin_gif_encoder_decodes_to_the_332_palette(tmp_path):
     from PIL import Image
 

@@ -17,10 +17,22 @@ BOX_OBS = gym.spaces.Box(-2.0, 2.0, (3, 2), np.float32)
 CASES = [
     (BOX_OBS, gym.spaces.Discrete(3), {"fcnet_hiddens": [8, 8], "fcnet_activation": "tanh"}),
     (BOX_OBS, gym.spaces.Discrete(2), {"fcnet_hiddens": [8], "vf_share_layers": True}),
-    (gym.spaces.Discrete(5), gym.spaces.Discrete(2), {"fcnet_hiddens": [6], "fcnet_activation": "relu"}),
+    (
+        gym.spaces.Discrete(5),
+        gym.spaces.Discrete(2),
+        {"fcnet_hiddens": [6], "fcnet_activation": "relu"},
+    ),
     (gym.spaces.MultiDiscrete([3, 2]), gym.spaces.MultiDiscrete([2, 4]), {"fcnet_hiddens": [7]}),
-    (gym.spaces.MultiBinary(4), gym.spaces.Box(-1, 1, (2,), np.float32), {"fcnet_activation": "elu"}),
-    (BOX_OBS, gym.spaces.Box(-1, 1, (3,), np.float32), {"fcnet_hiddens": [5, 5], "fcnet_activation": "swish"}),
+    (
+        gym.spaces.MultiBinary(4),
+        gym.spaces.Box(-1, 1, (2,), np.float32),
+        {"fcnet_activation": "elu"},
+    ),
+    (
+        BOX_OBS,
+        gym.spaces.Box(-1, 1, (3,), np.float32),
+        {"fcnet_hiddens": [5, 5], "fcnet_activation": "swish"},
+    ),
     (BOX_OBS, gym.spaces.Discrete(4), {"fcnet_hiddens": [], "fcnet_activation": "linear"}),
 ]
 
@@ -67,8 +79,12 @@ def test_sampling_follows_the_distribution_and_mode_is_greedy():
     obs_space, act_space = BOX_OBS, gym.spaces.Discrete(3)
     policy = NumpyPolicy(obs_space, act_space, {"fcnet_hiddens": []}, seed=0)
     # Zero torso: logits = bias of the logits head.
-    weights = [np.zeros((6, 3), np.float32), np.log(np.array([0.2, 0.3, 0.5], np.float32)),
-               np.zeros((6, 1), np.float32), np.zeros(1, np.float32)]
+    weights = [
+        np.zeros((6, 3), np.float32),
+        np.log(np.array([0.2, 0.3, 0.5], np.float32)),
+        np.zeros((6, 1), np.float32),
+        np.zeros(1, np.float32),
+    ]
     policy.set_weights(weights)
     actions = policy.step(np.zeros((20_000, 3, 2), np.float32)).actions
     np.testing.assert_allclose(np.bincount(actions) / len(actions), [0.2, 0.3, 0.5], atol=0.015)
@@ -88,6 +104,8 @@ def test_wrong_weights_and_missing_weights_are_clear_errors():
 def test_make_policy_picks_numpy_for_mlps_and_tensorflow_otherwise():
     act = gym.spaces.Discrete(2)
     assert isinstance(make_policy(BOX_OBS, act, {}), NumpyPolicy)
-    assert isinstance(make_policy(BOX_OBS, act, {"use_lstm": True, "lstm_cell_size": 8}), ActorPolicy)
+    assert isinstance(
+        make_policy(BOX_OBS, act, {"use_lstm": True, "lstm_cell_size": 8}), ActorPolicy
+    )
     image = gym.spaces.Box(0, 255, (42, 42, 3), np.uint8)
     assert not supports(image, act, {})

@@ -64,13 +64,20 @@ def run_impala(config: str, seed: int, target: float, timeout: float) -> dict:
     """Runs the binary once; returns wall time to target, steps and throughputs."""
     logdir = tempfile.mkdtemp(prefix=f"bench-cartpole-{seed}-")
     cmd = [
-        sys.executable, "-m", "impala_tf.bin.train", f"--config={config}", f"--seed={seed}",
-        f"--logdir={logdir}", f"--stop_reward={target}", "--checkpoint_freq=0",
+        sys.executable,
+        "-m",
+        "impala_tf.bin.train",
+        f"--config={config}",
+        f"--seed={seed}",
+        f"--logdir={logdir}",
+        f"--stop_reward={target}",
+        "--checkpoint_freq=0",
     ]
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", PYTHONUNBUFFERED="1")
     start = time.perf_counter()
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            cwd=ROOT, env=env)
+    proc = subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT, env=env
+    )
     reached_s = None
     try:
         for line in proc.stdout:
@@ -104,7 +111,9 @@ def run_rllib(python: str, target: float, budget_s: float, seed: int) -> dict:
     start = time.perf_counter()
     proc = subprocess.run(
         [python, "-c", RLLIB_SCRIPT, str(target), str(budget_s), str(seed)],
-        capture_output=True, text=True, timeout=budget_s + 300,
+        capture_output=True,
+        text=True,
+        timeout=budget_s + 300,
     )
     wall = time.perf_counter() - start
     rows = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
@@ -179,7 +188,11 @@ def main() -> None:
     if python:
         rllib = run_rllib(python, args.target, args.rllib_budget_s, args.seeds[0])
         print(json.dumps({"rllib": rllib}), flush=True)
-        rwall = f"{rllib['wall_s']:.1f} s" if rllib["wall_s"] else f"not within {args.rllib_budget_s:g} s"
+        rwall = (
+            f"{rllib['wall_s']:.1f} s"
+            if rllib["wall_s"]
+            else f"not within {args.rllib_budget_s:g} s"
+        )
         lines += [
             "",
             f"RLlib 2.60 IMPALA (torch, new API stack, 1 env runner, its CartPole example "

@@ -6,7 +6,8 @@ driver, and the actor sends fragments back through its own pipe; the driver wait
 and process sentinels at once, so a dead actor is noticed immediately (its pipe closes).
 
 Processes are forked from a fork server that has imported TensorFlow (but never run it), or
-spawned where there is no fork server: TensorFlow is not fork-safe once it has run. An actor whose parent
+spawned where there is no fork server: TensorFlow is not fork-safe once it has run. An actor
+whose parent
 disappears exits by itself within about a second.
 """
 
@@ -56,10 +57,7 @@ def _actor_main(
             latest_weights = None
             while True:
                 try:
-                    if credits > 0:
-                        msg = commands.get_nowait()
-                    else:
-                        msg = commands.get(timeout=1.0)
+                    msg = commands.get_nowait() if credits > 0 else commands.get(timeout=1.0)
                 except queue.Empty:
                     if credits > 0:
                         break

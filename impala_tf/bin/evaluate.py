@@ -24,11 +24,15 @@ import os
 import struct
 import sys
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import gymnasium as gym
 import numpy as np
 from absl import app, flags
 from absl import logging as absl_logging
+
+if TYPE_CHECKING:
+    from impala_tf.config import ImpalaConfig
 
 __all__ = [
     "FrameRecorder",
@@ -142,12 +146,16 @@ class FrameRecorder(gym.Wrapper):
         return out
 
 
-def _recording_config(config, recorders: list[FrameRecorder], max_episodes: int, max_frames: int):
-    """A copy of `config` whose env renders `rgb_array` frames into a new `FrameRecorder`."""
+def _recording_config(
+    config: ImpalaConfig, recorders: list[FrameRecorder], max_episodes: int, max_frames: int
+) -> ImpalaConfig:
+    """A copy of `config` whose env renders `rgb_array` frames into a new `FrameRecorder`.
+
+    The env is still made by `make_env` from the checkpoint's env id and `env_config`, with
+    `render_mode="rgb_array"` added; each recorder made is appended to `recorders`.
+    """
     from impala_tf.actors.env_runner import make_env
 
-    if callable(config.env):
-        raise ValueError("--video needs a gymnasium env id in the checkpoint's config.")
     render_config = config.copy()
     render_config.env_config = {**(config.env_config or {}), "render_mode": "rgb_array"}
 
@@ -318,11 +326,14 @@ def main(argv: list[str]) -> int:
     if ext:
         config = _recording_config(config, recorders, FLAGS.video_episodes, FLAGS.video_max_frames)
 
-    _, runner = checkpoints.load_env_runner(checkpoint_dir, explore=explore, config=config)
     try:
-        episodes = runner.run_episodes(FLAGS.episodes)
-    finally:
-        runner.close()
+        _, runner = checkpoints.load_env_runner(checkpoint_dir, explore=explore, config=config)
+        try:
+            episodes = runner.run_episodes(FLAGS.episodes)
+        finally:
+            runner.close()
+    except gym.error.DependencyNotInstalled as e:  # e.g. pygame, to render classic control.
+        return _error(f"{e} (needed to render --video)" if ext else str(e))
 
     if ext:
         recorder = recorders[0]

@@ -14,7 +14,7 @@ import tensorflow as tf
 
 from impala_tf.models.initializers import NormcInitializer
 
-__all__ = ["MLP", "get_activation"]
+__all__ = ["MLP", "get_activation", "track_layers"]
 
 _ACTIVATIONS: dict[str, Callable[[Any], Any] | None] = {
     "linear": None,
@@ -47,6 +47,17 @@ def get_activation(name: str | None, key: str) -> Callable[[Any], Any] | None:
         ) from None
 
 
+def track_layers(owner: keras.layers.Layer, layers: Sequence[keras.layers.Layer]) -> None:
+    """Makes a list of sublayers visible to `tf.train.Checkpoint`.
+
+    Keras 3 tracks a list of layers for its own weights, but `tf.train.Checkpoint` only sees
+    layers held in attributes: without this a checkpoint's `model` part misses their variables.
+    Setting the attributes does not change the order of `owner.weights`.
+    """
+    for layer in layers:
+        setattr(owner, layer.name, layer)
+
+
 class MLP(keras.layers.Layer):
     """A stack of Dense layers with RLlib's normc(1.0) kernel init and zero biases."""
 
@@ -62,6 +73,7 @@ class MLP(keras.layers.Layer):
             )
             for i, h in enumerate(self.hiddens)
         ]
+        track_layers(self, self.dense_layers)
 
     def call(self, x: tf.Tensor) -> tf.Tensor:
         for layer in self.dense_layers:

@@ -22,7 +22,7 @@ import keras
 import tensorflow as tf
 
 from impala_tf.models.initializers import NormcInitializer
-from impala_tf.models.mlp import get_activation
+from impala_tf.models.mlp import get_activation, track_layers
 
 __all__ = ["ConvStack", "ImpalaResNet", "NatureCNN", "parse_conv_filters"]
 
@@ -82,6 +82,7 @@ class NatureCNN(keras.layers.Layer):
             keras.layers.Conv2D(64, 4, strides=2, activation=act, name="conv2"),
             keras.layers.Conv2D(64, 3, strides=1, activation=act, name="conv3"),
         ]
+        track_layers(self, self.convs)
         self.flatten = keras.layers.Flatten()
         self.fc = keras.layers.Dense(
             512, activation="relu", kernel_initializer=NormcInitializer(1.0), name="fc"
@@ -129,6 +130,7 @@ class ImpalaResNet(keras.layers.Layer):
         self.sections = [
             _ResNetSection(int(ch), name=f"section{i}") for i, ch in enumerate(channels)
         ]
+        track_layers(self, self.sections)
         self.flatten = keras.layers.Flatten()
         self.fc = keras.layers.Dense(
             hidden, activation="relu", kernel_initializer=NormcInitializer(1.0), name="fc"
@@ -158,6 +160,7 @@ class ConvStack(keras.layers.Layer):
             )
             for i, (out, kernel, stride) in enumerate(filters)
         ]
+        track_layers(self, self.convs)
         self.flatten = keras.layers.Flatten()
 
     def call(self, x: tf.Tensor) -> tf.Tensor:
