@@ -5,10 +5,10 @@ Each actor process runs an `EnvRunner`. The driver sends it commands through a
 driver, and the actor sends fragments back through its own pipe; the driver waits on all pipes
 and process sentinels at once, so a dead actor is noticed immediately (its pipe closes).
 
-Processes are forked from a fork server that has imported TensorFlow (but never run it), or
-spawned where there is no fork server: TensorFlow is not fork-safe once it has run. An actor
-whose parent
-disappears exits by itself within about a second.
+Processes are forked from a fork server that has imported what the actors need (TensorFlow
+only for non-MLP policies, and never run it), or spawned where there is no fork server:
+TensorFlow is not fork-safe once it has run. An actor whose parent disappears exits by itself
+within about a second.
 """
 
 from __future__ import annotations
