@@ -669,8 +669,10 @@ def test_from_yaml_cartpole():
     assert config.env == "CartPole-v1"
     assert stop == {"episode_reward_mean": 450, "timesteps_total": 2000000}
     assert config.num_env_runners == 2
-    assert config.num_envs_per_env_runner == 16
+    assert config.num_envs_per_env_runner == 32
     assert config.train_batch_size == 1000
+    assert config.lr == 0.002
+    assert config.min_time_s_per_iteration == 1
     assert config.model["fcnet_hiddens"] == [256, 256]
 
 
