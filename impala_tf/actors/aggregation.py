@@ -1,0 +1,208 @@
+"""Tree aggregation: worker processes between the actors and the learner (RLlib's
+`AggregatorWorker`, `num_aggregation_workers`).
+
+The driver hands each fragment to a random healthy aggregator; the aggregator decompresses its
+observations (`compress_observations=True` makes actors send them zlib-compressed), passes it
+through its own mix-in replay buffer (`replay_proportion`, `replay_buffer_num_slots`), cuts
+fixed-size train batches from the result, and sends those back for the learner queue. This
+moves decompression, replay and concatenation out of the driver process, whose single GIL also
+serves the learner thread. A dead aggregator is restarted; fragments it held are lost (counted).
+
+Aggregators need numpy only: no TensorFlow is imported in them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import multiprocessing as mp
+import queue
+import random
+import traceback
+from multiprocessing import connection
+
+from impala_tf.config import ImpalaConfig
+from impala_tf.replay import MixInReplayBuffer, replay_ratio_from_proportion
+from impala_tf.sample_batch import SampleBatch, decompress
+
+__all__ = ["AggregatorPool", "Aggregator"]
+
+logger = logging.getLogger(__name__)
+
+_JOIN_S = 1.0
+
+
+class Aggregator:
+    """What one aggregation worker does to the batches it receives (also usable in-process).
+
+    Args:
+      config: Uses `replay_proportion`, `replay_buffer_num_slots` and `seed`.
+      rows: Sequences per train batch (`impala_tf.pipeline.rows_per_batch`).
+      index: The worker's index (varies the replay seed).
+    """
+
+    def __init__(self, config: ImpalaConfig, rows: int, index: int = 0):
+        from impala_tf.pipeline import BatchBuilder
+
+        seed = None if config.seed is None else int(config.seed) + 10_000 + index
+        self._replay = (
+            MixInReplayBuffer(
+                capacity=config.replay_buffer_num_slots,
+                replay_ratio=replay_ratio_from_proportion(config.replay_proportion),
+                seed=seed,
+            )
+            if config.replay_proportion > 0
+            else None
+        )
+        self._builder = BatchBuilder(rows)
+
+    def process(self, batch: SampleBatch, version: float) -> list[tuple[SampleBatch, float]]:
+        """Decompresses, mixes in replay, and returns the completed (train batch, version)s."""
+        if batch.compressed:
+            batch = decompress(batch)
+        if self._replay is not None:
+            self._replay.add(batch)
+            batch = self._replay.replay()
+            if batch is None:
+                return []
+        return self._builder.add(batch, version)
+
+
+def _aggregator_main(index: int, config: ImpalaConfig, rows: int, results, commands) -> None:
+    parent = mp.parent_process()
+    try:
+        aggregator = Aggregator(config, rows, index)
+        while True:
+            try:
+                msg = commands.get(timeout=1.0)
+            except queue.Empty:
+                if parent is not None and not parent.is_alive():
+                    return
+                continue
+            if msg[0] == "stop":
+                return
+            _, batch, version = msg
+            out = aggregator.process(batch, version)
+            results.send(("batches", out, batch.env_steps))
+    except (KeyboardInterrupt, BrokenPipeError):
+        return
+    except BaseException as e:  # noqa: BLE001 - reported to the driver.
+        with contextlib.suppress(BrokenPipeError, OSError):
+            results.send(("error", f"{type(e).__name__}: {e}\n{traceback.format_exc()}", 0))
+        raise SystemExit(1) from e
+
+
+class _Worker:
+    def __init__(self, process, results, commands):
+        self.process = process
+        self.results = results
+        self.commands = commands
+        self.healthy = True
+        self.in_flight_steps = 0
+
+
+class AggregatorPool:
+    """`num_aggregation_workers` local aggregation processes.
+
+    Args:
+      config: The algorithm config.
+      rows: Sequences per train batch.
+      start_method: multiprocessing start method (aggregators never import TensorFlow, so the
+        default "spawn" is safe and cheap).
+    """
+
+    def __init__(self, config: ImpalaConfig, rows: int, start_method: str = "spawn"):
+        self.config = config
+        self.rows = rows
+        self.num_workers = int(config.num_aggregation_workers)
+        self._ctx = mp.get_context(start_method)
+        self._workers: dict[int, _Worker] = {}
+        self._rng = random.Random(config.seed)
+        self._stopped = False
+        for i in range(self.num_workers):
+            self._start(i)
+
+    def _start(self, index: int) -> None:
+        recv_end, send_end = self._ctx.Pipe(duplex=False)
+        commands = self._ctx.Queue()
+        process = self._ctx.Process(
+            target=_aggregator_main,
+            args=(index, self.config, self.rows, send_end, commands),
+            name=f"impala-aggregator-{index}",
+            daemon=True,
+        )
+        process.start()
+        send_end.close()
+        self._workers[index] = _Worker(process, recv_end, commands)
+
+    def healthy_ids(self) -> list[int]:
+        return [i for i, w in self._workers.items() if w.healthy]
+
+    def submit(self, batch: SampleBatch, version: float) -> bool:
+        """Sends a fragment's batch to a random healthy aggregator; False if none is healthy."""
+        healthy = self.healthy_ids()
+        if not healthy:
+            return False
+        worker = self._workers[self._rng.choice(healthy)]
+        worker.commands.put(("batch", batch, version))
+        worker.in_flight_steps += batch.env_steps
+        return True
+
+    def fetch_ready(self) -> tuple[list[tuple[SampleBatch, float]], list[tuple[int, str, int]]]:
+        """Returns the train batches ready now, and (index, error, lost env steps) of the
+        aggregators found dead, which are restarted."""
+        batches: list[tuple[SampleBatch, float]] = []
+        failures: list[tuple[int, str, int]] = []
+        for index, worker in list(self._workers.items()):
+            error = None
+            try:
+                while worker.results.poll():
+                    kind, payload, steps = worker.results.recv()
+                    if kind == "batches":
+                        batches.extend(payload)
+                        worker.in_flight_steps -= steps
+                    else:
+                        error = payload
+                        break
+            except (EOFError, OSError):
+                error = f"aggregator process exited (exit code {worker.process.exitcode})"
+            if error is None and not worker.process.is_alive():
+                error = f"aggregator process exited (exit code {worker.process.exitcode})"
+            if error is not None:
+                failures.append((index, error, max(0, worker.in_flight_steps)))
+                self._terminate(worker)
+                logger.warning("Restarting aggregator %d after: %s", index, error)
+                self._start(index)
+        return batches, failures
+
+    def wait(self, timeout_s: float) -> None:
+        """Waits up to `timeout_s` for any aggregator to have output."""
+        connection.wait([w.results for w in self._workers.values()], timeout_s)
+
+    def pids(self) -> list[int]:
+        return [w.process.pid for w in self._workers.values() if w.process.is_alive()]
+
+    @staticmethod
+    def _terminate(worker: _Worker) -> None:
+        worker.healthy = False
+        if worker.process.is_alive():
+            worker.process.terminate()
+            worker.process.join(_JOIN_S)
+        if worker.process.is_alive():
+            worker.process.kill()
+            worker.process.join(_JOIN_S)
+        worker.commands.cancel_join_thread()
+        worker.commands.close()
+        worker.results.close()
+
+    def stop(self) -> None:
+        if self._stopped:
+            return
+        self._stopped = True
+        for worker in self._workers.values():
+            with contextlib.suppress(ValueError, OSError):
+                worker.commands.put(("stop",))
+        for worker in self._workers.values():
+            worker.process.join(_JOIN_S)
+            with contextlib.suppress(ValueError, OSError):
+                self._terminate(worker)
