@@ -8,7 +8,10 @@ Built by `ImpalaConfig.build()`. Each `train()` call runs `training_step()` for 
 2. collect the fragments that are ready (asynchronous sampling, at most
    `max_requests_in_flight_per_env_runner` requests outstanding per actor); failed actors are
    restarted (`restart_failed_env_runners`) or raise;
-3. pass each through the mix-in replay buffer when `replay_proportion > 0`;
+3. decompress it, pass it through the mix-in replay buffer when `replay_proportion > 0`, and cut
+   train batches — in an aggregation worker process picked at random when
+   `num_aggregation_workers > 0` (`num_times_no_aggregation_worker_available` when none is
+   healthy), else in the driver;
 4. count `num_env_steps_sampled` / `num_agent_steps_sampled`;
 5. concatenate them into train batches (`impala_tf.pipeline.BatchBuilder`);
 6. put the batches on the learner queue: all but the last without blocking (a full queue drops
@@ -36,14 +39,13 @@ import numpy as np
 import tensorflow as tf
 
 from impala_tf import checkpoints, pipeline
+from impala_tf.actors.aggregation import Aggregator, AggregatorPool
 from impala_tf.actors.base import ActorFailure, ActorPool
 from impala_tf.actors.env_runner import Fragment, make_env
 from impala_tf.actors.local import LocalActorPool
 from impala_tf.config import ImpalaConfig
 from impala_tf.learner import ImpalaLearner
 from impala_tf.learner_thread import LearnerThread, TrainBatch
-from impala_tf.replay import MixInReplayBuffer, replay_ratio_from_proportion
-from impala_tf.sample_batch import decompress
 
 __all__ = ["Impala", "make_strategy"]
 
@@ -143,16 +145,16 @@ class Impala:
         except BaseException:
             self.stop()
             raise
-        self._batch_builder = pipeline.BatchBuilder(self._rows)
-        self._replay = (
-            MixInReplayBuffer(
-                capacity=config.replay_buffer_num_slots,
-                replay_ratio=replay_ratio_from_proportion(config.replay_proportion),
-                seed=config.seed,
-            )
-            if config.replay_proportion > 0
-            else None
-        )
+        # Decompression, mix-in replay and batch cutting: in aggregation worker processes when
+        # `num_aggregation_workers` > 0, else here (the same `Aggregator`, in-process).
+        self._local_aggregator = Aggregator(config, self._rows)
+        self.aggregators: AggregatorPool | None = None
+        if config.num_aggregation_workers > 0:
+            try:
+                self.aggregators = AggregatorPool(config, self._rows)
+            except BaseException:
+                self.stop()
+                raise
         self._counters: collections.Counter = collections.Counter()
         self._episodes: collections.deque = collections.deque(
             maxlen=int(config.metrics_num_episodes_for_smoothing)
@@ -215,16 +217,24 @@ class Impala:
             self._episodes.append((ret, length))
         self._episodes_total += len(fragment.episode_returns)
         self._episodes_this_iter += len(fragment.episode_returns)
-        batch = fragment.batch
-        if self._replay is not None:
-            self._replay.add(decompress(batch) if batch.compressed else batch)
-            batch = self._replay.replay()
-            if batch is None:
+        if self.aggregators is not None:
+            if self.aggregators.submit(fragment.batch, fragment.policy_version):
                 return []
+            self._counters["num_times_no_aggregation_worker_available"] += 1
         return [
             TrainBatch(b, version)
-            for b, version in self._batch_builder.add(batch, fragment.policy_version)
+            for b, version in self._local_aggregator.process(
+                fragment.batch, fragment.policy_version
+            )
         ]
+
+    def _fetch_aggregated(self) -> list[TrainBatch]:
+        batches, failures = self.aggregators.fetch_ready()
+        for index, error, lost_steps in failures:
+            logger.warning("Aggregation worker %d failed (%s); restarted.", index, error)
+            self._counters["num_aggregation_worker_restarts"] += 1
+            self._counters["num_env_steps_lost_in_aggregation"] += lost_steps
+        return [TrainBatch(b, version) for b, version in batches]
 
     def _place_on_learner_queue(self, batches: list[TrainBatch]) -> None:
         inqueue = self.learner_thread.inqueue
@@ -272,6 +282,8 @@ class Impala:
         train_batches: list[TrainBatch] = []
         for fragment in fragments:
             train_batches.extend(self._process_fragment(fragment))
+        if self.aggregators is not None:
+            train_batches.extend(self._fetch_aggregated())
         self._top_up_requests()
         if train_batches:
             self._place_on_learner_queue(train_batches)
@@ -340,6 +352,9 @@ class Impala:
                 "num_training_step_calls",
                 "num_env_runner_failures",
                 "num_env_runner_restarts",
+                "num_times_no_aggregation_worker_available",
+                "num_aggregation_worker_restarts",
+                "num_env_steps_lost_in_aggregation",
             )
         }
         stats = dict(self._learner_info)
@@ -437,6 +452,8 @@ class Impala:
             self.learner_thread.stop()
         if self.pool is not None:
             self.pool.stop()
+        if getattr(self, "aggregators", None) is not None:
+            self.aggregators.stop()
         _live_algorithms.discard(self)
 
     def __enter__(self) -> Impala:

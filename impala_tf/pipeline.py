@@ -13,7 +13,6 @@ per-step columns [B * T, ...] and per-sequence columns [B, ...] (RNN state) stay
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Iterator
 
 import gymnasium as gym
@@ -21,52 +20,11 @@ import numpy as np
 import tensorflow as tf
 
 from impala_tf import distributions
+from impala_tf.batching import BatchBuilder, rows_per_batch  # TF-free: aggregators use them
 from impala_tf.config import ImpalaConfig
-from impala_tf.sample_batch import SampleBatch, concat_samples, decompress, to_flat
+from impala_tf.sample_batch import SampleBatch, decompress, to_flat
 
 __all__ = ["BatchBuilder", "rows_per_batch", "batch_signature", "make_dataset"]
-
-
-def rows_per_batch(config: ImpalaConfig, num_replicas: int = 1) -> int:
-    """Env sequences per train batch: `train_batch_size / rollout_fragment_length`, rounded up to
-    a whole multiple of the number of learner devices `num_replicas`."""
-    rows = math.ceil(config.train_batch_size / config.rollout_fragment_length)
-    return math.ceil(rows / num_replicas) * num_replicas
-
-
-class BatchBuilder:
-    """Concatenates fragments' sequences into train batches of exactly `rows` sequences.
-
-    Sequences left over after a batch is cut start the next one, so no sample is dropped. Each
-    added batch may carry a policy version (the learner update count of the weights that sampled
-    it); a train batch reports the row-weighted mean version of its sequences.
-    """
-
-    def __init__(self, rows: int):
-        self.rows = rows
-        self._pending: list[SampleBatch] = []
-        self._versions: list[np.ndarray] = []
-        self._pending_rows = 0
-
-    def add(self, batch: SampleBatch, version: float = 0.0) -> list[tuple[SampleBatch, float]]:
-        """Adds a batch of sequences; returns the (train batch, mean version) pairs it completed."""
-        self._pending.append(batch)
-        self._versions.append(np.full(len(batch), version, np.float64))
-        self._pending_rows += len(batch)
-        out = []
-        while self._pending_rows >= self.rows:
-            merged = concat_samples(self._pending) if len(self._pending) > 1 else self._pending[0]
-            versions = np.concatenate(self._versions)
-            out.append((merged.slice(0, self.rows), float(versions[: self.rows].mean())))
-            rest = merged.slice(self.rows, len(merged))
-            self._pending = [rest] if len(rest) else []
-            self._versions = [versions[self.rows :]] if len(rest) else []
-            self._pending_rows = len(rest)
-        return out
-
-    @property
-    def pending_rows(self) -> int:
-        return self._pending_rows
 
 
 def batch_signature(

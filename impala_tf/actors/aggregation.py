@@ -21,6 +21,7 @@ import random
 import traceback
 from multiprocessing import connection
 
+from impala_tf.batching import BatchBuilder
 from impala_tf.config import ImpalaConfig
 from impala_tf.replay import MixInReplayBuffer, replay_ratio_from_proportion
 from impala_tf.sample_batch import SampleBatch, decompress
@@ -42,8 +43,6 @@ class Aggregator:
     """
 
     def __init__(self, config: ImpalaConfig, rows: int, index: int = 0):
-        from impala_tf.pipeline import BatchBuilder
-
         seed = None if config.seed is None else int(config.seed) + 10_000 + index
         self._replay = (
             MixInReplayBuffer(

@@ -1,0 +1,57 @@
+"""Cutting train batches: fragments' env sequences -> batches of a fixed number of sequences.
+
+numpy only (no TensorFlow), so aggregation worker processes can use it.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from impala_tf.config import ImpalaConfig
+from impala_tf.sample_batch import SampleBatch, concat_samples
+
+__all__ = ["BatchBuilder", "rows_per_batch"]
+
+
+def rows_per_batch(config: ImpalaConfig, num_replicas: int = 1) -> int:
+    """Env sequences per train batch: `train_batch_size / rollout_fragment_length`, rounded up to
+    a whole multiple of the number of learner devices `num_replicas`."""
+    rows = math.ceil(config.train_batch_size / config.rollout_fragment_length)
+    return math.ceil(rows / num_replicas) * num_replicas
+
+
+class BatchBuilder:
+    """Concatenates fragments' sequences into train batches of exactly `rows` sequences.
+
+    Sequences left over after a batch is cut start the next one, so no sample is dropped. Each
+    added batch may carry a policy version (the learner update count of the weights that sampled
+    it); a train batch reports the row-weighted mean version of its sequences.
+    """
+
+    def __init__(self, rows: int):
+        self.rows = rows
+        self._pending: list[SampleBatch] = []
+        self._versions: list[np.ndarray] = []
+        self._pending_rows = 0
+
+    def add(self, batch: SampleBatch, version: float = 0.0) -> list[tuple[SampleBatch, float]]:
+        """Adds a batch of sequences; returns the (train batch, mean version) pairs it completed."""
+        self._pending.append(batch)
+        self._versions.append(np.full(len(batch), version, np.float64))
+        self._pending_rows += len(batch)
+        out = []
+        while self._pending_rows >= self.rows:
+            merged = concat_samples(self._pending) if len(self._pending) > 1 else self._pending[0]
+            versions = np.concatenate(self._versions)
+            out.append((merged.slice(0, self.rows), float(versions[: self.rows].mean())))
+            rest = merged.slice(self.rows, len(merged))
+            self._pending = [rest] if len(rest) else []
+            self._versions = [versions[self.rows :]] if len(rest) else []
+            self._pending_rows = len(rest)
+        return out
+
+    @property
+    def pending_rows(self) -> int:
+        return self._pending_rows
