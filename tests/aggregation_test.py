@@ -31,7 +31,7 @@ def test_aggregator_decompresses_and_cuts_fixed_size_batches():
     batch, version = out[0]
     assert len(batch) == 3 and version == 7.0
     np.testing.assert_array_equal(batch["obs"], fragment["obs"][:3])
-    (batch2, version2), = aggregator.process(_fragment(2, seed=1), version=9.0)
+    ((batch2, version2),) = aggregator.process(_fragment(2, seed=1), version=9.0)
     assert len(batch2) == 3
     assert version2 == (7.0 + 9.0 + 9.0) / 3  # one leftover row of version 7, two of 9
     np.testing.assert_array_equal(batch2["obs"][0], fragment["obs"][3])
