@@ -19,6 +19,14 @@ Built by `ImpalaConfig.build()`. Each `train()` call runs `training_step()` for 
 7. drain the learner's outqueue into `num_env_steps_trained` / `num_agent_steps_trained`;
 8. every `broadcast_interval` steps with a new update, send the weights to the actors that
    sampled (`num_weight_broadcasts`).
+
+Every `evaluation_interval` iterations, `train()` also runs `evaluate()`: `evaluation_duration`
+episodes in the driver process with the learner's weights, reported under `"evaluation"`.
+
+`Impala(config, deterministic=True)` runs the same steps in lockstep instead (one fragment is
+sampled, trained on and answered with a broadcast before the next is requested), so that a run
+with a fixed seed is reproducible update for update and, resumed from a checkpoint, continues
+exactly as if it had not stopped (`save` then also snapshots the actor's envs; see `save`).
 """
 
 from __future__ import annotations
@@ -41,13 +49,13 @@ import tensorflow as tf
 from impala_tf import checkpoints, pipeline
 from impala_tf.actors.aggregation import Aggregator, AggregatorPool
 from impala_tf.actors.base import ActorFailure, ActorPool
-from impala_tf.actors.env_runner import Fragment, make_env
+from impala_tf.actors.env_runner import EnvRunner, Fragment, make_env
 from impala_tf.actors.local import LocalActorPool
 from impala_tf.config import ImpalaConfig
 from impala_tf.learner import ImpalaLearner
 from impala_tf.learner_thread import LearnerThread, TrainBatch
 
-__all__ = ["Impala", "make_strategy"]
+__all__ = ["Impala", "check_deterministic", "make_strategy"]
 
 logger = logging.getLogger(__name__)
 
@@ -56,6 +64,8 @@ logger = logging.getLogger(__name__)
 _MAX_CONSECUTIVE_ACTOR_FAILURES = 3
 _FETCH_TIMEOUT_S = 0.02
 _QUEUE_PUT_POLL_S = 0.1
+#: How long `save` waits for an actor's snapshot in deterministic mode.
+_ACTOR_STATE_TIMEOUT_S = 120.0
 
 
 def make_strategy(config: ImpalaConfig) -> tf.distribute.Strategy:
@@ -98,6 +108,37 @@ def make_strategy(config: ImpalaConfig) -> tf.distribute.Strategy:
     return tf.distribute.MirroredStrategy([d.name for d in gpus[:n]])
 
 
+def check_deterministic(config: ImpalaConfig) -> None:
+    """Raises ValueError listing what keeps `config` from running with `deterministic=True`."""
+    problems = []
+    if config.seed is None:
+        problems.append("a `seed`")
+    if config.num_env_runners > 1:
+        problems.append(f"one actor (`num_env_runners` <= 1, got {config.num_env_runners})")
+    if config.num_aggregation_workers:
+        problems.append("`num_aggregation_workers=0`")
+    if config.min_time_s_per_iteration:
+        problems.append(
+            "`min_time_s_per_iteration=0` (iterations must end on sample counts, "
+            "`min_sample_timesteps_per_iteration`, not on wall-clock time)"
+        )
+    if config.minibatch_buffer_size > 1 and config.num_sgd_iter > 1:
+        problems.append(
+            "`minibatch_buffer_size=1` or `num_sgd_iter=1` (the buffer would wait for "
+            "further batches before finishing the passes over the first)"
+        )
+    if problems:
+        raise ValueError("deterministic=True needs " + "; ".join(problems) + ".")
+
+
+def _derived_seed(seed: int | None, *keys: int) -> int | None:
+    """A seed for a new random stream of a seeded run (None for an unseeded one)."""
+    if seed is None:
+        return None
+    entropy = [int(seed) % 2**63, *(int(k) for k in keys)]
+    return int(np.random.SeedSequence(entropy).generate_state(1)[0])
+
+
 class Impala:
     """The IMPALA algorithm: actors sample asynchronously, a learner thread trains with V-trace.
 
@@ -106,6 +147,9 @@ class Impala:
       callbacks: Keras callbacks for the learner thread (called around each update).
       actor_pool_cls: The `ActorPool` implementation; `LocalActorPool` (local processes) is the
         embedded default.
+      deterministic: Sample and train in lockstep, for runs that a seed reproduces exactly and
+        checkpoints that resume exactly (see the module docstring; `check_deterministic` lists
+        what the config needs). Slower: actor and learner never overlap.
     """
 
     def __init__(
@@ -113,9 +157,13 @@ class Impala:
         config: ImpalaConfig,
         callbacks: list[keras.callbacks.Callback] | None = None,
         actor_pool_cls: type[ActorPool] = LocalActorPool,
+        deterministic: bool = False,
     ):
         config.validate(require_env=True)
+        if deterministic:
+            check_deterministic(config)
         self.config = config
+        self.deterministic = bool(deterministic)
         self._stopped = False
         self.pool: ActorPool | None = None
         self.learner_thread: LearnerThread | None = None
@@ -167,8 +215,12 @@ class Impala:
         self._failures_in_a_row = collections.Counter()
         self._in_flight = {i: 0 for i in range(self.pool.num_actors)}
         self._learner_info: dict[str, Any] = {}
+        self._eval_runner: EnvRunner | None = None
+        # Fragments sampled with older weights than this predate a `restore` and are dropped.
+        self._min_policy_version = 0
         self._broadcast(list(self._in_flight))
-        self._top_up_requests()
+        if not self.deterministic:  # Lockstep requests each fragment itself.
+            self._top_up_requests()
 
     # Sampling --------------------------------------------------------------------------------
 
@@ -211,6 +263,8 @@ class Impala:
     def _process_fragment(self, fragment: Fragment) -> list[TrainBatch]:
         self._in_flight[fragment.actor_id] = max(0, self._in_flight[fragment.actor_id] - 1)
         self._failures_in_a_row[fragment.actor_id] = 0
+        if fragment.policy_version < self._min_policy_version:
+            return []
         self._counters["num_env_steps_sampled"] += fragment.env_steps
         self._counters["num_agent_steps_sampled"] += fragment.env_steps
         for ret, length in zip(fragment.episode_returns, fragment.episode_lengths):
@@ -248,14 +302,17 @@ class Impala:
             else:
                 # Waiting on the last one keeps the actors, loader and learner from thrashing when
                 # sampling outpaces training (RLlib does the same); a dead learner ends the wait.
-                while True:
-                    self._check_learner()
-                    try:
-                        inqueue.put(batch, timeout=_QUEUE_PUT_POLL_S)
-                        break
-                    except queue.Full:
-                        continue
+                self._put_waiting(batch)
             self._counters["num_samples_added_to_queue"] += batch.env_steps
+
+    def _put_waiting(self, batch: TrainBatch) -> None:
+        while True:
+            self._check_learner()
+            try:
+                self.learner_thread.inqueue.put(batch, timeout=_QUEUE_PUT_POLL_S)
+                return
+            except queue.Full:
+                continue
 
     def _check_learner(self) -> None:
         thread = self.learner_thread
@@ -263,18 +320,23 @@ class Impala:
             raise RuntimeError("The learner thread died while training!") from thread.error
 
     def _drain_learner_outqueue(self) -> None:
-        thread = self.learner_thread
         while True:
             try:
-                env_steps, agent_steps, stats = thread.outqueue.get_nowait()
+                self._record_learner_output(self.learner_thread.outqueue.get_nowait())
             except queue.Empty:
                 break
-            self._counters["num_env_steps_trained"] += env_steps
-            self._counters["num_agent_steps_trained"] += agent_steps
-            self._learner_info = stats
+
+    def _record_learner_output(self, item: tuple[int, int, dict[str, Any]]) -> None:
+        env_steps, agent_steps, stats = item
+        self._counters["num_env_steps_trained"] += env_steps
+        self._counters["num_agent_steps_trained"] += agent_steps
+        self._learner_info = stats
 
     def training_step(self) -> None:
         """One pass of the driver loop (see the module docstring)."""
+        if self.deterministic:
+            self._lockstep_step()
+            return
         self._check_learner()
         fragments, failures = self.pool.fetch_ready(_FETCH_TIMEOUT_S)
         self._handle_failures(failures)
@@ -289,6 +351,9 @@ class Impala:
             self._place_on_learner_queue(train_batches)
         self._drain_learner_outqueue()
         self._counters["num_training_step_calls"] += 1
+        self._maybe_broadcast(sampled)
+
+    def _maybe_broadcast(self, sampled: list[int]) -> None:
         self._steps_since_broadcast += 1
         version = int(self.learner.num_grad_updates.numpy())
         if (
@@ -299,6 +364,90 @@ class Impala:
             self._broadcast(sampled)
             self._steps_since_broadcast = 0
             self._counters["num_weight_broadcasts"] += 1
+
+    # Deterministic mode (lockstep) -------------------------------------------------------------
+
+    def _lockstep_step(self) -> None:
+        """Samples one fragment, trains on every batch it completes, then broadcasts.
+
+        The actor is idle between steps (no request outstanding), so its state can be saved,
+        and it always samples with the weights the previous steps produced.
+        """
+        fragments: list[Fragment] = []
+        while not fragments:
+            self._check_learner()
+            for actor_id in self.pool.healthy_actor_ids():
+                if self._in_flight[actor_id] == 0:
+                    self.pool.request_samples([actor_id], 1)
+                    self._in_flight[actor_id] = 1
+            fragments, failures = self.pool.fetch_ready(_QUEUE_PUT_POLL_S)
+            self._handle_failures(failures)
+        batches = [b for fragment in fragments for b in self._process_fragment(fragment)]
+        for batch in batches:
+            self._put_waiting(batch)
+            self._counters["num_samples_added_to_queue"] += batch.env_steps
+        # The minibatch buffer serves each batch num_sgd_iter times, one output per update.
+        for _ in range(len(batches) * int(self.config.num_sgd_iter)):
+            while True:
+                self._check_learner()
+                try:
+                    item = self.learner_thread.outqueue.get(timeout=_QUEUE_PUT_POLL_S)
+                    break
+                except queue.Empty:
+                    continue
+            self._record_learner_output(item)
+        self._counters["num_training_step_calls"] += 1
+        self._maybe_broadcast(sorted({f.actor_id for f in fragments}))
+
+    # Evaluation ------------------------------------------------------------------------------
+
+    def evaluate(self) -> dict[str, Any]:
+        """Runs `evaluation_duration` episodes with the learner's current weights.
+
+        The episodes run one after another in one env of an `EnvRunner` in this process,
+        built from `config.get_evaluation_config()` (worker index 0). As in RLlib, it acts with
+        that config's `explore` (default True: sampled actions, the policy that was trained);
+        `evaluation_config={"explore": False}` evaluates the greedy policy. Each call starts new
+        episodes; in a seeded run their seeds derive from the seed and the iteration, so an
+        evaluation is reproducible (and the same after a resume). Sampling pauses meanwhile;
+        the learner goes on with the batches already queued.
+
+        Returns:
+          RLlib's `evaluation` metrics: `episode_reward_mean/min/max`, `episode_len_mean`,
+          `episodes_this_iter`, `num_env_steps_sampled_this_iter`, `time_this_iter_s`, and the
+          same under `env_runners` with the new API stack's names.
+        """
+        start = time.perf_counter()
+        if self._eval_runner is None:
+            eval_config = self.config.get_evaluation_config()
+            eval_config.env_runners(num_envs_per_env_runner=1)
+            self._eval_runner = EnvRunner(eval_config, worker_index=0)
+        runner = self._eval_runner
+        with self.learner_thread.lock:
+            weights = self.learner.get_policy_weights()
+            version = int(self.learner.num_grad_updates.numpy())
+        runner.set_weights(weights, version)
+        runner.reset(_derived_seed(self.config.seed, self._iteration, 1))
+        episodes = runner.run_episodes(int(self.config.evaluation_duration))
+        returns = [r for r, _ in episodes]
+        lengths = [n for _, n in episodes]
+        metrics = {
+            "episode_reward_mean": float(np.mean(returns)),
+            "episode_reward_min": float(np.min(returns)),
+            "episode_reward_max": float(np.max(returns)),
+            "episode_len_mean": float(np.mean(lengths)),
+            "episodes_this_iter": len(episodes),
+            "num_env_steps_sampled_this_iter": int(np.sum(lengths)),
+            "time_this_iter_s": time.perf_counter() - start,
+        }
+        metrics["env_runners"] = {
+            "episode_return_mean": metrics["episode_reward_mean"],
+            "episode_return_min": metrics["episode_reward_min"],
+            "episode_return_max": metrics["episode_reward_max"],
+            "episode_len_mean": metrics["episode_len_mean"],
+            "num_episodes": len(episodes),
+        }
+        return metrics
 
     # Iterations -----------------------------------------------------------------------------
 
@@ -319,9 +468,16 @@ class Impala:
             if elapsed >= min_time and sampled >= min_steps and trained > 0:
                 break
         self._iteration += 1
+        train_elapsed = time.perf_counter() - start
+        interval = self.config.evaluation_interval
+        evaluation = self.evaluate() if interval and self._iteration % interval == 0 else None
         elapsed = time.perf_counter() - start
         self._time_total_s += elapsed
-        return self._result(before, elapsed)
+        result = self._result(before, train_elapsed)  # Throughputs exclude the evaluation.
+        result["time_this_iter_s"] = elapsed
+        if evaluation is not None:
+            result["evaluation"] = evaluation
+        return result
 
     def _result(self, before: collections.Counter, elapsed: float) -> dict[str, Any]:
         c = self._counters
@@ -403,10 +559,17 @@ class Impala:
     # Checkpoints ----------------------------------------------------------------------------
 
     def save(self, checkpoint_dir: str) -> str:
-        """Saves weights, optimizer state, counters and schedule position to `checkpoint_dir`.
+        """Saves the learner, the driver's counters and what resuming needs to `checkpoint_dir`.
 
-        The learner is paused for the write, so all parts come from the same update; the
-        directory is replaced atomically (`impala_tf.checkpoints.write_checkpoint`).
+        The learner part (weights, optimizer slots, update and step counters, hence the
+        schedules) is written under the learner lock, so all of it comes from one update; the
+        directory is replaced atomically (`impala_tf.checkpoints.write_checkpoint`). The driver
+        part holds the counters, the iteration, the smoothing window of episodes, the broadcast
+        bookkeeping and the driver's `Aggregator`: the rows waiting to fill a train batch and,
+        in deterministic mode only (it can be large), the mix-in replay buffer. In
+        deterministic mode it also holds a snapshot of the (idle) actor: its weights, its
+        action sampler and, when they can be pickled, its envs mid-episode (see
+        `EnvRunner.get_state`). The state inside aggregation worker processes is not saved.
 
         Returns:
           `checkpoint_dir`.
@@ -417,25 +580,84 @@ class Impala:
             "counters": dict(self._counters),
             "episodes": list(self._episodes),
             "episodes_total": self._episodes_total,
+            "steps_since_broadcast": self._steps_since_broadcast,
+            "broadcast_version": self._broadcast_version,
+            "deterministic": self.deterministic,
         }
+        runtime: dict[str, Any] = {}
+        if self.deterministic or self.config.replay_proportion == 0:
+            runtime["aggregator"] = self._local_aggregator
+        if self.deterministic:
+            runtime["actors"] = self._actor_snapshots()
         with self.learner_thread.lock:
-            return checkpoints.write_checkpoint(checkpoint_dir, self.learner, self.config, state)
+            return checkpoints.write_checkpoint(
+                checkpoint_dir, self.learner, self.config, state, runtime
+            )
+
+    def _actor_snapshots(self) -> dict[int, dict]:
+        try:
+            snapshots = self.pool.get_actor_states(
+                self.pool.healthy_actor_ids(), _ACTOR_STATE_TIMEOUT_S
+            )
+        except NotImplementedError as e:
+            logger.warning("Checkpoint without actor state (%s): resuming will not be exact.", e)
+            return {}
+        for actor_id, snapshot in snapshots.items():
+            if snapshot.get("envs") is None:
+                logger.warning(
+                    "The envs of actor %d cannot be pickled (%s): a run resumed from this "
+                    "checkpoint starts new episodes and will not match an uninterrupted run.",
+                    actor_id,
+                    snapshot.get("envs_error"),
+                )
+        return snapshots
 
     def restore(self, checkpoint_dir: str) -> None:
-        """Restores what `save` wrote and sends the restored weights to every actor."""
+        """Restores what `save` wrote; the run continues from there.
+
+        The actors continue from their snapshots when the checkpoint has them (deterministic
+        mode); otherwise they get the restored weights and start new episodes, with env and
+        sampler seeds derived from `seed` and the restored step count (so a resumed run does
+        not replay the random streams of its beginning). A replay buffer not in the
+        checkpoint starts empty. Fragments sampled before the restore are dropped.
+        """
         checkpoint_dir = checkpoints.resolve_checkpoint_dir(checkpoint_dir)
         with self.learner_thread.lock:
             checkpoints.learner_checkpoint(self.learner).read(
                 os.path.join(checkpoint_dir, checkpoints.LEARNER_PREFIX)
             ).assert_consumed()
         state = checkpoints.read_driver_state(checkpoint_dir)
+        runtime = checkpoints.read_runtime_state(checkpoint_dir)
         self._iteration = int(state["iteration"])
         self._time_total_s = float(state["time_total_s"])
         self._counters = collections.Counter(state["counters"])
         self._episodes.clear()
         self._episodes.extend(tuple(e) for e in state["episodes"])
         self._episodes_total = int(state["episodes_total"])
-        self._broadcast(self.pool.healthy_actor_ids())
+        self._steps_since_broadcast = int(state.get("steps_since_broadcast", 0))
+        steps = int(self._counters["num_env_steps_sampled"])
+        seed = self.config.seed
+        if runtime.get("aggregator") is not None:
+            self._local_aggregator = runtime["aggregator"]
+        else:  # A fresh replay stream, not the one the run started with.
+            reseeded = self.config.copy()
+            reseeded.seed = _derived_seed(seed, steps, 2)
+            self._local_aggregator = Aggregator(reseeded, self._rows)
+        snapshots = runtime.get("actors") or {}
+        states: dict[int, dict] = {}
+        for actor_id in self.pool.healthy_actor_ids():
+            actor_state = dict(snapshots.get(actor_id) or {})
+            if actor_state.get("envs") is None:
+                actor_state["seed"] = _derived_seed(seed, steps, 3, actor_id)
+            states[actor_id] = actor_state
+        try:
+            self.pool.set_actor_states(states)
+        except NotImplementedError as e:
+            logger.warning("Actors keep their state (%s): resuming is not exact.", e)
+        self._broadcast([i for i, s in states.items() if s.get("weights") is None])
+        if snapshots:
+            self._broadcast_version = int(state.get("broadcast_version", self._broadcast_version))
+        self._min_policy_version = self._broadcast_version
 
     @property
     def iteration(self) -> int:
@@ -448,6 +670,8 @@ class Impala:
         if self._stopped:
             return
         self._stopped = True
+        if getattr(self, "_eval_runner", None) is not None:
+            self._eval_runner.close()
         if self.learner_thread is not None:
             self.learner_thread.stop()
         if self.pool is not None:

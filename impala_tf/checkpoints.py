@@ -6,7 +6,15 @@ A checkpoint is a directory holding
   `policy_optimizer`, `num_grad_updates`, `num_agent_steps_trained` and, with
   `_separate_vf_optimizer`, `value_optimizer` (see `learner_checkpoint`);
 * `driver_state.json`: the driver's counters plus `"config": ImpalaConfig.to_dict()` (None when
-  `env` is a callable, which JSON cannot hold).
+  `env` is a callable, which JSON cannot hold);
+* `runtime_state.pkl` (only when the driver has such state): a pickle of what JSON cannot hold and
+  resume needs: the partial train batch waiting for more fragments and, in deterministic mode,
+  the actors' envs and samplers and the replay buffer (see `Impala.save`). Like any pickle, load
+  only checkpoints you trust.
+
+Training writes one directory per save under `<logdir>/checkpoints/`, named by iteration
+(`checkpoint_000010`), and keeps the newest `keep_checkpoints_num` (`checkpoint_path`,
+`list_checkpoints`, `prune_checkpoints`); `resolve_checkpoint_dir` finds the newest from a logdir.
 
 Evaluation and export only need the weights: they restore the `model` part alone, into a model
 rebuilt from the stored config and the env's spaces.
@@ -16,6 +24,8 @@ from __future__ import annotations
 
 import json
 import os
+import pickle
+import re
 import shutil
 import tempfile
 from collections.abc import Mapping
@@ -34,13 +44,20 @@ if TYPE_CHECKING:  # TensorFlow is imported by the functions that need it.
     from impala_tf.policy import ActorPolicy
 
 __all__ = [
+    "CHECKPOINTS_DIR",
     "DRIVER_STATE_FILE",
     "LEARNER_PREFIX",
+    "RUNTIME_STATE_FILE",
+    "checkpoint_path",
+    "latest_checkpoint",
     "learner_checkpoint",
+    "list_checkpoints",
     "load_config",
     "load_env_runner",
     "load_policy",
+    "prune_checkpoints",
     "read_driver_state",
+    "read_runtime_state",
     "resolve_checkpoint_dir",
     "restore_model",
     "untracked_variables",
@@ -51,6 +68,14 @@ __all__ = [
 DRIVER_STATE_FILE = "driver_state.json"
 #: The `tf.train.Checkpoint` prefix inside a checkpoint directory.
 LEARNER_PREFIX = "learner"
+#: The pickle with the runtime state JSON cannot hold (written only when there is some).
+RUNTIME_STATE_FILE = "runtime_state.pkl"
+#: The subdirectory of a training logdir that holds its numbered checkpoints.
+CHECKPOINTS_DIR = "checkpoints"
+#: Marks the temporary directory a checkpoint is written to before it is renamed into place.
+_TMP_MARK = ".tmp-"
+_OLD_SUFFIX = ".old"
+_NUMBER = re.compile(r"(\d+)$")
 
 
 def learner_checkpoint(learner: ImpalaLearner) -> tf.train.Checkpoint:
@@ -84,18 +109,38 @@ def _json_default(value: Any) -> Any:
     return str(value)
 
 
+def _fsync_tree(directory: str) -> None:
+    """Flushes every file under `directory`, and the directory entries, to disk."""
+    for root, _, files in os.walk(directory):
+        for name in files:
+            with open(os.path.join(root, name), "rb") as f:
+                os.fsync(f.fileno())
+        _fsync_dir(root)
+
+
+def _fsync_dir(directory: str) -> None:
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 def write_checkpoint(
     checkpoint_dir: str,
     learner: ImpalaLearner,
     config: ImpalaConfig,
     driver_state: Mapping[str, Any] | None = None,
+    runtime_state: Mapping[str, Any] | None = None,
 ) -> str:
     """Writes the learner checkpoint and `driver_state.json` (with the config) to a directory.
 
     The write is atomic at the directory level: everything goes to a sibling temporary
-    directory, which then replaces `checkpoint_dir` by two renames. A process killed at any point
-    leaves either the previous checkpoint or the new one loadable (between the two renames the
-    previous one waits at `<checkpoint_dir>.old`, which `resolve_checkpoint_dir` falls back to).
+    directory, which is flushed to disk and then replaces `checkpoint_dir` by two renames. A
+    process killed at any point leaves either the previous checkpoint or the new one loadable
+    (between the two renames the previous one waits at `<checkpoint_dir>.old`, which
+    `resolve_checkpoint_dir` falls back to); the temporary directory is never taken for a
+    checkpoint.
 
     Args:
       checkpoint_dir: The directory; created if missing, its previous checkpoint replaced.
@@ -103,6 +148,8 @@ def write_checkpoint(
       config: The algorithm's config, stored under the `"config"` key (None if `env` is a
         callable).
       driver_state: Further JSON-serialisable driver state (counters, iteration, episodes).
+      runtime_state: Picklable state JSON cannot hold, written to `runtime_state.pkl`; None
+        writes no such file.
 
     Returns:
       `checkpoint_dir`.
@@ -110,22 +157,113 @@ def write_checkpoint(
     checkpoint_dir = os.path.abspath(checkpoint_dir)
     parent = os.path.dirname(checkpoint_dir)
     os.makedirs(parent, exist_ok=True)
-    tmp = tempfile.mkdtemp(prefix=os.path.basename(checkpoint_dir) + ".tmp-", dir=parent)
+    tmp = tempfile.mkdtemp(prefix=os.path.basename(checkpoint_dir) + _TMP_MARK, dir=parent)
     try:
         learner_checkpoint(learner).write(os.path.join(tmp, LEARNER_PREFIX))
         state = dict(driver_state or {})
         state["config"] = None if callable(config.env) else config.to_dict()
         with open(os.path.join(tmp, DRIVER_STATE_FILE), "w", encoding="utf-8") as f:
             json.dump(state, f, default=_json_default)
-        old = checkpoint_dir + ".old"
+        if runtime_state is not None:
+            with open(os.path.join(tmp, RUNTIME_STATE_FILE), "wb") as f:
+                pickle.dump(dict(runtime_state), f, protocol=pickle.HIGHEST_PROTOCOL)
+        # Renames are atomic for a killed process; the flush makes them so for a lost machine.
+        _fsync_tree(tmp)
+        old = checkpoint_dir + _OLD_SUFFIX
         shutil.rmtree(old, ignore_errors=True)
         if os.path.exists(checkpoint_dir):
             os.replace(checkpoint_dir, old)
         os.replace(tmp, checkpoint_dir)
+        _fsync_dir(parent)
         shutil.rmtree(old, ignore_errors=True)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return checkpoint_dir
+
+
+def _is_checkpoint(directory: str) -> bool:
+    return os.path.isfile(os.path.join(directory, DRIVER_STATE_FILE))
+
+
+def _sort_key(path: str) -> tuple[int, str]:
+    name = os.path.basename(path)
+    match = _NUMBER.search(name)
+    return (int(match.group(1)) if match else -1, name)
+
+
+def checkpoint_path(root: str, iteration: int) -> str:
+    """The directory of the checkpoint of iteration `iteration` under `root`.
+
+    Args:
+      root: The directory of numbered checkpoints, normally `<logdir>/checkpoints`.
+      iteration: The `training_iteration` saved.
+
+    Returns:
+      `<root>/checkpoint_<iteration, 6 digits>`.
+    """
+    return os.path.join(root, f"checkpoint_{int(iteration):06d}")
+
+
+def list_checkpoints(root: str) -> list[str]:
+    """The complete checkpoints directly under `root`, oldest first.
+
+    Ordered by the number that ends their names (the iteration, for `checkpoint_path` names),
+    then by name. Temporary directories of unfinished writes are skipped; a `<name>.old` left by
+    a write killed between its renames stands in for `<name>` when `<name>` is missing.
+
+    Args:
+      root: A directory of checkpoint directories (need not exist).
+
+    Returns:
+      Paths of checkpoint directories (empty if there are none).
+    """
+    if not os.path.isdir(root):
+        return []
+    found: dict[str, str] = {}
+    for entry in os.scandir(root):
+        if not entry.is_dir() or _TMP_MARK in entry.name or not _is_checkpoint(entry.path):
+            continue
+        name = entry.name
+        if name.endswith(_OLD_SUFFIX):
+            found.setdefault(name[: -len(_OLD_SUFFIX)], entry.path)
+        else:
+            found[name] = entry.path
+    return sorted(found.values(), key=_sort_key)
+
+
+def prune_checkpoints(root: str, keep: int | None, protect: str | None = None) -> list[str]:
+    """Deletes all but the newest `keep` checkpoints under `root` (`keep_checkpoints_num`).
+
+    Also deletes the temporary directories of writes that were killed (their names hold
+    `.tmp-`); only one process should write checkpoints under `root`.
+
+    Args:
+      root: A directory of checkpoint directories.
+      keep: How many to keep (>= 1); None keeps all (RLlib's default).
+      protect: A checkpoint never deleted (the one just written), whatever its rank.
+
+    Returns:
+      The deleted checkpoint directories.
+    """
+    if not os.path.isdir(root):
+        return []
+    for entry in os.scandir(root):
+        if entry.is_dir() and _TMP_MARK in entry.name:
+            shutil.rmtree(entry.path, ignore_errors=True)
+    if keep is None:
+        return []
+    if keep < 1:
+        raise ValueError(f"keep_checkpoints_num must be >= 1 or None, got {keep}")
+    existing = list_checkpoints(root)
+    protected = os.path.abspath(protect) if protect else None
+    doomed = [
+        p for p in existing[: max(0, len(existing) - keep)] if os.path.abspath(p) != protected
+    ]
+    for path in doomed:
+        # The twin first: a crash in between must not leave it to stand in for the deleted one.
+        shutil.rmtree(path + _OLD_SUFFIX, ignore_errors=True)
+        shutil.rmtree(path, ignore_errors=True)
+    return doomed
 
 
 def resolve_checkpoint_dir(path: str) -> str:
@@ -133,33 +271,40 @@ def resolve_checkpoint_dir(path: str) -> str:
 
     Accepted, in this order: a checkpoint directory itself (it holds `driver_state.json`), or
     its `.old` twin left by a write that was killed between its two renames; a training logdir
-    (its `checkpoint/` subdirectory); a directory of checkpoint directories (the last one by
-    name).
+    (the newest of its `checkpoints/checkpoint_*`, or its `checkpoint/` directory as written by
+    earlier versions); a directory of checkpoint directories (the newest, see
+    `list_checkpoints`).
 
     Raises:
       FileNotFoundError: naming `path` when none of these hold a checkpoint.
     """
-    bases = (
-        path,
-        path + ".old",
+    found = latest_checkpoint(path)
+    if found is None:
+        raise FileNotFoundError(
+            f"No checkpoint at {path!r}: expected a directory holding {DRIVER_STATE_FILE} (what "
+            "Impala.save writes), or a training logdir with a checkpoints/ subdirectory."
+        )
+    return found
+
+
+def latest_checkpoint(path: str) -> str | None:
+    """Like `resolve_checkpoint_dir`, but returns None when there is no checkpoint at `path`."""
+    for candidate in (path, path + _OLD_SUFFIX):
+        if _is_checkpoint(candidate):
+            return candidate
+    # A logdir: its numbered checkpoints come before anything else it holds (e.g. `best/`).
+    for base in (
+        os.path.join(path, CHECKPOINTS_DIR),
         os.path.join(path, "checkpoint"),
-        os.path.join(path, "checkpoint.old"),
-    )
-    for base in bases:
-        if os.path.isfile(os.path.join(base, DRIVER_STATE_FILE)):
+        os.path.join(path, "checkpoint" + _OLD_SUFFIX),
+    ):
+        if _is_checkpoint(base):
             return base
-        if os.path.isdir(base):
-            children = sorted(
-                entry.path
-                for entry in os.scandir(base)
-                if entry.is_dir() and os.path.isfile(os.path.join(entry.path, DRIVER_STATE_FILE))
-            )
-            if children:
-                return children[-1]
-    raise FileNotFoundError(
-        f"No checkpoint at {path!r}: expected a directory holding {DRIVER_STATE_FILE} (what "
-        "Impala.save writes), or a training logdir with a checkpoint/ subdirectory."
-    )
+        children = list_checkpoints(base)
+        if children:
+            return children[-1]
+    children = list_checkpoints(path)
+    return children[-1] if children else None
 
 
 def read_driver_state(checkpoint_dir: str) -> dict[str, Any]:
@@ -167,6 +312,15 @@ def read_driver_state(checkpoint_dir: str) -> dict[str, Any]:
     directory = resolve_checkpoint_dir(checkpoint_dir)
     with open(os.path.join(directory, DRIVER_STATE_FILE), encoding="utf-8") as f:
         return json.load(f)
+
+
+def read_runtime_state(checkpoint_dir: str) -> dict[str, Any]:
+    """Returns the unpickled `runtime_state.pkl` of a checkpoint ({} when it has none)."""
+    path = os.path.join(resolve_checkpoint_dir(checkpoint_dir), RUNTIME_STATE_FILE)
+    if not os.path.isfile(path):
+        return {}
+    with open(path, "rb") as f:
+        return pickle.load(f)  # A checkpoint is trusted like code (module docstring).
 
 
 def load_config(checkpoint_dir: str) -> ImpalaConfig:

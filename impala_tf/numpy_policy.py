@@ -128,6 +128,20 @@ class NumpyPolicy:
     def initial_state(self, batch_size: int) -> tuple:
         return ()
 
+    # Sampling state ---------------------------------------------------------------------------
+
+    def get_rng_state(self) -> dict:
+        """The action sampler's state (a plain dict), for checkpoints."""
+        return self._rng.bit_generator.state
+
+    def set_rng_state(self, state: dict) -> None:
+        """Continues the action sampler from a `get_rng_state()` value."""
+        self._rng.bit_generator.state = state
+
+    def reseed(self, seed: int | None) -> None:
+        """Restarts the action sampler as if built with `seed`."""
+        self._rng = np.random.default_rng(seed)
+
     # Forward ----------------------------------------------------------------------------------
 
     def _preprocess(self, obs: np.ndarray) -> np.ndarray:

@@ -74,6 +74,19 @@ class ActorPolicy:
             state=tuple(s.numpy() for s in new_state),
         )
 
+    def get_rng_state(self) -> dict:
+        """The action sampler's state (seed and call count), for checkpoints."""
+        return {"seed": self._seed, "calls": self._calls}
+
+    def set_rng_state(self, state: dict) -> None:
+        """Continues the action sampler from a `get_rng_state()` value."""
+        self._seed, self._calls = int(state["seed"]), int(state["calls"])
+
+    def reseed(self, seed: int | None) -> None:
+        """Restarts the action sampler as if built with `seed`."""
+        self._seed = int(np.random.SeedSequence(seed).generate_state(1)[0] % (2**31 - 1))
+        self._calls = 0
+
     def get_weights(self) -> list[np.ndarray]:
         return self.model.get_weights()
 

@@ -58,6 +58,20 @@ class ActorPool(abc.ABC):
     def healthy_actor_ids(self) -> list[int]:
         """The actors currently alive."""
 
+    def get_actor_states(self, actor_ids: list[int], timeout_s: float) -> dict[int, dict]:
+        """Snapshots of idle actors' `EnvRunner.get_state()`, for an exact resume.
+
+        Only meaningful for actors with no sample request outstanding (the deterministic mode
+        keeps them so between training steps). A pool that cannot snapshot raises
+        `NotImplementedError`; the driver then resumes without actor state.
+        """
+        raise NotImplementedError(f"{type(self).__name__} cannot snapshot its actors")
+
+    def set_actor_states(self, states: dict[int, dict]) -> None:
+        """Applies `EnvRunner.set_state(state)` in each actor of `states` (asynchronously,
+        in order with the other commands sent to it)."""
+        raise NotImplementedError(f"{type(self).__name__} cannot restore its actors")
+
     @abc.abstractmethod
     def stop(self) -> None:
         """Ends every process or remote actor the pool started. Safe to call twice."""

@@ -23,6 +23,7 @@ observation) after a truncation (computed by one extra batched call on the trunc
 from __future__ import annotations
 
 import dataclasses
+import pickle
 import time
 from collections.abc import Callable
 from typing import Any
@@ -257,6 +258,78 @@ class EnvRunner:
             actor_id=self.worker_index - 1,
             sample_time_s=time.perf_counter() - start,
         )
+
+    # Resuming ---------------------------------------------------------------------------------
+
+    def reset(self, seed: int | None) -> None:
+        """Starts new episodes in every env, as if this runner had been built with `seed`.
+
+        The envs are reset with the seeds `env_seed(seed, worker_index, j)` and the action
+        sampler restarts from `env_seed(seed, worker_index, 0)`; with `seed=None` both continue
+        from unseeded randomness. Unfinished episodes are dropped; weights are kept.
+        """
+        self._obs = np.stack(
+            [
+                self._reset(env, env_seed(seed, self.worker_index, j))
+                for j, env in enumerate(self.envs)
+            ]
+        )
+        self.policy.reseed(env_seed(seed, self.worker_index, 0))
+        self._state = self.policy.initial_state(self.num_envs)
+        self._episode_return[:] = 0.0
+        self._episode_length[:] = 0
+        self._next = None
+
+    def get_state(self) -> dict[str, Any]:
+        """A picklable snapshot of this runner, for an exact resume (`set_state`).
+
+        It holds the weights and their version, the action sampler's state, and, when the envs
+        can be pickled, the envs with their unfinished episodes (`"envs"`, bytes). Envs that
+        cannot be pickled (simulators holding handles, e.g. Atari) give `"envs": None` and the
+        reason in `"envs_error"`: a runner restored from such a snapshot starts new episodes.
+        """
+        envs, error = None, None
+        try:
+            envs = pickle.dumps(
+                (
+                    self.envs,
+                    self._obs,
+                    self._state,
+                    self._episode_return,
+                    self._episode_length,
+                    self._next,
+                ),
+                protocol=pickle.HIGHEST_PROTOCOL,
+            )
+        except Exception as e:  # noqa: BLE001 - any env may refuse; the snapshot says why.
+            error = f"{type(e).__name__}: {e}"
+        return {
+            "weights": self.get_weights(),
+            "policy_version": self.policy_version,
+            "policy_rng": self.policy.get_rng_state(),
+            "envs": envs,
+            "envs_error": error,
+        }
+
+    def set_state(self, state: dict[str, Any]) -> None:
+        """Restores a `get_state()` snapshot; each key is optional.
+
+        Keys: `"weights"` (with `"policy_version"`); `"envs"` (bytes: replaces the envs and
+        their unfinished episodes); `"seed"` (when there are no `"envs"`: new episodes, as
+        `reset(seed)`); `"policy_rng"` (the action sampler's state, applied last).
+        """
+        if state.get("weights") is not None:
+            self.set_weights(state["weights"], state.get("policy_version", 0))
+        if state.get("envs") is not None:
+            envs, obs, rnn_state, returns, lengths, next_step = pickle.loads(state["envs"])
+            self.close()
+            self.envs = envs
+            self._obs, self._state, self._next = obs, rnn_state, next_step
+            self._episode_return, self._episode_length = returns, lengths
+        elif "seed" in state:
+            self.reset(state["seed"])
+        if state.get("policy_rng") is not None:
+            self.policy.set_rng_state(state["policy_rng"])
 
     def run_episodes(self, num_episodes: int) -> list[tuple[float, int]]:
         """Samples until `num_episodes` episodes have finished; returns (return, length) pairs."""

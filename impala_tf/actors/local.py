@@ -18,6 +18,7 @@ import logging
 import multiprocessing as mp
 import os
 import queue
+import time
 import traceback
 from multiprocessing import connection
 from typing import Any
@@ -73,6 +74,15 @@ def _actor_main(
                     credits += msg[1]
                 elif kind == "weights":
                     latest_weights = msg[1:]
+                elif kind in ("get_state", "set_state"):
+                    # Weights received before this command come first, as the driver sent them.
+                    if latest_weights is not None:
+                        runner.set_weights(*latest_weights)
+                        latest_weights = None
+                    if kind == "get_state":
+                        results.send(("state", runner.get_state()))
+                    else:
+                        runner.set_state(msg[1])
             if latest_weights is not None:
                 runner.set_weights(*latest_weights)
             fragment = runner.sample()
@@ -185,6 +195,10 @@ class LocalActorPool(ActorPool):
             self._ctx.set_forkserver_preload(_preload(config))
         self._actors: dict[int, _Actor] = {}
         self._stopped = False
+        # What arrived while `get_actor_states` waited for snapshots, for the next fetch_ready.
+        self._held_fragments: list[Fragment] = []
+        self._held_failures: list[ActorFailure] = []
+        self._states: dict[int, dict] = {}
         for i in range(self.num_actors):
             self._start(i, weights, policy_version)
 
@@ -210,12 +224,18 @@ class LocalActorPool(ActorPool):
 
     def fetch_ready(self, timeout_s: float) -> tuple[list[Fragment], list[ActorFailure]]:
         healthy = [a for a in self._actors.values() if a.healthy]
-        if timeout_s > 0 and healthy:
+        held = self._held_fragments or self._held_failures
+        if timeout_s > 0 and healthy and not held:
             connection.wait(
                 [a.results for a in healthy] + [a.process.sentinel for a in healthy], timeout_s
             )
-        fragments: list[Fragment] = []
-        failures: list[ActorFailure] = []
+        self._read_all()
+        fragments, self._held_fragments = self._held_fragments, []
+        failures, self._held_failures = self._held_failures, []
+        return fragments, failures
+
+    def _read_all(self) -> None:
+        """Moves every message waiting in the actors' pipes into the held lists and `_states`."""
         for actor_id, actor in self._actors.items():
             if not actor.healthy:
                 continue
@@ -224,7 +244,9 @@ class LocalActorPool(ActorPool):
                 while actor.results.poll():
                     kind, payload = actor.results.recv()
                     if kind == "fragment":
-                        fragments.append(payload)
+                        self._held_fragments.append(payload)
+                    elif kind == "state":
+                        self._states[actor_id] = payload
                     else:
                         error = payload
                         break
@@ -236,8 +258,33 @@ class LocalActorPool(ActorPool):
             if error is not None:
                 actor.healthy = False
                 self._terminate(actor)
-                failures.append(ActorFailure(actor_id, error))
-        return fragments, failures
+                self._held_failures.append(ActorFailure(actor_id, error))
+
+    def get_actor_states(self, actor_ids: list[int], timeout_s: float) -> dict[int, dict]:
+        wanted = [i for i in actor_ids if self._actors[i].healthy]
+        for i in wanted:
+            self._states.pop(i, None)
+            self._actors[i].commands.put(("get_state",))
+        deadline = time.monotonic() + timeout_s
+        while True:
+            self._read_all()
+            missing = [i for i in wanted if i not in self._states and self._actors[i].healthy]
+            if not missing:
+                break
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError(f"actors {missing} sent no state within {timeout_s:g} s")
+            actors = [self._actors[i] for i in missing]
+            connection.wait(
+                [a.results for a in actors] + [a.process.sentinel for a in actors], min(left, 1.0)
+            )
+        return {i: self._states.pop(i) for i in wanted if i in self._states}
+
+    def set_actor_states(self, states: dict[int, dict]) -> None:
+        for i, state in states.items():
+            actor = self._actors[i]
+            if actor.healthy:
+                actor.commands.put(("set_state", state))
 
     def broadcast_weights(
         self, weights: list[np.ndarray], policy_version: int, actor_ids: list[int]

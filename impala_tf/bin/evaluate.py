@@ -1,6 +1,6 @@
 r"""impala-evaluate: runs a trained policy from a checkpoint and reports its episode returns.
 
-  impala-evaluate --checkpoint=runs/cartpole/checkpoint --episodes=10
+  impala-evaluate --checkpoint=runs/cartpole --episodes=10
   impala-evaluate --checkpoint=runs/cartpole --episodes=3 --seed=1 --video=cartpole.gif
 
 `--checkpoint` takes a checkpoint directory (what `Impala.save` writes) or a training logdir.

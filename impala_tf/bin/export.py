@@ -1,6 +1,6 @@
 r"""impala-export: writes a checkpoint's policy as a TensorFlow SavedModel for serving.
 
-  impala-export --checkpoint=runs/cartpole/checkpoint --out=exported/cartpole
+  impala-export --checkpoint=runs/cartpole --out=exported/cartpole
 
 B is batch. The SavedModel's `serving_default` signature takes `obs`, a batch of observations
 [B, *obs_shape] in the observation space's dtype, and returns

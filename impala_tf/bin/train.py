@@ -1,11 +1,26 @@
 r"""impala-train: trains IMPALA from an RLlib tuned-example YAML (or the CartPole default).
 
-  impala-train --config=configs/cartpole-impala.yaml --logdir=/tmp/run
+  impala-train --config=configs/cartpole-impala.yaml --logdir=runs/cartpole
   impala-train --set lr=0.001 --set model.fcnet_hiddens=[64,64] --stop_reward=150
+  impala-train --logdir=runs/cartpole --stop_iters=200      # resumes runs/cartpole
 
-Writes `<logdir>/result.json` (one RLlib result dict per line), TensorBoard event files and
-checkpoints under the logdir, prints one progress line per iteration and exits 0 when a stop
-criterion is met. Flags override the YAML's `stop:` section.
+Writes to the logdir: `result.json` (one RLlib result dict per line), TensorBoard event files
+(tags in `impala_tf.reporting`), `params.json` (the config, stop criteria and these flags) and
+`checkpoints/checkpoint_<iteration>/` every `checkpoint_freq` iterations and at the end, keeping
+the newest `keep_checkpoints_num`. Prints one progress line per iteration (`--verbose`: also the
+whole result) and exits 0 when a stop criterion is met. Flags override the YAML's `stop:`.
+
+Resuming: a `--logdir` that holds checkpoints is resumed from the newest one (`--noresume`
+refuses instead). The run's stored config and flags are used; `--set`, `--seed`, `--stop_*` and
+flags given on the command line override them. Weights, optimizer state, counters, schedules and
+result numbering continue; results logged after that checkpoint are moved to
+`result.discarded.json`. With `--deterministic`, a resumed run matches an uninterrupted one
+exactly (see `impala_tf.algorithm`).
+
+Callbacks: `--callbacks=package.module:factory` (repeatable) adds Keras callbacks to the driver
+loop, one epoch per iteration (`impala_tf.callbacks`); `--learner_callbacks` adds them to the
+learner thread, called around each update. `factory` is a `keras.callbacks.Callback`, or a
+callable (a class) returning one or a list; the current directory is importable.
 """
 
 from __future__ import annotations
@@ -19,6 +34,7 @@ import time
 _START = time.time()
 
 from absl import app, flags  # noqa: E402
+from absl import logging as absl_logging  # noqa: E402
 
 FLAGS = flags.FLAGS
 
@@ -34,8 +50,44 @@ flags.DEFINE_float("stop_time_s", None, "Stop after this many seconds of trainin
 flags.DEFINE_integer("seed", None, "Random seed (config key `seed`).")
 flags.DEFINE_integer("checkpoint_freq", None, "Iterations between checkpoints (0: only at end).")
 flags.DEFINE_bool("verbose", False, "Print the full result dict each iteration.")
+flags.DEFINE_bool("resume", True, "Continue from the newest checkpoint in --logdir if it has one.")
+flags.DEFINE_bool(
+    "deterministic",
+    False,
+    "Sample and train in lockstep so that a seeded run (and its resumption) is reproducible "
+    "exactly; needs one actor and min_time_s_per_iteration=0. Slow: for debugging and tests.",
+)
+flags.DEFINE_multi_string(
+    "callbacks", [], "module.path:factory of Keras callbacks for the driver loop (repeatable)."
+)
+flags.DEFINE_multi_string(
+    "learner_callbacks", [], "module.path:factory of Keras callbacks for the learner thread."
+)
+flags.DEFINE_integer("histogram_freq", 0, "Iterations between weight histograms (0: none).")
+flags.DEFINE_string(
+    "save_best",
+    None,
+    "Keep the checkpoint with the best value of this result key in <logdir>/best, e.g. "
+    "episode_reward_mean or evaluation/episode_reward_mean.",
+)
 
 _DEFAULT_NAME = "cartpole-impala"
+_PARAMS_FILE = "params.json"
+_RESULT_FILE = "result.json"
+_DISCARDED_FILE = "result.discarded.json"
+#: Flags stored in params.json and reused when a run is resumed without them.
+_STORED_FLAGS = (
+    "deterministic",
+    "checkpoint_freq",
+    "callbacks",
+    "learner_callbacks",
+    "histogram_freq",
+    "save_best",
+)
+
+
+class TrainError(Exception):
+    """A problem with the flags or the logdir, reported without a traceback."""
 
 
 def parse_overrides(pairs: list[str]) -> dict:
@@ -55,17 +107,8 @@ def parse_overrides(pairs: list[str]) -> dict:
     return out
 
 
-def load_config():
-    """Builds (name, config, stop) from the flags."""
-    from impala_tf.config import ImpalaConfig, normalize_stop_criteria
-
-    if FLAGS.config:
-        config, stop = ImpalaConfig.from_yaml(FLAGS.config)
-        name = os.path.splitext(os.path.basename(FLAGS.config))[0]
-    else:
-        config = ImpalaConfig().environment("CartPole-v1")
-        stop = normalize_stop_criteria({"episode_reward_mean": 450, "timesteps_total": 2_000_000})
-        name = _DEFAULT_NAME
+def _apply_flags(config, stop: dict) -> None:
+    """Applies --set, --seed and --stop_* to a config and stop dict (in place)."""
     config.update_from_dict(parse_overrides(FLAGS.set))
     if FLAGS.seed is not None:
         config.debugging(seed=FLAGS.seed)
@@ -78,63 +121,245 @@ def load_config():
         value = getattr(FLAGS, flag)
         if value is not None:
             stop[key] = value
+
+
+def load_config():
+    """Builds (name, config, stop) from the flags."""
+    from impala_tf.config import ImpalaConfig, normalize_stop_criteria
+
+    if FLAGS.config:
+        config, stop = ImpalaConfig.from_yaml(FLAGS.config)
+        name = os.path.splitext(os.path.basename(FLAGS.config))[0]
+    else:
+        config = ImpalaConfig().environment("CartPole-v1")
+        stop = normalize_stop_criteria({"episode_reward_mean": 450, "timesteps_total": 2_000_000})
+        name = _DEFAULT_NAME
+    _apply_flags(config, stop)
     return name, config, stop
 
 
-def stop_reached(result: dict, stop: dict) -> str | None:
-    """The first stop criterion `result` meets (value >= threshold), or None."""
-    for key, threshold in stop.items():
-        value = result.get(key)
-        if value is not None and value == value and value >= threshold:
-            return f"{key}={value:g} >= {threshold:g}"
-    return None
+def load_resumed_config(logdir: str, checkpoint_dir: str):
+    """Builds (name, config, stop, stored flags) of a run to resume, with the flags applied.
+
+    The config is the checkpoint's; `--config`, if given, must describe the same run (a
+    restarted job repeats its command line) or it is ignored with a warning.
+    """
+    from impala_tf import checkpoints
+
+    params_path = os.path.join(logdir, _PARAMS_FILE)
+    params = {}
+    if os.path.isfile(params_path):
+        with open(params_path, encoding="utf-8") as f:
+            params = json.load(f)
+    config = checkpoints.load_config(checkpoint_dir)
+    stop = dict(params.get("stop") or {})
+    _apply_flags(config, stop)
+    if FLAGS.config:
+        _, wanted, _ = load_config()
+        stored, given = config.to_dict(), wanted.to_dict()
+        changed = sorted(k for k in set(stored) | set(given) if stored.get(k) != given.get(k))
+        if changed:
+            print(
+                f"impala-train: warning: resuming {logdir} with its stored config; --config "
+                f"differs in {changed} and is ignored (use --set to change keys).",
+                file=sys.stderr,
+                flush=True,
+            )
+    name = params.get("name") or os.path.basename(os.path.normpath(logdir))
+    return name, config, stop, dict(params.get("flags") or {})
+
+
+def load_callbacks(specs: list[str]) -> list:
+    """`impala_tf.callbacks.load_callbacks`, with the current directory importable."""
+    from impala_tf.callbacks import load_callbacks as load
+
+    if specs and os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    try:
+        return load(specs)
+    except ValueError as e:
+        raise TrainError(str(e)) from e
+
+
+def truncate_results(logdir: str, iteration: int) -> dict | None:
+    """Keeps the results up to `iteration` in result.json; returns the last one kept.
+
+    Results after it (logged after the checkpoint a run resumes from) are appended to
+    `result.discarded.json`.
+    """
+    path = os.path.join(logdir, _RESULT_FILE)
+    if not os.path.isfile(path):
+        return None
+    kept, discarded, last = [], [], None
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            if not line.strip():
+                continue
+            try:
+                result = json.loads(line)
+            except json.JSONDecodeError:  # A line cut by the kill that ended the run.
+                discarded.append(line)
+                continue
+            if int(result.get("training_iteration", 0)) <= iteration:
+                kept.append(line)
+                last = result
+            else:
+                discarded.append(line)
+    if discarded:
+        with open(os.path.join(logdir, _DISCARDED_FILE), "a", encoding="utf-8") as f:
+            f.writelines(line if line.endswith("\n") else line + "\n" for line in discarded)
+        tmp = path + ".tmp"
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.writelines(line if line.endswith("\n") else line + "\n" for line in kept)
+        os.replace(tmp, path)
+        print(
+            f"impala-train: moved {len(discarded)} result(s) logged after iteration {iteration} "
+            f"to {_DISCARDED_FILE}",
+            flush=True,
+        )
+    return last
+
+
+def _make_wall_clock(offset_s: float):
+    import keras
+
+    from impala_tf.callbacks import result_of
+
+    class WallClock(keras.callbacks.Callback):
+        """Adds `time_since_start_s` (wall time, continued across resumes) to each result."""
+
+        def on_epoch_end(self, epoch, logs=None):
+            value = offset_s + time.time() - _START
+            result_of(logs)["time_since_start_s"] = value
+            if logs is not None:
+                logs["time_since_start_s"] = value
+
+    return WallClock()
+
+
+def _stored(name: str, stored_flags: dict):
+    """A flag's value: given on the command line, else stored by the resumed run, else default."""
+    if FLAGS[name].present or name not in stored_flags:
+        return getattr(FLAGS, name)
+    return stored_flags[name]
 
 
 def main(argv: list[str]) -> int:
     del argv
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    name, config, stop = load_config()
+    if not FLAGS["verbosity"].present:  # absl turns INFO on after parsing; TF logs much there.
+        absl_logging.set_verbosity(absl_logging.WARNING)
+    try:
+        return _train()
+    except TrainError as e:
+        print(f"impala-train: error: {e}", file=sys.stderr, flush=True)
+        return 1
+
+
+def _train() -> int:
+    from impala_tf import checkpoints
+    from impala_tf.reporting import stop_reached
+
+    resume_from = checkpoints.latest_checkpoint(FLAGS.logdir) if FLAGS.logdir else None
+    if resume_from and not FLAGS.resume:
+        raise TrainError(
+            f"--logdir={FLAGS.logdir} holds checkpoints ({resume_from}); pass --resume to "
+            "continue that run, or another --logdir."
+        )
+    try:
+        if resume_from:
+            name, config, stop, stored_flags = load_resumed_config(FLAGS.logdir, resume_from)
+        else:
+            (name, config, stop), stored_flags = load_config(), {}
+    except (FileNotFoundError, ValueError) as e:
+        raise TrainError(str(e)) from e
     logdir = FLAGS.logdir or os.path.join("runs", f"{name}-{time.strftime('%Y%m%d-%H%M%S')}")
     os.makedirs(logdir, exist_ok=True)
-    checkpoint_freq = (
-        FLAGS.checkpoint_freq if FLAGS.checkpoint_freq is not None else config.checkpoint_freq
-    )
-    with open(os.path.join(logdir, "params.json"), "w", encoding="utf-8") as f:
-        json.dump({"config": config.to_dict(), "stop": stop}, f, indent=2, default=str)
+    last = None
+    if resume_from:
+        state = checkpoints.read_driver_state(resume_from)
+        last = truncate_results(logdir, int(state["iteration"]))
+        steps = int(state["counters"].get("num_env_steps_sampled", 0))
+        print(
+            f"impala-train: resuming from {resume_from} (iteration {state['iteration']}, "
+            f"{steps:,d} env steps)",
+            flush=True,
+        )
+        if last is not None and stop_reached(last, stop):
+            print(f"impala-train: already stopped at {stop_reached(last, stop)}", flush=True)
+            return 0
+    else:  # Results of an earlier start that never saved a checkpoint belong to no run now.
+        truncate_results(logdir, 0)
+    run_flags = {key: _stored(key, stored_flags) for key in _STORED_FLAGS}
+    checkpoint_freq = run_flags["checkpoint_freq"]  # None (stored so): the config's key.
+    if checkpoint_freq is None:
+        checkpoint_freq = config.checkpoint_freq
+    with open(os.path.join(logdir, _PARAMS_FILE), "w", encoding="utf-8") as f:
+        params = {"name": name, "config": config.to_dict(), "stop": stop, "flags": run_flags}
+        json.dump(params, f, indent=2, default=str)
 
-    from impala_tf.reporting import ResultWriter, progress_line
+    from impala_tf.actors.local import prestart_fork_server
+
+    try:
+        config.validate(require_env=True)
+    except ValueError as e:
+        raise TrainError(str(e)) from e
+    prestart_fork_server(config)  # Its imports overlap TensorFlow's below.
+    import tensorflow as tf
+
+    user_callbacks = load_callbacks(run_flags["callbacks"])
+    learner_callbacks = load_callbacks(run_flags["learner_callbacks"])
+
+    from impala_tf import callbacks as cb
+    from impala_tf.algorithm import Impala, check_deterministic
+    from impala_tf.loop import fit
+
+    if run_flags["deterministic"]:
+        try:
+            check_deterministic(config)
+        except ValueError as e:
+            raise TrainError(str(e)) from e
+        tf.config.experimental.enable_op_determinism()
 
     print(f"impala-train: {name} on {config.env}, logdir {logdir}, stop {stop}", flush=True)
-    algo = config.build()
-    writer = ResultWriter(logdir)
-    checkpoint_dir = os.path.join(logdir, "checkpoint")
+    algo = Impala(config, callbacks=learner_callbacks, deterministic=run_flags["deterministic"])
     try:
-        while True:
-            result = algo.train()
-            result["time_since_start_s"] = time.time() - _START
-            writer.write(result)
-            print(progress_line(result, stop.get("timesteps_total")), flush=True)
-            if FLAGS.verbose:
-                print(json.dumps(result, indent=2, default=str), flush=True)
-            reason = stop_reached(result, stop)
-            if checkpoint_freq and result["training_iteration"] % checkpoint_freq == 0:
-                algo.save(checkpoint_dir)
-            if reason:
-                algo.save(checkpoint_dir)
-                print(
-                    f"impala-train: stopped at {reason} after {time.time() - _START:.1f} s "
-                    f"({result['timesteps_total']:,d} env steps)",
-                    flush=True,
-                )
-                return 0
-    except KeyboardInterrupt:
-        print("impala-train: interrupted; saving a checkpoint", file=sys.stderr, flush=True)
-        algo.save(checkpoint_dir)
-        return 130
+        if resume_from:
+            algo.restore(resume_from)
+        stopper = cb.StopOnCriteria(stop)
+        offset = float((last or {}).get("time_since_start_s", 0.0))
+        periodic = cb.PeriodicCheckpoint(
+            os.path.join(logdir, checkpoints.CHECKPOINTS_DIR),
+            every_n_iterations=checkpoint_freq,
+            keep=config.keep_checkpoints_num,
+        )
+        callbacks = [
+            _make_wall_clock(offset),
+            cb.ResultLogger(logdir, histogram_freq=run_flags["histogram_freq"]),
+            cb.ProgressLogger(stop.get("timesteps_total"), verbose=FLAGS.verbose),
+            *user_callbacks,
+            periodic,
+        ]
+        if run_flags["save_best"]:
+            best_dir = os.path.join(logdir, "best")
+            callbacks.append(cb.BestCheckpoint(best_dir, run_flags["save_best"]))
+        callbacks.append(stopper)
+        try:
+            result = fit(algo, callbacks)
+        except KeyboardInterrupt:
+            print("impala-train: interrupted; saving a checkpoint", file=sys.stderr, flush=True)
+            periodic.save_now()
+            return 130
+        reason = stopper.reason or "a callback's request"
+        print(
+            f"impala-train: stopped at {reason} after {time.time() - _START:.1f} s "
+            f"({result['timesteps_total']:,d} env steps); checkpoint {periodic.last_checkpoint}",
+            flush=True,
+        )
+        return 0
     finally:
         algo.stop()
-        writer.close()
 
 
 def run() -> None:

@@ -1,0 +1,192 @@
+"""Tests of the checkpoint layout: numbered checkpoints, pruning, finding the newest, the
+runtime-state pickle, and atomic writes under SIGKILL.
+
+(`write_checkpoint` / `restore_model` round trips are in tests/evaluate_test.py.)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from impala_tf import checkpoints
+from impala_tf.checkpoints import (
+    DRIVER_STATE_FILE,
+    RUNTIME_STATE_FILE,
+    checkpoint_path,
+    latest_checkpoint,
+    list_checkpoints,
+    prune_checkpoints,
+    read_driver_state,
+    read_runtime_state,
+    resolve_checkpoint_dir,
+)
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def stub(path, iteration=0):
+    """A directory that passes for a checkpoint (it holds driver_state.json)."""
+    os.makedirs(path, exist_ok=True)
+    with open(os.path.join(path, DRIVER_STATE_FILE), "w") as f:
+        json.dump({"iteration": iteration}, f)
+    return str(path)
+
+
+def test_checkpoint_path_and_numeric_order(tmp_path):
+    assert checkpoint_path("/x/checkpoints", 12) == "/x/checkpoints/checkpoint_000012"
+    root = tmp_path / "checkpoints"
+    paths = [stub(checkpoint_path(str(root), i)) for i in (999_999, 7, 1_000_000, 20)]
+    (root / "notes").mkdir()  # Not a checkpoint: ignored.
+    assert list_checkpoints(str(root)) == [paths[1], paths[3], paths[0], paths[2]]
+    assert list_checkpoints(str(tmp_path / "missing")) == []
+
+
+def test_unfinished_and_replaced_writes(tmp_path):
+    root = tmp_path / "checkpoints"
+    done = stub(root / "checkpoint_000002", 2)
+    # A write killed after its driver_state.json but before its rename: never a checkpoint.
+    stub(root / "checkpoint_000003.tmp-k1ll", 3)
+    assert list_checkpoints(str(root)) == [done]
+    # A re-save of iteration 2 killed between its renames: `.old` stands in for the missing one.
+    os.rename(done, done + ".old")
+    assert list_checkpoints(str(root)) == [done + ".old"]
+    assert resolve_checkpoint_dir(done) == done + ".old"
+    # Both present: the finished new one wins.
+    stub(done, 2)
+    assert list_checkpoints(str(root)) == [done]
+
+
+def test_prune_keeps_the_newest_and_the_protected(tmp_path):
+    root = str(tmp_path)
+    paths = [stub(checkpoint_path(root, i)) for i in range(1, 6)]
+    stub(paths[0] + ".old")
+    os.makedirs(os.path.join(root, "checkpoint_000006.tmp-x"))
+    assert prune_checkpoints(root, None) == []  # Keeps all; removes the temporary directory.
+    assert sorted(os.listdir(root)) == sorted(
+        [os.path.basename(p) for p in paths] + ["checkpoint_000001.old"]
+    )
+    removed = prune_checkpoints(root, 2, protect=paths[1])
+    assert removed == [paths[0], paths[2]]
+    assert list_checkpoints(root) == [paths[1], paths[3], paths[4]]
+    assert not os.path.exists(paths[0] + ".old")  # Its twin went with it.
+    with pytest.raises(ValueError, match="keep_checkpoints_num"):
+        prune_checkpoints(root, 0)
+
+
+def test_resolve_finds_the_newest_in_a_logdir(tmp_path):
+    legacy = stub(tmp_path / "old_run" / "checkpoint")
+    assert resolve_checkpoint_dir(str(tmp_path / "old_run")) == legacy
+    run = tmp_path / "run"
+    stub(run / "checkpoints" / "checkpoint_000009")
+    newest = stub(run / "checkpoints" / "checkpoint_000010")
+    stub(run / "best")  # BestCheckpoint's: found only when asked for by name.
+    assert resolve_checkpoint_dir(str(run)) == newest
+    assert resolve_checkpoint_dir(str(run / "checkpoints")) == newest
+    assert resolve_checkpoint_dir(str(run / "best")) == str(run / "best")
+    assert latest_checkpoint(str(tmp_path / "nothing")) is None
+    with pytest.raises(FileNotFoundError, match="No checkpoint at"):
+        resolve_checkpoint_dir(str(tmp_path / "nothing"))
+
+
+def _learner(hiddens):
+    from impala_tf.actors.env_runner import make_env
+    from impala_tf.config import ImpalaConfig
+    from impala_tf.learner import ImpalaLearner
+
+    config = ImpalaConfig().environment("CartPole-v1").training(model={"fcnet_hiddens": hiddens})
+    env = make_env(config)
+    learner = ImpalaLearner(config, env.observation_space, env.action_space)
+    env.close()
+    return config, learner
+
+
+def test_runtime_state_is_written_only_when_given(tmp_path):
+    config, learner = _learner([4])
+    plain = checkpoints.write_checkpoint(str(tmp_path / "a"), learner, config, {"iteration": 1})
+    assert RUNTIME_STATE_FILE not in os.listdir(plain)
+    assert read_runtime_state(plain) == {}
+    runtime = {"pending": np.arange(3), "actors": {0: {"envs": b"\x00"}}}
+    full = checkpoints.write_checkpoint(str(tmp_path / "b"), learner, config, {}, runtime)
+    state = read_runtime_state(full)
+    np.testing.assert_array_equal(state["pending"], np.arange(3))
+    assert state["actors"] == {0: {"envs": b"\x00"}}
+
+
+# One saver process: checkpoints of a learner whose weights and update counter equal the save
+# number i, numbered (pruned to 2) or always to the same directory, "saved i" after each.
+_SAVER = r"""
+import os, sys
+os.environ["TF_CPP_MIN_LOG_LEVEL"] = "2"
+from tests.checkpoints_test import _learner
+from impala_tf import checkpoints
+root, mode = sys.argv[1], sys.argv[2]
+config, learner = _learner([1024, 1024])
+i = 0
+while True:
+    i += 1
+    learner.set_policy_weights([w * 0 + i for w in learner.get_policy_weights()])
+    learner.num_grad_updates.assign(i)
+    if mode == "numbered":
+        path = checkpoints.write_checkpoint(
+            checkpoints.checkpoint_path(root, i), learner, config, {"iteration": i}
+        )
+        checkpoints.prune_checkpoints(root, 2, protect=path)
+    else:
+        path = os.path.join(root, "latest")
+        checkpoints.write_checkpoint(path, learner, config, {"iteration": i})
+    print("saved", i, flush=True)
+"""
+
+
+def test_sigkill_during_saves_leaves_the_previous_checkpoint_loadable(tmp_path):
+    """Savers of ~12 MB checkpoints are SIGKILLed at random moments (mostly mid-write)."""
+    rng = random.Random()
+    procs = {}
+    for mode in ("numbered", "same_dir"):
+        root = tmp_path / mode
+        root.mkdir()
+        procs[mode] = subprocess.Popen(
+            [sys.executable, "-c", _SAVER, str(root), mode],
+            cwd=REPO,
+            env={**os.environ, "PYTHONPATH": REPO, "TF_CPP_MIN_LOG_LEVEL": "2"},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
+        )
+    last_saved = {}
+    for mode, proc in procs.items():
+        for line in proc.stdout:  # Wait for two complete saves, then kill at a random moment.
+            if line.split() == ["saved", "2"]:
+                break
+        else:
+            pytest.fail(f"the {mode} saver died before its second save")
+        try:
+            proc.wait(timeout=rng.uniform(0.0, 0.6))
+        except subprocess.TimeoutExpired:
+            proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=30)
+        assert proc.returncode == -signal.SIGKILL
+        last_saved[mode] = max(int(line.split()[1]) for line in ["saved 2", *proc.stdout])
+
+    _, fresh = _learner([1024, 1024])
+    for mode, saved in last_saved.items():
+        directory = resolve_checkpoint_dir(str(tmp_path / mode))
+        iteration = read_driver_state(directory)["iteration"]
+        # The last completed save, or the one being renamed into place when the kill came.
+        assert iteration in (saved, saved + 1), (mode, saved, iteration)
+        checkpoints.learner_checkpoint(fresh).read(
+            os.path.join(directory, checkpoints.LEARNER_PREFIX)
+        ).assert_consumed()
+        assert int(fresh.num_grad_updates.numpy()) == iteration
+        for weight in fresh.get_policy_weights():
+            np.testing.assert_array_equal(weight, iteration)
+        if mode == "numbered":
+            assert len(list_checkpoints(str(tmp_path / mode))) <= 3
