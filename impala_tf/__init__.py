@@ -32,6 +32,8 @@ _EXPORTS = {
     "ActorPool": "impala_tf.actors.base",
     "LocalActorPool": "impala_tf.actors.local",
     "build_model": "impala_tf.models",
+    "fit": "impala_tf.loop",
+    "callbacks": None,
     "vtrace": None,
     "losses": None,
     "distributions": None,
