@@ -21,6 +21,18 @@ Multiple devices: build the learner inside `strategy.scope()` (`tf.distribute.Mi
 Each replica computes the gradient of the summed loss on its shard of sequences; the gradients
 are summed across replicas (so the update equals the single-device update on the whole batch),
 then clipped by global norm, then applied; stats are reduced across replicas the same way.
+RLlib's multi-GPU towers *average* the replica gradients; their per-tower loss is the same summed
+V-trace loss, so with n towers of B/n sequences our sum equals their average of n x the shard
+losses: averaging gradients of n * L_shard and summing gradients of L_shard are the same number.
+
+Gradient accumulation (`microbatch_size`, RLlib's `MicrobatchOptimizer`): `accumulate_step` adds
+the gradients and loss sums of one microbatch (whole sequences) to accumulator variables, and
+`apply_accumulated` applies their sum as one update and zeroes them. The losses are sums, so the
+accumulated gradient of a train batch's microbatches is the gradient of the whole batch: the
+update (clipping, optimizer state, schedules, counters, stats) equals `train_step` on the whole
+batch, while the device only ever holds one microbatch's activations. The accumulators are
+per-replica (`ON_READ`) variables, all-reduced once per update. `train_step` is the same two
+parts (gradients, then the update) without the variables in between.
 """
 
 from __future__ import annotations
@@ -131,8 +143,13 @@ class ImpalaLearner(keras.Model):
             self._value_vars = list(self.model.value_variables)
             self.policy_optimizer.build(self._policy_vars)
             self.value_optimizer.build(self._value_vars)
+            self._groups = (
+                (self.policy_optimizer, self._policy_vars),
+                (self.value_optimizer, self._value_vars),
+            )
         else:
             self.policy_optimizer.build(self.model.trainable_variables)
+            self._groups = ((self.policy_optimizer, list(self.model.trainable_variables)),)
         counter = dict(
             dtype=tf.int64,
             trainable=False,
@@ -140,6 +157,9 @@ class ImpalaLearner(keras.Model):
         )
         self.num_grad_updates = tf.Variable(0, name="num_grad_updates", **counter)
         self.num_agent_steps_trained = tf.Variable(0, name="num_agent_steps_trained", **counter)
+        self._accumulators: _Accumulators | None = (
+            _Accumulators(self._groups) if config.microbatch_size is not None else None
+        )
         self.compile(optimizer=self.policy_optimizer, jit_compile=False)
         # Every variable exists now; telling Keras so stops `fit` from calling the model on a
         # batch to build it.
@@ -199,12 +219,58 @@ class ImpalaLearner(keras.Model):
     def train_step(self, data):
         """Applies one V-trace update to a batch and returns RLlib's learner stats."""
         batch, _, _ = keras.utils.unpack_x_y_sample_weight(data)
-        batch = self.time_major(batch)
-        config = self.config
-        ctx = tf.distribute.get_replica_context()
-        num_replicas = ctx.num_replicas_in_sync
         cur_lr, entropy_coeff = self._schedules()
+        grads, sums, rows = self._gradients(self.time_major(batch), entropy_coeff)
+        return self._apply(grads, sums, rows, cur_lr, entropy_coeff)
 
+    def accumulate_step(self, data) -> tf.Tensor:
+        """Adds one microbatch's gradients and loss sums to the accumulators; no update.
+
+        Call it in replica context (`strategy.run`), once per microbatch of a train batch, then
+        `apply_accumulated` once. Needs `microbatch_size` in the config.
+
+        Returns:
+          int64 scalar, the env steps of this replica's shard of the microbatch.
+        """
+        if self._accumulators is None:
+            raise ValueError("accumulate_step needs `microbatch_size` set in the config")
+        batch, _, _ = keras.utils.unpack_x_y_sample_weight(data)
+        # The step count only moves in `apply_accumulated`: every microbatch of a train batch
+        # sees the entropy coefficient the whole batch would.
+        _, entropy_coeff = self._schedules()
+        grads, sums, rows = self._gradients(self.time_major(batch), entropy_coeff)
+        self._accumulators.add(grads, sums, rows)
+        return rows
+
+    def apply_accumulated(self) -> dict[str, tf.Tensor]:
+        """Applies the accumulated gradients as one update, zeroes them, returns the stats.
+
+        Call it in replica context after the `accumulate_step`s of one train batch; the update
+        and stats are those `train_step` gives on the whole batch.
+        """
+        if self._accumulators is None:
+            raise ValueError("apply_accumulated needs `microbatch_size` set in the config")
+        cur_lr, entropy_coeff = self._schedules()
+        grads, sums, rows = self._accumulators.read()
+        stats = self._apply(grads, sums, rows, cur_lr, entropy_coeff)
+        # Automatic control dependencies order these writes after the reads above.
+        self._accumulators.reset()
+        return stats
+
+    def _gradients(
+        self, batch: dict[str, tf.Tensor], entropy_coeff: tf.Tensor
+    ) -> tuple[list[list[tf.Tensor]], losses.LossSums, tf.Tensor]:
+        """This replica's loss sums and the gradients of its summed loss, per optimizer group.
+
+        Args:
+          batch: Time-major columns ([T, B, ...]) of this replica's sequences.
+          entropy_coeff: float32 scalar, the entropy coefficient.
+
+        Returns:
+          (grads, sums, rows): for each `(optimizer, variables)` of `self._groups` the list of
+          float gradients (zeros where a variable has none); the `LossSums`; int64 env steps.
+        """
+        config = self.config
         terminateds = tf.cast(batch["terminateds"], tf.bool)
         truncateds = tf.cast(batch["truncateds"], tf.bool)
         dones = tf.logical_or(terminateds, truncateds)
@@ -236,44 +302,51 @@ class ImpalaLearner(keras.Model):
                 drop_last_ts=config.vtrace_drop_last_ts,
             )
             if self._separate_vf:
-                policy_loss = out.sums.pi_loss - entropy_coeff * out.sums.entropy
-                value_loss = out.sums.vf_loss
+                group_losses = [
+                    out.sums.pi_loss - entropy_coeff * out.sums.entropy,
+                    out.sums.vf_loss,
+                ]
+            else:
+                group_losses = [out.total_loss]
 
-        if self._separate_vf:
-            groups = [
-                (
-                    self.policy_optimizer,
-                    self._policy_vars,
-                    tape.gradient(policy_loss, self._policy_vars),
-                ),
-                (
-                    self.value_optimizer,
-                    self._value_vars,
-                    tape.gradient(value_loss, self._value_vars),
-                ),
-            ]
-            del tape
-        else:
-            variables = self.model.trainable_variables
-            groups = [(self.policy_optimizer, variables, tape.gradient(out.total_loss, variables))]
+        grads = []
+        for loss, (_, variables) in zip(group_losses, self._groups):
+            group = tape.gradient(loss, variables)
+            grads.append([tf.zeros_like(v) if g is None else g for g, v in zip(group, variables)])
+        del tape
+        rows = tf.cast(tf.size(batch["rewards"]), tf.int64)
+        return grads, out.sums, rows
 
+    def _apply(
+        self,
+        grads: list[list[tf.Tensor]],
+        sums: losses.LossSums,
+        rows: tf.Tensor,
+        cur_lr: tf.Tensor,
+        entropy_coeff: tf.Tensor,
+    ) -> dict[str, tf.Tensor]:
+        """All-reduces this replica's gradients and sums, clips, applies; returns the stats."""
+        config = self.config
+        ctx = tf.distribute.get_replica_context()
+        num_replicas = ctx.num_replicas_in_sync
         self.policy_optimizer.learning_rate.assign(cur_lr)
-        all_grads = []
-        for optimizer, variables, grads in groups:
-            grads = [tf.zeros_like(v) if g is None else g for g, v in zip(grads, variables)]
-            # Sum over replicas = the gradient of the whole batch's summed loss.
-            grads = ctx.all_reduce(tf.distribute.ReduceOp.SUM, grads)
-            all_grads.extend(grads)
-            if config.grad_clip is not None:
-                grads, _ = tf.clip_by_global_norm(grads, config.grad_clip)
-            # Keras' optimizer sums the gradients over replicas once more; hand it 1/n of each.
-            optimizer.apply_gradients([(g / num_replicas, v) for g, v in zip(grads, variables)])
-
-        sums = losses.LossSums(*ctx.all_reduce(tf.distribute.ReduceOp.SUM, list(out.sums)))
-        num_valid = tf.maximum(sums.num_valid, 1.0)
-        rows = ctx.all_reduce(
-            tf.distribute.ReduceOp.SUM, tf.cast(tf.size(batch["rewards"]), tf.int64)
+        # Sum over replicas = the gradient of the whole batch's summed loss. One all-reduce for
+        # every group: separate ones may run in a different order on each replica.
+        all_grads = ctx.all_reduce(
+            tf.distribute.ReduceOp.SUM, [g for group in grads for g in group]
         )
+        offset = 0
+        for optimizer, variables in self._groups:
+            group = all_grads[offset : offset + len(variables)]
+            offset += len(variables)
+            if config.grad_clip is not None:
+                group, _ = tf.clip_by_global_norm(group, config.grad_clip)
+            # Keras' optimizer sums the gradients over replicas once more; hand it 1/n of each.
+            optimizer.apply_gradients([(g / num_replicas, v) for g, v in zip(group, variables)])
+
+        sums = losses.LossSums(*ctx.all_reduce(tf.distribute.ReduceOp.SUM, list(sums)))
+        num_valid = tf.maximum(sums.num_valid, 1.0)
+        rows = ctx.all_reduce(tf.distribute.ReduceOp.SUM, rows)
         self.num_grad_updates.assign_add(1)
         self.num_agent_steps_trained.assign_add(rows)
         return {
@@ -302,3 +375,49 @@ class ImpalaLearner(keras.Model):
     def set_policy_weights(self, weights: list[np.ndarray]) -> None:
         """Sets the model's weights from `get_policy_weights()` output."""
         self.model.set_weights(weights)
+
+
+class _Accumulators:
+    """Per-replica sums of microbatch gradients, loss sums and env steps (gradient accumulation).
+
+    The variables are `ON_READ`: each replica adds to its own copy, with no communication per
+    microbatch; `ImpalaLearner._apply` all-reduces the read values once per update. Create it
+    inside the learner's `strategy.scope()`.
+
+    Args:
+      groups: The learner's `(optimizer, variables)` pairs; one accumulator per variable.
+    """
+
+    def __init__(self, groups):
+        local = dict(
+            trainable=False,
+            synchronization=tf.VariableSynchronization.ON_READ,
+            aggregation=tf.VariableAggregation.SUM,
+        )
+        self.grads = [
+            [
+                tf.Variable(tf.zeros(v.shape, v.dtype), name=f"grad_accumulator_{i}", **local)
+                for i, v in enumerate(variables)
+            ]
+            for _, variables in groups
+        ]
+        self.sums = tf.Variable(tf.zeros([len(losses.LossSums._fields)]), name="sums", **local)
+        self.rows = tf.Variable(tf.constant(0, tf.int64), name="rows", **local)
+
+    def add(self, grads: list[list[tf.Tensor]], sums: losses.LossSums, rows: tf.Tensor) -> None:
+        for accumulators, group in zip(self.grads, grads):
+            for accumulator, grad in zip(accumulators, group):
+                accumulator.assign_add(grad)
+        self.sums.assign_add(tf.stack(list(sums)))
+        self.rows.assign_add(rows)
+
+    def read(self) -> tuple[list[list[tf.Tensor]], losses.LossSums, tf.Tensor]:
+        grads = [[a.read_value() for a in accumulators] for accumulators in self.grads]
+        return grads, losses.LossSums(*tf.unstack(self.sums.read_value())), self.rows.read_value()
+
+    def reset(self) -> None:
+        for accumulators in self.grads:
+            for accumulator in accumulators:
+                accumulator.assign(tf.zeros_like(accumulator))
+        self.sums.assign(tf.zeros_like(self.sums))
+        self.rows.assign(tf.zeros_like(self.rows))

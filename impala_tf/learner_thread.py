@@ -1,19 +1,40 @@
 """`LearnerThread`: the background thread that trains the `ImpalaLearner` on queued batches.
 
 RLlib's contract (SEMANTICS.md section 3): the driver puts train batches on a bounded `inqueue`
-(`learner_queue_size`); the thread takes them through a `MinibatchBuffer` (each batch reused
-`num_sgd_iter` times, `minibatch_buffer_size` slots), trains, and puts `(env_steps, agent_steps,
-stats)` on an unbounded `outqueue`. If no batch arrives for `learner_queue_timeout` seconds the
-thread stops with a `LearnerQueueTimeout` that names the settings to change.
+(`learner_queue_size`); the thread trains on each `num_sgd_iter` times through a
+`MinibatchBuffer` (`minibatch_buffer_size` slots), and puts `(env_steps, agent_steps, stats)` on
+an unbounded `outqueue`, one entry per update. If no batch arrives for `learner_queue_timeout`
+seconds the thread stops with a `LearnerQueueTimeout` that names the settings to change.
 
-Here the buffer feeds the `tf.data` loader of `impala_tf.pipeline`, which prefetches batches onto
-the learner devices; the thread pulls each distributed batch from it and runs one compiled,
-distributed `train_step`, calling the Keras callbacks it was given around each step (so
-`keras.callbacks.Callback`s work as under `fit`).
+Loading (RLlib's multi-GPU tower stacks). A `tf.data` pipeline (`impala_tf.pipeline`) is the
+loader: its source, running in a tf.data thread, takes batches off the inqueue, splits each unit
+(the batch, or its microbatches) into per-device shards and hands them to the dataset, which
+copies them onto the learner devices. Units occupy *slots*: `num_multi_gpu_tower_stacks` of them
+(at least `minibatch_buffer_size`, so the buffer's ring always fits). The loader fills a free slot
+while the learner trains on the others, and a slot is freed only when its unit has had its last
+pass. So at most that many units are on the devices or in the pipeline, and with one slot loading
+and training alternate, as in RLlib.
 
-Timers (mean milliseconds in `info.timing_breakdown`): `learner_dequeue_time_ms` waiting on the
-inqueue, `learner_load_time_ms` assembling a batch for the loader, `learner_load_wait_time_ms`
-waiting for the loader's next device batch, `learner_grad_time_ms` the update itself.
+Without `microbatch_size`, the unit is the train batch and the minibatch buffer holds *device*
+batches: each of the `num_sgd_iter` passes reuses the batch already on the devices. With
+`microbatch_size`, the unit is a microbatch; the learner adds each one's gradients to its
+accumulators and applies them after the last microbatch of the train batch (one update); the
+minibatch buffer then holds the host batch and every pass streams its microbatches again, so the
+full train batch never lives on a device.
+
+Timers (mean milliseconds in `info.timing_breakdown`): `learner_dequeue_time_ms` the loader
+waiting on the inqueue; `learner_load_time_ms` the loader's work per unit (decompression, cutting
+into device shards, layout and dtype conversion, checks; the host->device copy then runs
+asynchronously in the dataset); `learner_load_wait_time_ms` the learner waiting for its next
+unit (nonzero when loading, or sampling, is slower than training); `learner_grad_time_ms` one
+update. With microbatches the learner stats add the seed's `sample_time_ms` (waiting for a
+microbatch), `grad_time_ms` (one microbatch's gradients), `update_time_ms` (applying the
+accumulated gradients; RLlib's timed its synchronous weight broadcast here, ours is the
+driver's), `opt_peak_throughput` and `sample_peak_throughput` (env steps/s of those two) and
+`opt_samples` (env steps per microbatch).
+
+A loader that fails (a malformed batch, a timeout) stores its exception in `error` and ends the
+dataset, so the thread ends and the driver raises from it; it never leaves the learner waiting.
 """
 
 from __future__ import annotations
@@ -23,10 +44,11 @@ import copy
 import queue
 import threading
 import time
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Callable, Iterator
+from typing import Any, NamedTuple
 
 import keras
+import numpy as np
 import tensorflow as tf
 
 from impala_tf import pipeline
@@ -37,6 +59,7 @@ from impala_tf.stats import TimerStat, WindowStat, timer_ms
 __all__ = ["LearnerQueueTimeout", "LearnerThread", "MinibatchBuffer", "TrainBatch"]
 
 _POLL_S = 0.1
+_END_OF_DATA = (StopIteration, tf.errors.OutOfRangeError, EOFError)
 
 
 class LearnerQueueTimeout(RuntimeError):
@@ -63,61 +86,42 @@ class TrainBatch:
 
 
 class MinibatchBuffer:
-    """RLlib's ring of `size` batches, each served `num_passes` times before it is replaced.
+    """RLlib's ring of `size` slots, each serving its item `num_passes` times before refilling.
 
     Args:
-      inqueue: Where new batches come from.
+      fetch: Returns a new item for an expired slot (may block; its exceptions propagate).
       size: Number of slots (`minibatch_buffer_size`).
-      timeout: Seconds to wait for a new batch before `LearnerQueueTimeout`.
-      num_passes: Times each batch is served (`num_sgd_iter`).
-      stopped: Event that ends a wait early (then `get` raises `queue.Empty`).
+      num_passes: Times each item is served (`num_sgd_iter`).
     """
 
-    def __init__(
-        self,
-        inqueue: queue.Queue,
-        size: int,
-        timeout: float,
-        num_passes: int,
-        stopped: threading.Event | None = None,
-    ):
-        self.inqueue = inqueue
+    def __init__(self, fetch: Callable[[], Any], size: int, num_passes: int):
+        self.fetch = fetch
         self.size = max(1, int(size))
-        self.timeout = float(timeout)
         self.num_passes = max(1, int(num_passes))
-        self.stopped = stopped or threading.Event()
         self.buffers: list[Any] = [None] * self.size
         self.ttl = [0] * self.size
         self.idx = 0
 
-    def _wait(self) -> Any:
-        deadline = time.monotonic() + self.timeout
-        while not self.stopped.is_set():
-            try:
-                return self.inqueue.get(timeout=min(_POLL_S, max(0.0, deadline - time.monotonic())))
-            except queue.Empty:
-                if time.monotonic() >= deadline:
-                    raise LearnerQueueTimeout(
-                        f"The learner received no train batch for {self.timeout:g} s "
-                        f"(learner_queue_timeout={self.timeout:g}). The actors are sampling too "
-                        "slowly for the learner: raise `learner_queue_timeout`, or add actors "
-                        "(`num_env_runners`, `num_envs_per_env_runner`), or check that the env "
-                        "steps at all."
-                    ) from None
-        raise queue.Empty
-
     def get(self) -> tuple[Any, bool]:
-        """Returns (batch, released): `released` is True when this was the batch's last pass."""
+        """Returns (item, released): `released` is True when this was the item's last pass."""
         if self.ttl[self.idx] <= 0:
-            self.buffers[self.idx] = self._wait()
+            self.buffers[self.idx] = self.fetch()
             self.ttl[self.idx] = self.num_passes
-        batch = self.buffers[self.idx]
+        item = self.buffers[self.idx]
         self.ttl[self.idx] -= 1
         released = self.ttl[self.idx] <= 0
         if released:
             self.buffers[self.idx] = None
         self.idx = (self.idx + 1) % self.size
-        return batch, released
+        return item, released
+
+
+class _UnitInfo(NamedTuple):
+    """What the learner needs to know about a unit the loader put in the dataset."""
+
+    env_steps: int
+    policy_version: float
+    last: bool  # The last unit of its train batch's pass: the update happens after it.
 
 
 class LearnerThread(threading.Thread):
@@ -126,9 +130,13 @@ class LearnerThread(threading.Thread):
     Args:
       learner: The `ImpalaLearner` (built inside `strategy.scope()`).
       strategy: The learner's distribution strategy.
-      signature: `pipeline.batch_signature(...)` of one replica's shard.
+      signature: `pipeline.batch_signature(...)` of one replica's shard of a unit.
       callbacks: Keras callbacks called around each update (`on_train_batch_begin/end` with the
         stats as logs, `on_train_begin/end`).
+
+    Raises:
+      ValueError: `microbatch_size` does not cut the train batch into whole, evenly sharded
+        microbatches (see `pipeline.microbatches_per_batch`).
     """
 
     def __init__(
@@ -142,88 +150,237 @@ class LearnerThread(threading.Thread):
         config = learner.config
         self.learner = learner
         self.strategy = strategy
+        self.num_replicas = strategy.num_replicas_in_sync
+        self.num_microbatches = pipeline.microbatches_per_batch(config, self.num_replicas)
+        self._micro_rows = pipeline.microbatch_rows(config, self.num_replicas)
+        self.microbatching = self._micro_rows is not None
+        self._signature = signature
         self.inqueue: queue.Queue = queue.Queue(maxsize=int(config.learner_queue_size))
         self.outqueue: queue.Queue = queue.Queue()
         self._stopped = threading.Event()
-        self.minibatch_buffer = MinibatchBuffer(
-            self.inqueue,
-            size=config.minibatch_buffer_size,
-            timeout=config.learner_queue_timeout,
-            num_passes=config.num_sgd_iter,
-            stopped=self._stopped,
-        )
+        self._timeout = float(config.learner_queue_timeout)
+        size, passes = int(config.minibatch_buffer_size), int(config.num_sgd_iter)
+        if self.microbatching:
+            # Passes re-stream the host batch: the ring holds train batches off the inqueue.
+            self.minibatch_buffer = MinibatchBuffer(self._wait_for_batch, size, passes)
+            self.num_slots = int(config.num_multi_gpu_tower_stacks)
+        else:
+            # Passes reuse the device batch: the ring holds units out of the dataset.
+            self.minibatch_buffer = MinibatchBuffer(self._next_unit, size, passes)
+            self.num_slots = max(int(config.num_multi_gpu_tower_stacks), self.minibatch_buffer.size)
+        self._free_slots = threading.Semaphore(self.num_slots)
         self.learner_queue_size = WindowStat("size", 50)
         self.queue_timer = TimerStat()
         self.load_timer = TimerStat()
         self.load_wait_timer = TimerStat()
         self.grad_timer = TimerStat()
+        # The microbatch optimizer's own stats (seed 004).
+        self.sample_timer = TimerStat()
+        self.microbatch_grad_timer = TimerStat()
+        self.update_timer = TimerStat()
         self.num_steps = 0
         self.stats: dict[str, Any] = {}
         self.error: BaseException | None = None
-        # Held during each update, so a checkpoint sees weights, optimizer state and counters
-        # from the same step.
+        # Held during each update (each microbatch's gradients, each apply), so a checkpoint sees
+        # weights, optimizer state and counters from the same step.
         self.lock = threading.RLock()
-        self._meta: collections.deque = collections.deque()
+        self._units: collections.deque[_UnitInfo] = collections.deque()
+        self._iterator: Iterator | None = None
+        self._accumulated = _Accumulation()
         self._callbacks = keras.callbacks.CallbackList(
             callbacks or [], add_history=False, add_progbar=False, model=learner
         )
-        self._dataset = pipeline.make_dataset(self._batches, signature, config, strategy)
+        self._dataset = pipeline.make_dataset(
+            self._shards, signature, strategy, buffer_size=self.num_slots
+        )
         # Autograph is not needed (the graph code is explicit) and costs seconds of tracing.
         self._train_fn = tf.function(self._distributed_step, autograph=False)
+        self._accumulate_fn = tf.function(self._distributed_accumulate, autograph=False)
+        self._apply_fn = tf.function(self._distributed_apply, autograph=False)
 
     @property
     def stopped(self) -> bool:
         return self._stopped.is_set()
 
-    def _batches(self) -> Iterator[SampleBatch]:
-        """The loader's source: batches from the minibatch buffer, timed."""
+    # The loader (runs in a tf.data thread) ----------------------------------------------------
+
+    def _wait_for_batch(self) -> TrainBatch:
+        """Takes the next batch off the inqueue; `queue.Empty` once stopped."""
+        deadline = time.monotonic() + self._timeout
         while not self._stopped.is_set():
             try:
-                with self.queue_timer:
-                    item, _ = self.minibatch_buffer.get()
+                return self.inqueue.get(timeout=min(_POLL_S, max(0.0, deadline - time.monotonic())))
             except queue.Empty:
-                return
-            except LearnerQueueTimeout as e:
-                self.error = e
-                return
-            with self.load_timer:
-                batch = pipeline.decompress_if_needed(item.batch)
-            self._meta.append((item.env_steps, item.policy_version))
-            yield batch
+                if time.monotonic() >= deadline:
+                    raise LearnerQueueTimeout(
+                        f"The learner received no train batch for {self._timeout:g} s "
+                        f"(learner_queue_timeout={self._timeout:g}). The actors are sampling too "
+                        "slowly for the learner: raise `learner_queue_timeout`, or add actors "
+                        "(`num_env_runners`, `num_envs_per_env_runner`), or check that the env "
+                        "steps at all."
+                    ) from None
+        raise queue.Empty
+
+    def _acquire_slot(self) -> bool:
+        while not self._stopped.is_set():
+            if self._free_slots.acquire(timeout=_POLL_S):
+                return True
+        return False
+
+    def _next_train_batch(self) -> TrainBatch:
+        start = time.perf_counter()
+        if self.microbatching:
+            item, _ = self.minibatch_buffer.get()
+        else:
+            item = self._wait_for_batch()
+        # Only completed waits count: the one that a stop interrupts is not a dequeue.
+        self.queue_timer.push(time.perf_counter() - start)
+        return item
+
+    def _cut(self, item: TrainBatch) -> list[tuple[SampleBatch, _UnitInfo]]:
+        """The units of one pass over a train batch: the batch itself, or its microbatches."""
+        batch = item.batch
+        if not self.microbatching:
+            return [(batch, _UnitInfo(batch.env_steps, item.policy_version, True))]
+        batch = pipeline.decompress_if_needed(batch)
+        rows = self._micro_rows
+        if len(batch) % rows:
+            raise ValueError(
+                f"A train batch of {len(batch)} sequences cannot be cut into microbatches of "
+                f"{rows} (`microbatch_size` / `rollout_fragment_length`)."
+            )
+        units = []
+        for start in range(0, len(batch), rows):
+            micro = batch.slice(start, start + rows)
+            last = start + rows == len(batch)
+            units.append((micro, _UnitInfo(micro.env_steps, item.policy_version, last)))
+        return units
+
+    def _shards(self) -> Iterator[dict[str, np.ndarray]]:
+        """The dataset's source: the device shards of each unit, one slot per unit."""
+        pending: collections.deque = collections.deque()
+        try:
+            while self._acquire_slot():
+                start = None
+                if not pending:
+                    item = self._next_train_batch()
+                    start = time.perf_counter()
+                    pending.extend(self._cut(item))
+                unit, info = pending.popleft()
+                start = start or time.perf_counter()
+                shards = pipeline.replica_shards(unit, self._signature, self.num_replicas)
+                self.load_timer.push(time.perf_counter() - start)
+                self._units.append(info)
+                yield from shards
+        except queue.Empty:  # Stopped while waiting for a batch.
+            return
+        except BaseException as e:  # noqa: BLE001 - ends the dataset; `run` reports it.
+            self.error = e
+            return
+
+    # The learner -----------------------------------------------------------------------------
+
+    def _next_unit(self) -> tuple[Any, _UnitInfo]:
+        data = next(self._iterator)
+        return data, self._units.popleft()
 
     def _distributed_step(self, data):
         outputs = self.strategy.run(self.learner.train_step, args=(data,))
         # Every replica returns the same (all-reduced) stats.
         return self.strategy.experimental_local_results(outputs)[0]
 
+    def _distributed_accumulate(self, data):
+        rows = self.strategy.run(self.learner.accumulate_step, args=(data,))
+        return self.strategy.experimental_local_results(rows)[0]
+
+    def _distributed_apply(self):
+        outputs = self.strategy.run(self.learner.apply_accumulated)
+        return self.strategy.experimental_local_results(outputs)[0]
+
+    def _trace(self) -> None:
+        """Traces the update functions now (while the actors start), not on the first batch."""
+        spec = self._dataset.element_spec
+        if self.microbatching:
+            self._accumulate_fn.get_concrete_function(spec)
+            self._apply_fn.get_concrete_function()
+        else:
+            self._train_fn.get_concrete_function(spec)
+
     def run(self) -> None:
         # An error ends the thread and is kept in `self.error`; the driver, seeing the thread
         # dead, raises RLlib's "The learner thread died while training!" from it.
         try:
             self._callbacks.on_train_begin()
-            # Trace the update now, while the actors start, rather than on the first batch.
-            self._train_fn.get_concrete_function(self._dataset.element_spec)
-            iterator = iter(self._dataset)
+            self._trace()
+            self._iterator = iter(self._dataset)
             while not self._stopped.is_set() and self.error is None:
-                with self.load_wait_timer:
-                    try:
-                        data = next(iterator)
-                    except (StopIteration, tf.errors.OutOfRangeError):
-                        break
-                self.step(data)
+                start = time.perf_counter()
+                try:
+                    if self.microbatching:
+                        (data, info), released = self._next_unit(), True
+                    else:
+                        (data, info), released = self.minibatch_buffer.get()
+                except _END_OF_DATA:
+                    break
+                waited = time.perf_counter() - start
+                self.load_wait_timer.push(waited)
+                if self.microbatching:
+                    self.sample_timer.push(waited)
+                    self.sample_timer.push_units_processed(info.env_steps)
+                    self._accumulate(data, info)
+                else:
+                    self.step(data, info)
+                if released:
+                    self._free_slots.release()
             if self.error is None:
                 self._callbacks.on_train_end()
         except BaseException as e:  # noqa: BLE001 - handed to the driver.
             if self.error is None:
                 self.error = e
 
-    def step(self, data) -> None:
-        """Runs one update on a distributed batch and reports it."""
-        env_steps, policy_version = self._meta.popleft()
+    def step(self, data, info: _UnitInfo) -> None:
+        """Runs one update on a distributed train batch and reports it."""
         self._callbacks.on_train_batch_begin(self.num_steps)
         with self.grad_timer, self.lock:
             updates_before = int(self.learner.num_grad_updates.numpy())
             stats = {k: v.numpy().item() for k, v in self._train_fn(data).items()}
+        self._report(stats, info.env_steps, info.policy_version, updates_before)
+
+    def _accumulate(self, data, info: _UnitInfo) -> None:
+        """Adds one microbatch's gradients; after the train batch's last one, updates."""
+        acc = self._accumulated
+        if acc.microbatches == 0:
+            self._callbacks.on_train_batch_begin(self.num_steps)
+            acc.updates_before = int(self.learner.num_grad_updates.numpy())
+        start = time.perf_counter()
+        with self.lock:
+            self._accumulate_fn(data).numpy()  # .numpy() waits for the device.
+        seconds = time.perf_counter() - start
+        self.microbatch_grad_timer.push(seconds)
+        self.microbatch_grad_timer.push_units_processed(info.env_steps)
+        acc.add(info.env_steps, seconds)
+        if not info.last:
+            return
+        start = time.perf_counter()
+        with self.lock:
+            stats = {k: v.numpy().item() for k, v in self._apply_fn().items()}
+        seconds = time.perf_counter() - start
+        self.update_timer.push(seconds)
+        self.grad_timer.push(acc.grad_seconds + seconds)
+        stats.update(
+            sample_time_ms=timer_ms(self.sample_timer),
+            grad_time_ms=timer_ms(self.microbatch_grad_timer),
+            update_time_ms=timer_ms(self.update_timer),
+            opt_peak_throughput=round(self.microbatch_grad_timer.mean_throughput, 3),
+            sample_peak_throughput=round(self.sample_timer.mean_throughput, 3),
+            opt_samples=round(self.microbatch_grad_timer.mean_units_processed, 3),
+        )
+        self._report(stats, acc.env_steps, info.policy_version, acc.updates_before)
+        self._accumulated = _Accumulation()
+
+    def _report(
+        self, stats: dict[str, Any], env_steps: int, policy_version: float, updates_before: int
+    ) -> None:
         stats["diff_num_grad_updates_vs_sampler_policy"] = float(updates_before - policy_version)
         self.stats = stats
         self.num_steps += 1
@@ -251,3 +408,18 @@ class LearnerThread(threading.Thread):
 
     def latest_stats(self) -> dict[str, Any]:
         return copy.deepcopy(self.stats)
+
+
+class _Accumulation:
+    """The learner thread's tally of the microbatches accumulated towards the next update."""
+
+    def __init__(self):
+        self.microbatches = 0
+        self.env_steps = 0
+        self.grad_seconds = 0.0
+        self.updates_before = 0
+
+    def add(self, env_steps: int, seconds: float) -> None:
+        self.microbatches += 1
+        self.env_steps += env_steps
+        self.grad_seconds += seconds

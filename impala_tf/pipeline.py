@@ -1,14 +1,22 @@
-"""The loader: fragments -> fixed-size train batches -> a distributed `tf.data` pipeline.
+"""The loader: train batches -> per-replica shards -> a `tf.data` pipeline onto the learner devices.
 
-This replaces RLlib's loader threads. `BatchBuilder` concatenates the env sequences of incoming
-fragments into train batches of exactly `rows_per_batch(config)` sequences (RLlib concatenates
-whole fragments until at least `train_batch_size` steps, so its batches vary in size; fixed
-shapes let the train step be traced once). `make_dataset` turns a Python source of such batches
-into a `tf.data.Dataset` of flat RLlib-layout columns ([B * T, ...], env-contiguous), distributed
-with the learner's strategy and prefetched onto the learner devices `num_multi_gpu_tower_stacks`
-batches deep. The dataset yields per-replica shards of B / num_replicas whole sequences
-(`distribute_datasets_from_function` hands consecutive elements to consecutive replicas), so
-per-step columns [B * T, ...] and per-sequence columns [B, ...] (RNN state) stay aligned.
+This replaces RLlib's loader threads. Train batches (`SampleBatch`es of `rows_per_batch(config)`
+sequences, cut by `impala_tf.batching.BatchBuilder`; B is sequences, T is time) reach the learner
+thread, which cuts them into *units*: the whole batch, or with `microbatch_size` its microbatches
+of `microbatch_rows(config)` sequences. `replica_shards` splits a unit into one shard of whole
+sequences per learner device, in RLlib's flat layout (per-step columns [B * T, ...],
+env-contiguous; per-sequence columns such as RNN state [B, ...]), checked against
+`batch_signature`. `make_dataset` turns a Python source of shards into a `tf.data.Dataset`
+distributed with the learner's strategy and copied onto the learner devices ahead of use
+(`experimental_fetch_to_device`; with one GPU and the default strategy, through a
+`OneDeviceStrategy`), so the host->device copy of the next unit overlaps training on the current
+one; with one CPU device it is a plain prefetching dataset. `distribute_datasets_from_function`
+hands consecutive elements to consecutive replicas, so per-step and per-sequence columns stay
+aligned.
+
+How many units are loaded ahead is bounded by the learner thread (its tower-stack slots), not by
+the dataset: the prefetch buffers are sized to that bound and the source blocks when it is
+reached.
 """
 
 from __future__ import annotations
@@ -22,9 +30,70 @@ import tensorflow as tf
 from impala_tf import distributions
 from impala_tf.batching import BatchBuilder, rows_per_batch  # TF-free: aggregators use them
 from impala_tf.config import ImpalaConfig
-from impala_tf.sample_batch import SampleBatch, decompress, to_flat
+from impala_tf.sample_batch import SampleBatch, decompress, is_per_sequence_column, to_flat
 
-__all__ = ["BatchBuilder", "rows_per_batch", "batch_signature", "make_dataset"]
+__all__ = [
+    "BatchBuilder",
+    "batch_signature",
+    "make_dataset",
+    "microbatch_rows",
+    "microbatches_per_batch",
+    "replica_shards",
+    "rows_per_batch",
+    "unit_rows",
+]
+
+
+def microbatch_rows(config: ImpalaConfig, num_replicas: int = 1) -> int | None:
+    """Sequences per microbatch, `microbatch_size / rollout_fragment_length`; None without one.
+
+    Raises:
+      ValueError: `microbatch_size` is not a whole number of sequences, or its sequences do not
+        divide evenly over the `num_replicas` learner devices (the message names the keys).
+    """
+    size = config.microbatch_size
+    if size is None:
+        return None
+    horizon = int(config.rollout_fragment_length)
+    if size % horizon:
+        raise ValueError(
+            f"`microbatch_size` ({size}) must be a multiple of `rollout_fragment_length` "
+            f"({horizon}): microbatches are whole env sequences, so the recurrent state and the "
+            "V-trace targets of a sequence are never split."
+        )
+    rows = size // horizon
+    if rows % num_replicas:
+        raise ValueError(
+            f"`microbatch_size` ({size}) is {rows} sequences of {horizon} steps, which do not "
+            f"divide evenly over the {num_replicas} learner devices (`num_gpus`): use a "
+            f"multiple of {num_replicas * horizon}."
+        )
+    return rows
+
+
+def microbatches_per_batch(config: ImpalaConfig, num_replicas: int = 1) -> int:
+    """Microbatches in one train batch (one update); 1 without `microbatch_size`.
+
+    Raises:
+      ValueError: the train batch is not a whole number of microbatches.
+    """
+    micro = microbatch_rows(config, num_replicas)
+    if micro is None:
+        return 1
+    rows = rows_per_batch(config, num_replicas)
+    if rows % micro:
+        raise ValueError(
+            f"`train_batch_size` ({config.train_batch_size}) must be a multiple of "
+            f"`microbatch_size` ({config.microbatch_size}): a train batch of {rows} sequences "
+            f"cannot be cut into microbatches of {micro}."
+        )
+    return rows // micro
+
+
+def unit_rows(config: ImpalaConfig, num_replicas: int = 1) -> int:
+    """Sequences per unit the device receives: a microbatch, or else the whole train batch."""
+    micro = microbatch_rows(config, num_replicas)
+    return micro if micro is not None else rows_per_batch(config, num_replicas)
 
 
 def batch_signature(
@@ -34,8 +103,20 @@ def batch_signature(
     num_replicas: int = 1,
     state_shapes: tuple[tuple[int, ...], ...] = (),
 ) -> dict[str, tf.TensorSpec]:
-    """The `tf.TensorSpec`s of one replica's shard of a flat train batch."""
-    rows = rows_per_batch(config, num_replicas) // num_replicas
+    """The `tf.TensorSpec`s of one replica's shard of a unit (train batch or microbatch).
+
+    Args:
+      config: Uses `train_batch_size`, `microbatch_size`, `rollout_fragment_length`.
+      observation_space: The env's observation space (obs dtype and shape).
+      action_space: The env's action space.
+      num_replicas: Learner devices.
+      state_shapes: Shapes (without the batch dimension) of the model's recurrent state.
+
+    Returns:
+      Column name -> spec, flat layout: per-step columns [B * T, ...], state columns [B, ...],
+      with B = `unit_rows(config, num_replicas) / num_replicas`.
+    """
+    rows = unit_rows(config, num_replicas) // num_replicas
     steps = rows * config.rollout_fragment_length
     obs_dtype = tf.as_dtype(observation_space.dtype or np.float32)
     act_dtype = tf.as_dtype(distributions.action_dtype(action_space))
@@ -57,53 +138,108 @@ def batch_signature(
     return spec
 
 
-def make_dataset(
-    source: Callable[[], Iterator[SampleBatch]],
-    signature: dict[str, tf.TensorSpec],
-    config: ImpalaConfig,
-    strategy: tf.distribute.Strategy,
-):
-    """Builds the distributed input pipeline over a generator of train batches.
+def replica_shards(
+    batch: SampleBatch, signature: dict[str, tf.TensorSpec], num_replicas: int
+) -> list[dict[str, np.ndarray]]:
+    """Splits a unit into `num_replicas` flat shards of whole sequences, checked and cast.
 
     Args:
-      source: Called once; yields `SampleBatch`es of `rows_per_batch(config)` sequences.
-      signature: `batch_signature(...)` of one replica's shard.
-      config: Uses `num_gpu_loader_threads` (parallel decompression and conversion) and
-        `num_multi_gpu_tower_stacks` (batches prefetched onto the devices).
-      strategy: The learner's distribution strategy.
+      batch: A unit in sequence layout (per-step columns [B, T, ...]), B divisible by
+        `num_replicas`; compressed observations are decompressed.
+      signature: `batch_signature(...)`: the columns, dtypes and shapes of one shard.
+      num_replicas: Learner devices.
 
     Returns:
-      A distributed dataset whose elements are per-replica dicts of flat columns.
+      One dict of numpy columns per replica, in replica order.
+
+    Raises:
+      ValueError: a column is missing, cannot be cast, or has the wrong shape; the message names
+        the column, its shape and the expected one.
     """
-    keys = list(signature)
-    num_replicas = strategy.num_replicas_in_sync
-    stacks = max(1, int(config.num_multi_gpu_tower_stacks))
+    if batch.compressed:
+        batch = decompress(batch)
+    missing = [k for k in signature if k not in batch]
+    if missing:
+        raise ValueError(
+            f"The train batch lacks column(s) {missing} that the learner needs (it has "
+            f"{sorted(batch)})."
+        )
+    rows = len(batch) // num_replicas
+    shards = []
+    for r in range(num_replicas):
+        columns = to_flat(batch.slice(r * rows, (r + 1) * rows))
+        shard = {}
+        for key, spec in signature.items():
+            column = columns[key]
+            try:
+                value = np.asarray(column, spec.dtype.as_numpy_dtype)
+            except (TypeError, ValueError) as e:
+                raise ValueError(
+                    f"Train batch column `{key}` (dtype {column.dtype}) cannot be cast to "
+                    f"{spec.dtype.name}: {e}"
+                ) from e
+            if tuple(value.shape) != tuple(spec.shape):
+                layout = "[B, ...]" if is_per_sequence_column(key) else "[B, T, ...]"
+                raise ValueError(
+                    f"Train batch column `{key}` has shape {tuple(value.shape)} per device shard "
+                    f"(after flattening {layout} to RLlib's layout), but the learner expects "
+                    f"{tuple(spec.shape)}: check the column's shape against the env's spaces, "
+                    "`rollout_fragment_length` and `train_batch_size`."
+                )
+            shard[key] = value
+        shards.append(shard)
+    return shards
 
-    def flat_shards():
-        for batch in source():
-            rows = len(batch) // num_replicas
-            for r in range(num_replicas):
-                columns = to_flat(batch.slice(r * rows, (r + 1) * rows))
-                yield tuple(np.asarray(columns[k], signature[k].dtype.as_numpy_dtype) for k in keys)
 
-    def as_dict(*columns):
-        return dict(zip(keys, columns))
+def make_dataset(
+    source: Callable[[], Iterator[dict[str, np.ndarray]]],
+    signature: dict[str, tf.TensorSpec],
+    strategy: tf.distribute.Strategy,
+    buffer_size: int = 1,
+):
+    """Builds the distributed input pipeline over a generator of replica shards.
 
-    def dataset_fn(_: tf.distribute.InputContext) -> tf.data.Dataset:
-        dataset = tf.data.Dataset.from_generator(
-            flat_shards, output_signature=tuple(signature[k] for k in keys)
-        ).map(as_dict, num_parallel_calls=max(1, int(config.num_gpu_loader_threads)))
-        options = tf.data.Options()
-        options.threading.private_threadpool_size = max(1, int(config.num_gpu_loader_threads))
-        return dataset.with_options(options)
+    Args:
+      source: Called once; yields `replica_shards(...)` dicts, the shards of each unit
+        consecutively in replica order.
+      signature: `batch_signature(...)` of one replica's shard.
+      strategy: The learner's distribution strategy.
+      buffer_size: Units copied onto each device ahead of use (the learner's tower-stack slots).
 
-    return strategy.distribute_datasets_from_function(
+    Returns:
+      A distributed dataset whose elements are per-replica dicts of flat columns; with one
+      device, a dataset of plain dicts of tensors.
+    """
+    output_signature = dict(signature)
+    buffer_size = max(1, int(buffer_size))
+
+    def dataset_fn(_: tf.distribute.InputContext | None = None) -> tf.data.Dataset:
+        return tf.data.Dataset.from_generator(source, output_signature=output_signature)
+
+    if strategy.num_replicas_in_sync == 1 and not tf.config.list_logical_devices("GPU"):
+        # One CPU device: the host is the device. A multi-device iterator would only add its
+        # hand-off, about a millisecond per unit on a 2-core machine (measured).
+        return dataset_fn().prefetch(buffer_size)
+    return _input_strategy(strategy).distribute_datasets_from_function(
         dataset_fn,
         tf.distribute.InputOptions(
             experimental_fetch_to_device=True,
-            experimental_per_replica_buffer_size=stacks,
+            experimental_per_replica_buffer_size=buffer_size,
         ),
     )
+
+
+def _input_strategy(strategy: tf.distribute.Strategy) -> tf.distribute.Strategy:
+    """The strategy that copies input onto the learner devices ahead of use.
+
+    TensorFlow's default strategy does not (its datasets are plain datasets, copied to the GPU
+    inside the step); a `OneDeviceStrategy` on the GPU the update runs on does, and yields plain
+    tensors that the default strategy's step accepts.
+    """
+    # Outside any scope `get_strategy()` is the default strategy; inside one we keep `strategy`.
+    if tf.distribute.has_strategy() or strategy is not tf.distribute.get_strategy():
+        return strategy
+    return tf.distribute.OneDeviceStrategy("/gpu:0")
 
 
 def decompress_if_needed(batch: SampleBatch) -> SampleBatch:

@@ -1,0 +1,246 @@
+"""Tests of the multi-device learner thread: towers, tower-stack slots, timers, failed loaders.
+
+Two logical CPU devices (tests/conftest.py) stand in for two GPUs, as `_fake_gpus=True` does.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+
+import gymnasium as gym
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from impala_tf import pipeline
+from impala_tf.config import ConfigWarning, ImpalaConfig
+from impala_tf.learner import ImpalaLearner
+from impala_tf.learner_thread import LearnerThread, TrainBatch
+from impala_tf.sample_batch import SampleBatch
+from tests import fakes, strategies
+
+OBS = gym.spaces.Box(-1.0, 1.0, (4,), np.float32)
+ACT = gym.spaces.Discrete(3)
+T, ROWS = 5, 4
+
+
+def _config(**overrides) -> ImpalaConfig:
+    config = ImpalaConfig().environment("CartPole-v1")
+    config.training(model={"fcnet_hiddens": [16]}, train_batch_size=ROWS * T, lr=0.01)
+    config.env_runners(rollout_fragment_length=T)
+    return config.update_from_dict(overrides)
+
+
+def _batch(seed: int) -> SampleBatch:
+    return SampleBatch(fakes.sequence_batch(OBS, ACT, T, ROWS, seed=seed))
+
+
+def _thread(config, strategy=None, callbacks=None, weights=None) -> LearnerThread:
+    strategy = strategy or tf.distribute.get_strategy()
+    keras.utils.set_random_seed(0)
+    with strategy.scope():
+        learner = ImpalaLearner(config, OBS, ACT)
+    if weights is not None:
+        learner.model.set_weights(weights)
+    signature = pipeline.batch_signature(config, OBS, ACT, strategy.num_replicas_in_sync)
+    return LearnerThread(learner, strategy, signature, callbacks=callbacks)
+
+
+def _train(thread: LearnerThread, batches, updates: int):
+    thread.start()
+    try:
+        for batch in batches:
+            thread.inqueue.put(TrainBatch(batch))
+        outputs = [thread.outqueue.get(timeout=60) for _ in range(updates)]
+    finally:
+        thread.stop()
+    assert thread.error is None, thread.error
+    return outputs
+
+
+def _weights(learner) -> list[np.ndarray]:
+    return [w.copy() for w in learner.model.get_weights()]
+
+
+def test_two_towers_reuse_device_batches_and_match_one_device():
+    # Two tower stacks, two passes each: RLlib's ring serves A, B, A, B. The minibatch buffer
+    # size is forced to the number of stacks (with a warning), and each batch is loaded once.
+    config = _config(
+        num_gpus=2, _fake_gpus=True, num_multi_gpu_tower_stacks=2, minibatch_buffer_size=1
+    )
+    config.num_sgd_iter = 2
+    with pytest.warns(ConfigWarning, match="minibatch_buffer_size=2"):
+        config.validate()
+    thread = _thread(config, strategy=strategies.mirrored())
+    assert thread.minibatch_buffer.size == 2 and thread.num_slots == 2
+    init = _weights(thread.learner)
+    batches = [_batch(1), _batch(2)]
+    outputs = _train(thread, batches, updates=4)
+    assert thread.load_timer.count == 2  # loaded once, trained twice
+    assert [steps for steps, _, _ in outputs] == [ROWS * T] * 4
+
+    single = _thread(_config(), weights=init).learner
+    step = tf.function(single.train_step, autograph=False)
+    expected = []
+    for batch in (batches[0], batches[1], batches[0], batches[1]):
+        out = step({k: tf.constant(v) for k, v in fakes.flat(dict(batch)).items()})
+        expected.append({k: float(v) for k, v in out.items()})
+    for wa, wb in zip(_weights(single), _weights(thread.learner)):
+        np.testing.assert_allclose(wb, wa, rtol=1e-4, atol=1e-6)
+    for (_, _, stats), ref in zip(outputs, expected):
+        for key in ("policy_loss", "vf_loss", "grad_gnorm", "vf_explained_var"):
+            assert stats[key] == pytest.approx(ref[key], rel=1e-4, abs=1e-6), key
+    assert outputs[-1][2]["num_agent_steps_trained"] == 4 * ROWS * T
+
+
+class _Gate(keras.callbacks.Callback):
+    """Holds the learner in its first update until released."""
+
+    def __init__(self):
+        super().__init__()
+        self.entered = threading.Event()
+        self.release = threading.Event()
+
+    def on_train_batch_begin(self, batch, logs=None):
+        self.entered.set()
+        self.release.wait(30)
+
+
+def _settled(value_fn, expected, timeout=10.0):
+    deadline = time.monotonic() + timeout
+    while value_fn() < expected and time.monotonic() < deadline:
+        time.sleep(0.02)
+    time.sleep(0.3)  # would the loader take more?
+    return value_fn()
+
+
+@pytest.mark.parametrize("stacks", [1, 3])
+def test_loader_holds_at_most_the_tower_stacks(stacks):
+    gate = _Gate()
+    thread = _thread(_config(num_multi_gpu_tower_stacks=stacks), callbacks=[gate])
+    thread.start()
+    try:
+        for seed in range(6):
+            thread.inqueue.put(TrainBatch(_batch(seed)))
+        assert gate.entered.wait(30)
+        # One slot trains, the others are loaded ahead; nothing more leaves the queue.
+        taken = _settled(lambda: 6 - thread.inqueue.qsize(), stacks)
+        assert taken == stacks
+        assert thread.load_timer.count == stacks
+        gate.release.set()
+        for _ in range(6):
+            thread.outqueue.get(timeout=30)
+    finally:
+        gate.release.set()
+        thread.stop()
+    assert thread.error is None
+
+
+def test_timers_measure_loading_and_waiting():
+    thread = _thread(_config())
+    thread.start()
+    try:
+        deadline = time.monotonic() + 30
+        while thread._iterator is None and time.monotonic() < deadline:
+            time.sleep(0.01)
+        time.sleep(2.0)  # the loader and the learner wait for data meanwhile
+        thread.inqueue.put(TrainBatch(_batch(0)))
+        thread.outqueue.get(timeout=30)
+    finally:
+        thread.stop()
+    metrics = thread.add_learner_metrics({})["info"]["timing_breakdown"]
+    # They waited about 2 s; a wide margin for a busy machine, where the threads start waiting
+    # late (a timer that measured nothing would report about 0).
+    assert metrics["learner_load_wait_time_ms"] >= 300
+    assert metrics["learner_dequeue_time_ms"] >= 300
+    assert thread.load_timer.count == 1 and metrics["learner_load_time_ms"] > 0
+    assert thread.grad_timer.count == 1 and metrics["learner_grad_time_ms"] > 0
+
+
+@pytest.mark.parametrize(
+    "corrupt, message",
+    [
+        (lambda b: b.update(action_dist_inputs=b["action_dist_inputs"][..., :2]), "action_dist"),
+        (lambda b: b.pop("values_bootstrapped"), "values_bootstrapped"),
+    ],
+    ids=["wrong-shape", "missing"],
+)
+def test_a_malformed_batch_ends_the_thread_with_an_error_naming_the_column(corrupt, message):
+    thread = _thread(_config(num_gpus=2, _fake_gpus=True), strategy=strategies.mirrored())
+    thread.start()
+    try:
+        good, bad = _batch(0), dict(_batch(1))
+        corrupt(bad)
+        thread.inqueue.put(TrainBatch(good))
+        thread.inqueue.put(TrainBatch(SampleBatch(bad)))
+        thread.outqueue.get(timeout=30)  # the good batch trains
+        thread.join(30)
+        assert not thread.is_alive(), "a failed loader must end the thread, not hang it"
+    finally:
+        thread.stop()
+    assert isinstance(thread.error, ValueError)
+    assert message in str(thread.error)
+
+
+def test_fake_gpus_driver_trains_and_raises_from_a_failed_loader():
+    config = (
+        ImpalaConfig()
+        .environment("CartPole-v1")
+        .env_runners(num_env_runners=1, num_envs_per_env_runner=4, rollout_fragment_length=10)
+        .training(train_batch_size=40, model={"fcnet_hiddens": [16]})
+        .resources(num_gpus=2, _fake_gpus=True)
+        .reporting(min_time_s_per_iteration=0.5)
+        .debugging(seed=0)
+    )
+    with strategies.own_collective_keys():
+        algo = config.build()
+    try:
+        assert algo.strategy.num_replicas_in_sync == 2
+        result = algo.train()
+        assert result["num_env_steps_trained"] > 0
+        stats = result["info"]["learner"]["default_policy"]["learner_stats"]
+        assert np.isfinite(stats["total_loss"])
+        bad = dict(_batch(0))
+        bad["rewards"] = np.zeros((ROWS, 10, 2), np.float32)
+        algo.learner_thread.inqueue.put(TrainBatch(SampleBatch(bad)))
+        with pytest.raises(RuntimeError, match="learner thread died") as info:
+            for _ in range(20):
+                algo.train()
+    finally:
+        algo.stop()
+    assert "rewards" in str(info.value.__cause__)
+
+
+@pytest.mark.slow
+def test_fake_gpus_lstm_config_reaches_150():
+    """RLlib's `cartpole-impala-fake-gpus` example: an LSTM policy trained on two devices."""
+    path = os.path.join(os.path.dirname(os.path.dirname(__file__)), "configs")
+    config, stop = ImpalaConfig.from_yaml(os.path.join(path, "cartpole-impala-fake-gpus.yaml"))
+    assert config.num_gpus == 2 and config._fake_gpus and config.model["use_lstm"]
+    config.debugging(seed=0)
+    with strategies.own_collective_keys():
+        algo = config.build()
+    best = 0.0
+    try:
+        assert algo.strategy.num_replicas_in_sync == 2
+        for _ in range(stop["training_iteration"]):
+            result = algo.train()
+            best = max(best, result["episode_reward_mean"])
+            if best >= stop["episode_reward_mean"]:
+                break
+    finally:
+        algo.stop()
+    assert best >= 150, f"mean return only reached {best:.1f} in {result['training_iteration']} its"
+
+
+def test_fake_gpus_example_config():
+    path = os.path.join(os.path.dirname(os.path.dirname(__file__)), "configs")
+    config, stop = ImpalaConfig.from_yaml(os.path.join(path, "cartpole-impala-fake-gpus.yaml"))
+    config.validate(require_env=True)
+    assert stop == {"episode_reward_mean": 150, "training_iteration": 400}
+    assert (config.num_gpus, config._fake_gpus, config.train_batch_size) == (2, True, 1000)
+    assert config.model["use_lstm"] is True
+    assert config.num_learner_devices == 2

@@ -1,0 +1,381 @@
+"""Learner benchmarks: train-step throughput, devices, gradient-accumulation memory, GPU CNN.
+
+    .venv/bin/python tools/bench_learner.py                 # every part, into BENCHMARKS.md
+    .venv/bin/python tools/bench_learner.py --parts keras devices
+    .venv/bin/python tools/bench_learner.py --parts memory --memory_batch 20000
+
+Parts (each writes its own BENCHMARKS.md section):
+
+* `keras` — samples/s of one `ImpalaLearner` update (V-trace loss, Adam, clipping) on the CartPole
+  MLP [256, 256] at batch 500 (10 sequences of 50), next to a bare Keras model of the same
+  shape (policy and value towers) doing forward, backward and Adam on a plain loss, same batch,
+  same run. Both are compiled `tf.function`s timed from Python with the results fetched.
+* `devices` — the same update on 1 and on 2 logical CPU devices (`MirroredStrategy`, what
+  `num_gpus=2, _fake_gpus=True` builds), at batch 500 and 2,000. The devices share the machine's
+  cores, so no gain is expected on a small machine: this measures the cost of the split.
+* `memory` — peak resident memory (Linux `VmHWM`) of one process that builds the learner thread
+  and trains one train batch of 20,000 env steps, with and without `microbatch_size=1000`, for the
+  CartPole MLP and the Nature CNN on 84x84x4 uint8 frames. Each case runs in a fresh subprocess.
+  On a CPU the host is the device, so the figures include the host copy of the train batch
+  (reported beside them).
+* `gpu` — Nature CNN learner samples/s at batch 500 and 2,000 on one GPU; skipped with a note
+  when no GPU is visible.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+import benchlib  # noqa: E402
+
+T = 50  # rollout_fragment_length of every case
+PARTS = ("keras", "devices", "memory", "gpu")
+
+
+def _configure_two_cpus() -> None:
+    import tensorflow as tf
+
+    cpus = tf.config.list_physical_devices("CPU")
+    if tf.config.get_logical_device_configuration(cpus[0]) is None:
+        tf.config.set_logical_device_configuration(
+            cpus[0],
+            [tf.config.LogicalDeviceConfiguration(), tf.config.LogicalDeviceConfiguration()],
+        )
+
+
+def _spaces(kind: str):
+    import gymnasium as gym
+    import numpy as np
+
+    if kind == "cnn":
+        return gym.spaces.Box(0, 255, (84, 84, 4), np.uint8), gym.spaces.Discrete(6)
+    return gym.spaces.Box(-1.0, 1.0, (4,), np.float32), gym.spaces.Discrete(2)
+
+
+def _config(kind: str, batch: int, **overrides):
+    from impala_tf.config import ImpalaConfig
+
+    model = {"custom_model": "nature_cnn"} if kind == "cnn" else {"fcnet_hiddens": [256, 256]}
+    config = ImpalaConfig().environment("CartPole-v1")
+    config.training(train_batch_size=batch, model=model)
+    config.env_runners(rollout_fragment_length=T)
+    return config.update_from_dict(overrides)
+
+
+def _random_batch(kind: str, rows: int, seed: int = 0) -> dict:
+    """Random [rows, T, ...] columns (the fakes of tests/ are too slow for 84x84 frames)."""
+    import numpy as np
+
+    from impala_tf import distributions
+
+    obs_space, act_space = _spaces(kind)
+    rng = np.random.default_rng(seed)
+    shape = (rows, T)
+    if kind == "cnn":
+        obs = rng.integers(0, 256, (*shape, *obs_space.shape), dtype=np.uint8)
+    else:
+        obs = rng.uniform(-1, 1, (*shape, *obs_space.shape)).astype(np.float32)
+    logits = distributions.logits_size(act_space)
+    dones = rng.random(shape) < 0.02
+    return {
+        "obs": obs,
+        "actions": rng.integers(0, act_space.n, shape).astype(np.int64),
+        "rewards": rng.normal(size=shape).astype(np.float32),
+        "terminateds": dones,
+        "truncateds": np.zeros(shape, bool),
+        "action_dist_inputs": rng.normal(scale=0.5, size=(*shape, logits)).astype(np.float32),
+        "action_logp": np.zeros(shape, np.float32),
+        "vf_preds": rng.normal(size=shape).astype(np.float32),
+        "values_bootstrapped": np.where(dones, 0.0, rng.normal(size=shape)).astype(np.float32),
+    }
+
+
+def _learner_step_seconds(kind: str, batch: int, strategy, repeats: int) -> float:
+    """Median seconds of one distributed learner update on a batch already on the devices."""
+    import numpy as np
+    import tensorflow as tf
+
+    from impala_tf import pipeline
+    from impala_tf.learner import ImpalaLearner
+    from impala_tf.sample_batch import SampleBatch
+
+    config = _config(kind, batch)
+    obs_space, act_space = _spaces(kind)
+    with strategy.scope():
+        learner = ImpalaLearner(config, obs_space, act_space)
+    n = strategy.num_replicas_in_sync
+    signature = pipeline.batch_signature(config, obs_space, act_space, n)
+    shards = pipeline.replica_shards(SampleBatch(_random_batch(kind, batch // T)), signature, n)
+    if n == 1:
+        data = {k: tf.constant(v) for k, v in shards[0].items()}
+    else:
+        data = strategy.experimental_distribute_values_from_function(
+            lambda ctx: {k: tf.constant(v) for k, v in shards[ctx.replica_id_in_sync_group].items()}
+        )
+
+    @tf.function(autograph=False)
+    def step(d):
+        out = strategy.run(learner.train_step, args=(d,))
+        return strategy.experimental_local_results(out)[0]["total_loss"]
+
+    def once():
+        np.asarray(step(data))
+
+    return benchlib.median_seconds(once, repeats=repeats, warmup=5)
+
+
+def _keras_step_seconds(batch: int, repeats: int) -> float:
+    """Median seconds of forward + backward + Adam on a bare Keras two-tower MLP."""
+    import keras
+    import numpy as np
+    import tensorflow as tf
+
+    def tower(out: int) -> keras.Sequential:
+        return keras.Sequential(
+            [
+                keras.layers.Dense(256, activation="tanh"),
+                keras.layers.Dense(256, activation="tanh"),
+                keras.layers.Dense(out),
+            ]
+        )
+
+    policy, value = tower(2), tower(1)
+    optimizer = keras.optimizers.Adam(learning_rate=5e-4)
+    rng = np.random.default_rng(0)
+    obs = tf.constant(rng.uniform(-1, 1, (batch, 4)).astype(np.float32))
+    actions = tf.constant(rng.integers(0, 2, batch))
+    targets = tf.constant(rng.normal(size=batch).astype(np.float32))
+    policy(obs), value(obs)
+    variables = policy.trainable_variables + value.trainable_variables
+    optimizer.build(variables)
+
+    @tf.function(autograph=False)
+    def step():
+        with tf.GradientTape() as tape:
+            logits = policy(obs, training=True)
+            v = value(obs, training=True)[:, 0]
+            loss = tf.reduce_sum(
+                tf.nn.sparse_softmax_cross_entropy_with_logits(labels=actions, logits=logits)
+            ) + 0.5 * tf.reduce_sum(tf.square(v - targets))
+        grads = tape.gradient(loss, variables)
+        grads, _ = tf.clip_by_global_norm(grads, 40.0)
+        optimizer.apply_gradients(zip(grads, variables))
+        return loss
+
+    return benchlib.median_seconds(lambda: np.asarray(step()), repeats=repeats, warmup=5)
+
+
+def bench_keras(repeats: int) -> str:
+    import tensorflow as tf
+
+    batch = 500
+    rows = []
+    # Interleave the two so that machine noise hits both alike; report the median of medians.
+    learner_s, keras_s = [], []
+    for _ in range(3):
+        learner_s.append(_learner_step_seconds("mlp", batch, tf.distribute.get_strategy(), repeats))
+        keras_s.append(_keras_step_seconds(batch, repeats))
+    learner_med, keras_med = sorted(learner_s)[1], sorted(keras_s)[1]
+    rows.append(("`ImpalaLearner.train_step` (V-trace, Adam, clip)", learner_med))
+    rows.append(("bare Keras MLP: forward + backward + Adam", keras_med))
+    lines = [
+        "### Learner update vs a bare Keras MLP (CartPole MLP [256, 256], batch 500)",
+        "",
+        f"Machine: {benchlib.machine_line()}",
+        "",
+        "| update | ms / update | samples/s | vs Keras |",
+        "|---|---:|---:|---:|",
+    ]
+    for name, seconds in rows:
+        lines.append(
+            f"| {name} | {seconds * 1e3:.2f} | {batch / seconds:,.0f} | "
+            f"{seconds / keras_med:.2f}x |"
+        )
+    lines += [
+        "",
+        "Median of 3 interleaved runs, each the median of "
+        f"{repeats} calls of a compiled step on a batch already in memory, result fetched. Both "
+        "models have separate policy and value towers of two tanh layers of 256 (RLlib's "
+        "default `vf_share_layers: False`); the learner adds the V-trace targets (a scan over "
+        "T=50), the distributions and the stats.",
+    ]
+    return "\n".join(lines)
+
+
+def bench_devices(repeats: int) -> str:
+    import tensorflow as tf
+
+    devices = [d.name for d in tf.config.list_logical_devices("CPU")[:2]]
+    mirrored = tf.distribute.MirroredStrategy(devices)
+    lines = [
+        "### Learner update on 1 vs 2 logical CPU devices (CartPole MLP [256, 256])",
+        "",
+        f"Machine: {benchlib.machine_line()}",
+        "",
+        "| batch | devices | ms / update | samples/s | vs 1 device |",
+        "|---:|---:|---:|---:|---:|",
+    ]
+    for batch in (500, 2000):
+        one = _learner_step_seconds("mlp", batch, tf.distribute.get_strategy(), repeats)
+        two = _learner_step_seconds("mlp", batch, mirrored, repeats)
+        for n, seconds in ((1, one), (2, two)):
+            lines.append(
+                f"| {batch:,} | {n} | {seconds * 1e3:.2f} | {batch / seconds:,.0f} | "
+                f"{one / seconds:.2f}x |"
+            )
+    lines += [
+        "",
+        "Two logical CPU devices are what `num_gpus: 2, _fake_gpus: true` trains on: each device "
+        "computes the gradient of its half of the batch, the gradients are all-reduced, clipped "
+        "and applied. Both devices run on the same cores, so on a CPU this costs the split and "
+        "the all-reduce and gains nothing; it exists to test the multi-GPU code path. "
+        f"Median of {repeats} calls each.",
+    ]
+    return "\n".join(lines)
+
+
+def _memory_case(kind: str, batch: int, microbatch: int | None) -> dict:
+    """Runs in a fresh subprocess: one update through the learner thread; returns peak RSS."""
+    import numpy as np
+    import tensorflow as tf
+
+    from impala_tf import pipeline
+    from impala_tf.learner import ImpalaLearner
+    from impala_tf.learner_thread import LearnerThread, TrainBatch
+    from impala_tf.sample_batch import SampleBatch
+
+    def vm_hwm_mb() -> float:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024
+        return float("nan")
+
+    config = _config(kind, batch, microbatch_size=microbatch)
+    obs_space, act_space = _spaces(kind)
+    strategy = tf.distribute.get_strategy()
+    with strategy.scope():
+        learner = ImpalaLearner(config, obs_space, act_space)
+    signature = pipeline.batch_signature(config, obs_space, act_space, 1)
+    thread = LearnerThread(learner, strategy, signature)
+    host = SampleBatch(_random_batch(kind, batch // T))
+    host_mb = sum(np.asarray(v).nbytes for v in host.values()) / 2**20
+    before = vm_hwm_mb()
+    thread.start()
+    start = time.perf_counter()
+    thread.inqueue.put(TrainBatch(host))
+    steps, _, stats = thread.outqueue.get(timeout=1800)
+    seconds = time.perf_counter() - start
+    thread.stop()
+    if thread.error is not None:
+        raise thread.error
+    assert steps == batch and np.isfinite(stats["total_loss"])
+    return {
+        "peak_mb": vm_hwm_mb(),
+        "before_mb": before,
+        "host_batch_mb": host_mb,
+        "update_s": seconds,
+    }
+
+
+def bench_memory(batch: int, microbatch: int) -> str:
+    lines = [
+        f"### Peak memory of one update on a train batch of {batch:,} env steps, with and "
+        "without microbatches",
+        "",
+        f"Machine: {benchlib.machine_line()}",
+        "",
+        "| model | microbatch_size | peak RSS (MB) | before the update (MB) | added by the update "
+        "(MB) | host batch (MB) | update (s) |",
+        "|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for kind, name in (("mlp", "CartPole MLP [256, 256]"), ("cnn", "Nature CNN, 84x84x4 uint8")):
+        for micro in (None, microbatch):
+            args = [sys.executable, os.path.abspath(__file__), "--memory_case"]
+            args += [json.dumps({"kind": kind, "batch": batch, "microbatch": micro})]
+            out = subprocess.run(args, capture_output=True, text=True, check=False, cwd=ROOT)
+            if out.returncode != 0:
+                raise RuntimeError(f"memory case {kind}/{micro} failed:\n{out.stderr[-3000:]}")
+            result = json.loads(out.stdout.strip().splitlines()[-1])
+            lines.append(
+                f"| {name} | {micro or 'none'} | {result['peak_mb']:,.0f} | "
+                f"{result['before_mb']:,.0f} | {result['peak_mb'] - result['before_mb']:,.0f} | "
+                f"{result['host_batch_mb']:,.0f} | {result['update_s']:.1f} |"
+            )
+    lines += [
+        "",
+        "Each row is a fresh process that builds the learner and its learner thread (one device) "
+        "and the train batch in host memory (`before the update`), puts the batch on the learner "
+        "queue and waits for the update; peak RSS is the process's `VmHWM`. Without "
+        "`microbatch_size` the loader converts and hands over the whole batch and the update "
+        "holds the activations and gradients of every step at once; with it "
+        "the loader hands over 1,000 steps at a time and the learner sums their gradients in "
+        "accumulator variables before one update. On a CPU the device memory is the process's "
+        "memory, so both rows include the host copy of the batch (the `host batch` column); on a "
+        "GPU only the microbatch and the model live on the device. `update` is the wall time from "
+        "queueing the batch to the update's stats.",
+    ]
+    return "\n".join(lines)
+
+
+def bench_gpu(repeats: int) -> str:
+    import tensorflow as tf
+
+    gpus = tf.config.list_logical_devices("GPU")
+    header = ["### Nature CNN learner on one GPU (84x84x4 uint8 frames)", ""]
+    if not gpus:
+        note = "No GPU was visible on this run's machine; this part was skipped."
+        print(f"bench_learner gpu: {note}")
+        return "\n".join([*header, f"Machine: {benchlib.machine_line()}", "", note])
+    lines = [
+        *header,
+        f"Machine: {benchlib.machine_line()}, GPU {gpus[0].name}",
+        "",
+        "| batch | ms / update | samples/s |",
+        "|---:|---:|---:|",
+    ]
+    for batch in (500, 2000):
+        seconds = _learner_step_seconds("cnn", batch, tf.distribute.get_strategy(), repeats)
+        lines.append(f"| {batch:,} | {seconds * 1e3:.2f} | {batch / seconds:,.0f} |")
+    lines += ["", f"Median of {repeats} updates on a batch already on the GPU."]
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--parts", nargs="+", choices=PARTS, default=list(PARTS))
+    parser.add_argument("--repeats", type=int, default=30)
+    parser.add_argument("--memory_batch", type=int, default=20_000)
+    parser.add_argument("--microbatch", type=int, default=1_000)
+    parser.add_argument("--memory_case", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.memory_case:
+        case = json.loads(args.memory_case)
+        print(json.dumps(_memory_case(case["kind"], case["batch"], case["microbatch"])))
+        return
+    _configure_two_cpus()
+    for part in args.parts:
+        start = time.perf_counter()
+        if part == "keras":
+            markdown = bench_keras(args.repeats)
+        elif part == "devices":
+            markdown = bench_devices(args.repeats)
+        elif part == "memory":
+            markdown = bench_memory(args.memory_batch, args.microbatch)
+        else:
+            markdown = bench_gpu(args.repeats)
+        benchlib.write_section(f"bench_learner_{part}", markdown)
+        print(markdown, f"\n({part}: {time.perf_counter() - start:.0f} s)\n", flush=True)
+
+
+if __name__ == "__main__":
+    main()
