@@ -27,9 +27,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -99,8 +101,8 @@ def _random_batch(kind: str, rows: int, seed: int = 0) -> dict:
     }
 
 
-def _learner_step_seconds(kind: str, batch: int, strategy, repeats: int) -> float:
-    """Median seconds of one distributed learner update on a batch already on the devices."""
+def _learner_step(kind: str, batch: int, strategy) -> Callable[[], None]:
+    """One distributed learner update on a batch already on the devices, result fetched."""
     import numpy as np
     import tensorflow as tf
 
@@ -130,11 +132,11 @@ def _learner_step_seconds(kind: str, batch: int, strategy, repeats: int) -> floa
     def once():
         np.asarray(step(data))
 
-    return benchlib.median_seconds(once, repeats=repeats, warmup=5)
+    return once
 
 
-def _keras_step_seconds(batch: int, repeats: int) -> float:
-    """Median seconds of forward + backward + Adam on a bare Keras two-tower MLP."""
+def _keras_step(batch: int) -> Callable[[], None]:
+    """Forward + backward + Adam on a bare Keras two-tower MLP, result fetched."""
     import keras
     import numpy as np
     import tensorflow as tf
@@ -171,22 +173,39 @@ def _keras_step_seconds(batch: int, repeats: int) -> float:
         optimizer.apply_gradients(zip(grads, variables))
         return loss
 
-    return benchlib.median_seconds(lambda: np.asarray(step()), repeats=repeats, warmup=5)
+    return lambda: np.asarray(step())
+
+
+def _interleaved_seconds(
+    steps: dict[str, Callable[[], None]], repeats: int, rounds: int = 5
+) -> dict[str, float]:
+    """Median over `rounds` of each step's median time, the steps timed in turn each round.
+
+    Interleaving spreads the noise of a shared machine over every step alike.
+    """
+    times: dict[str, list[float]] = {name: [] for name in steps}
+    for _ in range(rounds):
+        for name, step in steps.items():
+            times[name].append(benchlib.median_seconds(step, repeats=repeats, warmup=3))
+    return {name: statistics.median(values) for name, values in times.items()}
 
 
 def bench_keras(repeats: int) -> str:
     import tensorflow as tf
 
     batch = 500
-    rows = []
-    # Interleave the two so that machine noise hits both alike; report the median of medians.
-    learner_s, keras_s = [], []
-    for _ in range(3):
-        learner_s.append(_learner_step_seconds("mlp", batch, tf.distribute.get_strategy(), repeats))
-        keras_s.append(_keras_step_seconds(batch, repeats))
-    learner_med, keras_med = sorted(learner_s)[1], sorted(keras_s)[1]
-    rows.append(("`ImpalaLearner.train_step` (V-trace, Adam, clip)", learner_med))
-    rows.append(("bare Keras MLP: forward + backward + Adam", keras_med))
+    seconds = _interleaved_seconds(
+        {
+            "learner": _learner_step("mlp", batch, tf.distribute.get_strategy()),
+            "keras": _keras_step(batch),
+        },
+        repeats,
+    )
+    keras_s = seconds["keras"]
+    rows = [
+        ("`ImpalaLearner.train_step` (V-trace, Adam, clip)", seconds["learner"]),
+        ("bare Keras MLP: forward + backward + Adam", keras_s),
+    ]
     lines = [
         "### Learner update vs a bare Keras MLP (CartPole MLP [256, 256], batch 500)",
         "",
@@ -195,18 +214,16 @@ def bench_keras(repeats: int) -> str:
         "| update | ms / update | samples/s | vs Keras |",
         "|---|---:|---:|---:|",
     ]
-    for name, seconds in rows:
+    for name, value in rows:
         lines.append(
-            f"| {name} | {seconds * 1e3:.2f} | {batch / seconds:,.0f} | "
-            f"{seconds / keras_med:.2f}x |"
+            f"| {name} | {value * 1e3:.2f} | {batch / value:,.0f} | {value / keras_s:.2f}x |"
         )
     lines += [
         "",
-        "Median of 3 interleaved runs, each the median of "
-        f"{repeats} calls of a compiled step on a batch already in memory, result fetched. Both "
-        "models have separate policy and value towers of two tanh layers of 256 (RLlib's "
-        "default `vf_share_layers: False`); the learner adds the V-trace targets (a scan over "
-        "T=50), the distributions and the stats.",
+        f"Median of 5 interleaved rounds, each the median of {repeats} calls of a compiled step "
+        "on a batch already in memory, result fetched. Both models have separate policy and "
+        "value towers of two tanh layers of 256 (RLlib's default `vf_share_layers: False`); the "
+        "learner adds the V-trace targets (a scan over T=50), the distributions and the stats.",
     ]
     return "\n".join(lines)
 
@@ -225,8 +242,14 @@ def bench_devices(repeats: int) -> str:
         "|---:|---:|---:|---:|---:|",
     ]
     for batch in (500, 2000):
-        one = _learner_step_seconds("mlp", batch, tf.distribute.get_strategy(), repeats)
-        two = _learner_step_seconds("mlp", batch, mirrored, repeats)
+        seconds = _interleaved_seconds(
+            {
+                "one": _learner_step("mlp", batch, tf.distribute.get_strategy()),
+                "two": _learner_step("mlp", batch, mirrored),
+            },
+            repeats,
+        )
+        one, two = seconds["one"], seconds["two"]
         for n, seconds in ((1, one), (2, two)):
             lines.append(
                 f"| {batch:,} | {n} | {seconds * 1e3:.2f} | {batch / seconds:,.0f} | "
@@ -238,7 +261,7 @@ def bench_devices(repeats: int) -> str:
         "computes the gradient of its half of the batch, the gradients are all-reduced, clipped "
         "and applied. Both devices run on the same cores, so on a CPU this costs the split and "
         "the all-reduce and gains nothing; it exists to test the multi-GPU code path. "
-        f"Median of {repeats} calls each.",
+        f"Median of 5 interleaved rounds of {repeats} calls each.",
     ]
     return "\n".join(lines)
 
@@ -344,7 +367,8 @@ def bench_gpu(repeats: int) -> str:
         "|---:|---:|---:|",
     ]
     for batch in (500, 2000):
-        seconds = _learner_step_seconds("cnn", batch, tf.distribute.get_strategy(), repeats)
+        step = _learner_step("cnn", batch, tf.distribute.get_strategy())
+        seconds = benchlib.median_seconds(step, repeats=repeats, warmup=5)
         lines.append(f"| {batch:,} | {seconds * 1e3:.2f} | {batch / seconds:,.0f} |")
     lines += ["", f"Median of {repeats} updates on a batch already on the GPU."]
     return "\n".join(lines)
