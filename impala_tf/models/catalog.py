@@ -19,6 +19,7 @@ from typing import Any
 
 import gymnasium as gym
 
+from impala_tf import config as config_module
 from impala_tf.distributions import logits_size
 from impala_tf.models.actor_critic import ActorCritic
 from impala_tf.models.mlp import MLP, get_activation
@@ -28,22 +29,8 @@ from impala_tf.models.vision import ConvStack, ImpalaResNet, NatureCNN, parse_co
 
 __all__ = ["CUSTOM_MODELS", "MODEL_DEFAULTS", "build_model", "resolve_model_config"]
 
-MODEL_DEFAULTS: dict[str, Any] = {
-    "fcnet_hiddens": [256, 256],
-    "fcnet_activation": "tanh",
-    "vf_share_layers": False,
-    "conv_filters": None,
-    "conv_activation": "relu",
-    "custom_model": None,
-    "use_lstm": False,
-    "lstm_cell_size": 256,
-    "lstm_use_prev_action": False,
-    "lstm_use_prev_reward": False,
-    "max_seq_len": 20,
-    "dim": 84,
-    "free_log_std": False,
-    "use_attention": False,
-}
+# RLlib's model defaults live in the (TensorFlow-free) config module; one copy.
+MODEL_DEFAULTS: dict[str, Any] = {**config_module.MODEL_DEFAULTS, "use_attention": False}
 
 CUSTOM_MODELS = ("nature_cnn", "impala_resnet")
 
