@@ -48,7 +48,7 @@ import tensorflow as tf
 
 from impala_tf import checkpoints, pipeline
 from impala_tf.actors.aggregation import Aggregator, AggregatorPool
-from impala_tf.actors.base import ActorFailure, ActorPool
+from impala_tf.actors.base import ActorFailure, ActorPool, ActorStateUnsupported
 from impala_tf.actors.env_runner import EnvRunner, Fragment, make_env
 from impala_tf.actors.local import LocalActorPool
 from impala_tf.config import ImpalaConfig
@@ -599,7 +599,7 @@ class Impala:
             snapshots = self.pool.get_actor_states(
                 self.pool.healthy_actor_ids(), _ACTOR_STATE_TIMEOUT_S
             )
-        except NotImplementedError as e:
+        except ActorStateUnsupported as e:
             logger.warning("Checkpoint without actor state (%s): resuming will not be exact.", e)
             return {}
         for actor_id, snapshot in snapshots.items():
@@ -652,7 +652,7 @@ class Impala:
             states[actor_id] = actor_state
         try:
             self.pool.set_actor_states(states)
-        except NotImplementedError as e:
+        except ActorStateUnsupported as e:
             logger.warning("Actors keep their state (%s): resuming is not exact.", e)
         self._broadcast([i for i, s in states.items() if s.get("weights") is None])
         if snapshots:

@@ -14,7 +14,11 @@ import numpy as np
 
 from impala_tf.actors.env_runner import Fragment
 
-__all__ = ["ActorFailure", "ActorPool"]
+__all__ = ["ActorFailure", "ActorPool", "ActorStateUnsupported"]
+
+
+class ActorStateUnsupported(RuntimeError):
+    """The pool cannot snapshot or restore its actors (an optional capability)."""
 
 
 @dataclasses.dataclass
@@ -63,14 +67,14 @@ class ActorPool(abc.ABC):
 
         Only meaningful for actors with no sample request outstanding (the deterministic mode
         keeps them so between training steps). A pool that cannot snapshot raises
-        `NotImplementedError`; the driver then resumes without actor state.
+        `ActorStateUnsupported`; the driver then resumes without actor state.
         """
-        raise NotImplementedError(f"{type(self).__name__} cannot snapshot its actors")
+        raise ActorStateUnsupported(f"{type(self).__name__} cannot snapshot its actors")
 
     def set_actor_states(self, states: dict[int, dict]) -> None:
         """Applies `EnvRunner.set_state(state)` in each actor of `states` (asynchronously,
         in order with the other commands sent to it)."""
-        raise NotImplementedError(f"{type(self).__name__} cannot restore its actors")
+        raise ActorStateUnsupported(f"{type(self).__name__} cannot restore its actors")
 
     @abc.abstractmethod
     def stop(self) -> None:
