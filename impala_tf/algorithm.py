@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import atexit
 import collections
+import contextlib
 import logging
 import os
 import platform
@@ -80,20 +81,22 @@ def make_strategy(config: ImpalaConfig) -> tf.distribute.Strategy:
         return tf.distribute.get_strategy()
     if config._fake_gpus:
         cpus = tf.config.list_physical_devices("CPU")
-        logical = tf.config.list_logical_devices("CPU")
-        if len(logical) < n:
-            try:
+        # `list_logical_devices` initialises the runtime, after which logical devices can no
+        # longer be configured: look at the (uninitialised) configuration first.
+        if tf.config.get_logical_device_configuration(cpus[0]) is None:
+            # If TF is already initialised this fails; the check below explains.
+            with contextlib.suppress(RuntimeError):
                 tf.config.set_logical_device_configuration(
                     cpus[0], [tf.config.LogicalDeviceConfiguration() for _ in range(n)]
                 )
-            except RuntimeError as e:
-                raise RuntimeError(
-                    f"num_gpus={n} with _fake_gpus=True needs {n} logical CPU devices, but "
-                    f"TensorFlow was initialised with {len(logical)}: build the algorithm before "
-                    "running any TensorFlow op, or configure the logical devices yourself."
-                ) from e
-            logical = tf.config.list_logical_devices("CPU")
-        return tf.distribute.MirroredStrategy([d.name for d in logical[:n]])
+        logical = tf.config.list_logical_devices("CPU")
+        if len(logical) < n:
+            raise RuntimeError(
+                f"num_gpus={n} with _fake_gpus=True needs {n} logical CPU devices, but "
+                f"TensorFlow was initialised with {len(logical)}: build the algorithm before "
+                "running any TensorFlow op, or configure the logical devices yourself."
+            )
+        return _mirrored([d.name for d in logical[:n]])
     gpus = tf.config.list_logical_devices("GPU")
     if not gpus:
         logger.warning(
@@ -105,7 +108,25 @@ def make_strategy(config: ImpalaConfig) -> tf.distribute.Strategy:
         return tf.distribute.get_strategy()
     if len(gpus) < n:
         raise ValueError(f"num_gpus={n} but only {len(gpus)} GPU(s) are visible")
-    return tf.distribute.MirroredStrategy([d.name for d in gpus[:n]])
+    return _mirrored([d.name for d in gpus[:n]])
+
+
+_MIRRORED: dict[tuple[str, ...], tf.distribute.MirroredStrategy] = {}
+
+
+def _mirrored(devices: list[str]) -> tf.distribute.MirroredStrategy:
+    """One `MirroredStrategy` per set of devices and process.
+
+    TensorFlow numbers each new strategy's collective all-reduces from the same start, so two
+    strategies over the same devices in one process (two algorithms built one after the other,
+    as in tests) reuse instance keys, and the runtime aborts on the first two that differ in
+    shape ("Shape mismatch in the collective instance ..."). Sharing the strategy keeps the
+    numbering unique.
+    """
+    key = tuple(devices)
+    if key not in _MIRRORED:
+        _MIRRORED[key] = tf.distribute.MirroredStrategy(list(devices))
+    return _MIRRORED[key]
 
 
 def check_deterministic(config: ImpalaConfig) -> None:

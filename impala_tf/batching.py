@@ -17,8 +17,17 @@ __all__ = ["BatchBuilder", "rows_per_batch"]
 
 def rows_per_batch(config: ImpalaConfig, num_replicas: int = 1) -> int:
     """Env sequences per train batch: `train_batch_size / rollout_fragment_length`, rounded up to
-    a whole multiple of the number of learner devices `num_replicas`."""
-    rows = math.ceil(config.train_batch_size / config.rollout_fragment_length)
+    a whole multiple of the number of learner devices `num_replicas`.
+
+    With `microbatch_size` M, a whole number of microbatches of M / T sequences: as RLlib's
+    `MicrobatchOptimizer`, microbatches are accumulated until at least `train_batch_size` steps.
+    (`impala_tf.pipeline.microbatch_rows` checks that M is whole, evenly sharded sequences.)
+    """
+    horizon = config.rollout_fragment_length
+    if config.microbatch_size:
+        micro = math.ceil(config.microbatch_size / horizon / num_replicas) * num_replicas
+        return math.ceil(config.train_batch_size / config.microbatch_size) * micro
+    rows = math.ceil(config.train_batch_size / horizon)
     return math.ceil(rows / num_replicas) * num_replicas
 
 

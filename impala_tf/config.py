@@ -885,6 +885,19 @@ class ImpalaConfig:
                 f"`train_batch_size` ({self.train_batch_size}) must divide evenly by the "
                 f"{devices} learner devices (`num_gpus`), or the towers get unequal shards."
             )
+        if self.microbatch_size is not None:
+            horizon = self.rollout_fragment_length
+            if self.microbatch_size % horizon:
+                raise ValueError(
+                    f"`microbatch_size` ({self.microbatch_size}) must be a multiple of "
+                    f"`rollout_fragment_length` ({horizon}): microbatches are whole env sequences."
+                )
+            if (self.microbatch_size // horizon) % devices:
+                raise ValueError(
+                    f"`microbatch_size` ({self.microbatch_size}) is "
+                    f"{self.microbatch_size // horizon} sequences of {horizon} steps, which do not "
+                    f"divide evenly over the {devices} learner devices (`num_gpus`)."
+                )
         if devices > 1 and self.minibatch_buffer_size != self.num_multi_gpu_tower_stacks:
             _warn(
                 f"In multi-device mode the minibatch buffer is the ring of tower stacks; "
