@@ -147,7 +147,6 @@ _IGNORED: dict[str, str] = {
     "custom_resources_per_env_runner": "there is no resource scheduler",
     "placement_strategy": "there is no resource scheduler",
     "create_env_on_driver": "the driver never steps an environment",
-    "preprocessor_pref": "observations are preprocessed by the model",
     "observation_filter": "observation filters are not implemented",
     "callbacks": "use Keras callbacks on the algorithm instead",
     "exploration_config": "actions are always sampled from the policy (`explore`)",
@@ -358,6 +357,7 @@ class ImpalaConfig:
     explore: bool = _key(True, "env_runners")
     max_requests_in_flight_per_env_runner: int = _key(2, "env_runners")
     compress_observations: bool = _key(False, "env_runners")
+    preprocessor_pref: str | None = _key("deepmind", "env_runners")
 
     # training(): general
     gamma: float = _key(0.99, "training")
@@ -756,6 +756,11 @@ class ImpalaConfig:
         self._check_int("max_requests_in_flight_per_env_runner", minimum=1)
         for key in ("explore", "compress_observations", "restart_failed_env_runners"):
             self._check_bool(key)
+        if self.preprocessor_pref not in ("deepmind", "rllib", None):
+            raise ValueError(
+                "`preprocessor_pref` must be 'deepmind' (DeepMind preprocessing of Atari envs), "
+                f"'rllib' or None (no preprocessing), got {self.preprocessor_pref!r}."
+            )
         self._check_int("seed", minimum=None, optional=True)
 
     def _validate_learning(self) -> None:
@@ -1008,14 +1013,15 @@ def _check_gymnasium_id(env_id: str) -> None:
     """Raises ValueError naming `env` if `env_id` is not a registered gymnasium id."""
     import gymnasium  # Lazy: keeps `import impala_tf.config` fast.
 
+    from impala_tf.envs.atari import ensure_registered
+
     hint = ""
-    if env_id.startswith("ALE/"):
+    if env_id.startswith("ALE/") or env_id not in gymnasium.registry:
         try:
-            import ale_py
+            import ale_py  # noqa: F401 - only probes that Atari ids can be registered.
         except ImportError:
             hint = " Atari ids need the `ale-py` package (pip install ale-py)."
-        else:
-            gymnasium.register_envs(ale_py)
+        ensure_registered(env_id)
     try:
         gymnasium.spec(env_id)
     except (gymnasium.error.Error, ImportError) as e:

@@ -13,7 +13,11 @@ With `compress_observations=True` the `obs` column is sent zlib-compressed (RLli
 `compress_observations`); the aggregation workers or the driver decompress it.
 
 Rewards are clipped for training as RLlib's `clip_rewards` says (True: to their sign, x: to
-[-x, x]); episode returns are reported unclipped.
+[-x, x]; None: the sign for Atari with DeepMind preprocessing, else no clipping); episode returns
+are reported unclipped, and per game for Atari with episodic life (`impala_tf.envs.atari`).
+
+The envs are an `impala_tf.envs.batch.EnvBatch`: ale-py's native vector env for Atari where it
+covers the config (training runners only), else a list of gymnasium envs.
 
 `values_bootstrapped[t]` is the behaviour value of the observation that follows step t in the same
 episode: V(x_{t+1}) from the next step's policy call, 0 after a termination, and V(final
@@ -32,10 +36,12 @@ import gymnasium as gym
 import numpy as np
 
 from impala_tf.config import ImpalaConfig
+from impala_tf.envs import atari
+from impala_tf.envs.batch import AtariVectorEnvBatch, EnvBatch, GymEnvBatch
 from impala_tf.numpy_policy import make_policy
 from impala_tf.sample_batch import SampleBatch, compress
 
-__all__ = ["EnvContext", "EnvRunner", "Fragment", "make_env", "env_seed"]
+__all__ = ["EnvContext", "EnvRunner", "Fragment", "make_env", "make_env_batch", "env_seed"]
 
 #: Seeds of env j in env runner i are `seed + i * _MAX_ENVS_PER_RUNNER + j`, as RLlib derives them.
 _MAX_ENVS_PER_RUNNER = 1000
@@ -68,7 +74,9 @@ def make_env(config: ImpalaConfig, worker_index: int = 0, vector_index: int = 0)
     """Creates one env from `config.env`: a registered gymnasium id or an `env_creator` callable.
 
     A gymnasium id is made with `gym.make(id, **env_config)`; a callable is called with an
-    `EnvContext` holding `env_config` (RLlib's convention).
+    `EnvContext` holding `env_config` (RLlib's convention). An Atari env gets DeepMind
+    preprocessing when `preprocessor_pref` is "deepmind" (`impala_tf.envs.atari`), with
+    episodic life only for training runners (`worker_index >= 1`; 0 is evaluation).
     """
     env: str | Callable[..., gym.Env] | None = config.env
     if env is None:
@@ -78,12 +86,26 @@ def make_env(config: ImpalaConfig, worker_index: int = 0, vector_index: int = 0)
         made = env(context)
         if not isinstance(made, gym.Env):
             raise TypeError(f"env_creator {env!r} returned {type(made).__name__}, not a gym.Env")
+        if atari.deepmind_enabled(config) and atari.is_atari(made):
+            return atari.wrap_deepmind(made, config.model, training=worker_index > 0)
         return made
-    if isinstance(env, str) and env.startswith("ALE/"):
-        import ale_py
-
-        gym.register_envs(ale_py)
+    if atari.is_atari(env, config.env_config):
+        return atari.make_atari_env(env, config, training=worker_index > 0)
     return gym.make(env, **(config.env_config or {}))
+
+
+def make_env_batch(config: ImpalaConfig, worker_index: int, num_envs: int) -> EnvBatch:
+    """The `num_envs` envs of env runner `worker_index`, as one `EnvBatch`.
+
+    Training runners (`worker_index >= 1`) of an Atari config that ale-py's `AtariVectorEnv`
+    covers (`atari.vector_env_kwargs`) get it; everything else gets `make_env` envs.
+    """
+    seeds = [env_seed(config.seed, worker_index, j) for j in range(num_envs)]
+    if worker_index >= 1 and all(s is None or s > 0 for s in seeds):
+        kwargs = atari.vector_env_kwargs(config, training=True, num_envs=num_envs)
+        if kwargs is not None:
+            return AtariVectorEnvBatch(**kwargs)
+    return GymEnvBatch([make_env(config, worker_index, j) for j in range(num_envs)])
 
 
 @dataclasses.dataclass
@@ -126,9 +148,9 @@ class EnvRunner:
         self.worker_index = worker_index
         self.num_envs = int(config.num_envs_per_env_runner)
         self.horizon = int(config.rollout_fragment_length)
-        self.envs = [make_env(config, worker_index, j) for j in range(self.num_envs)]
-        self.observation_space = self.envs[0].observation_space
-        self.action_space = self.envs[0].action_space
+        self.env_batch = make_env_batch(config, worker_index, self.num_envs)
+        self.observation_space = self.env_batch.observation_space
+        self.action_space = self.env_batch.action_space
         explore = config.explore if explore is None else explore
         seed = env_seed(config.seed, worker_index, 0)
         self.policy = make_policy(
@@ -137,21 +159,24 @@ class EnvRunner:
         self.policy_version = 0
         self._obs_dtype = self.observation_space.dtype or np.float32
         self._clip_actions = isinstance(self.action_space, gym.spaces.Box)
-        self._clip_rewards = config.clip_rewards
-        self._obs = np.stack(
-            [
-                self._reset(env, env_seed(config.seed, worker_index, j))
-                for j, env in enumerate(self.envs)
-            ]
+        is_atari = isinstance(self.env_batch, AtariVectorEnvBatch) or atari.is_atari(
+            self.env_batch.envs[0]
         )
+        self._clip_rewards = atari.clip_rewards_for(config, is_atari)
+        self._obs = self._reset_all(config.seed)
         self._state = self.policy.initial_state(self.num_envs)
         self._episode_return = np.zeros(self.num_envs, np.float64)
         self._episode_length = np.zeros(self.num_envs, np.int64)
         self._next = None  # The policy step for self._obs, computed ahead.
 
-    def _reset(self, env: gym.Env, seed: int | None = None) -> np.ndarray:
-        obs, _ = env.reset(seed=seed)
-        return np.asarray(obs, dtype=self._obs_dtype)
+    @property
+    def envs(self) -> list[gym.Env]:
+        """The gymnasium envs (empty when a native vector env steps them)."""
+        return getattr(self.env_batch, "envs", [])
+
+    def _reset_all(self, seed: int | None) -> np.ndarray:
+        seeds = [env_seed(seed, self.worker_index, j) for j in range(self.num_envs)]
+        return np.asarray(self.env_batch.reset(seeds), dtype=self._obs_dtype)
 
     def set_weights(self, weights: list[np.ndarray], policy_version: int = 0) -> None:
         """Loads new policy weights; `policy_version` is the learner's `num_grad_updates`."""
@@ -193,29 +218,25 @@ class EnvRunner:
                 if self._clip_actions
                 else step.actions
             )
-            next_obs = np.empty_like(self._obs)
-            final_obs = {}
-            for j, env in enumerate(self.envs):
-                obs, reward, terminated, truncated, _ = env.step(env_actions[j])
-                rew_buf[t, j] = reward
-                self._episode_return[j] += reward
-                self._episode_length[j] += 1
-                if terminated or truncated:
-                    term_buf[t, j] = terminated
-                    trunc_buf[t, j] = truncated and not terminated
-                    if trunc_buf[t, j]:
-                        final_obs[j] = np.asarray(obs, dtype=self._obs_dtype)
-                    returns.append(float(self._episode_return[j]))
-                    lengths.append(int(self._episode_length[j]))
-                    self._episode_return[j] = 0.0
-                    self._episode_length[j] = 0
-                    obs = self._reset(env)
-                next_obs[j] = obs
+            stepped = self.env_batch.step(env_actions)
+            next_obs = stepped.obs.astype(self._obs_dtype, copy=False)
+            final_obs = stepped.final_obs
+            rew_buf[t] = stepped.rewards
+            term_buf[t] = stepped.terminateds
+            trunc_buf[t] = stepped.truncateds
+            self._episode_return += stepped.rewards
+            self._episode_length += 1
+            for j in np.flatnonzero(stepped.episode_ends):
+                returns.append(float(self._episode_return[j]))
+                lengths.append(int(self._episode_length[j]))
+                self._episode_return[j] = 0.0
+                self._episode_length[j] = 0
             state = step.state
             if final_obs:
                 rows = np.fromiter(final_obs, np.int64)
                 final = self.policy.step(
-                    np.stack([final_obs[j] for j in rows]), tuple(s[rows] for s in state)
+                    np.stack([final_obs[j] for j in rows]).astype(self._obs_dtype, copy=False),
+                    tuple(s[rows] for s in state),
                 )
             dones = term_buf[t] | trunc_buf[t]
             if state and dones.any():
@@ -268,12 +289,7 @@ class EnvRunner:
         sampler restarts from `env_seed(seed, worker_index, 0)`; with `seed=None` both continue
         from unseeded randomness. Unfinished episodes are dropped; weights are kept.
         """
-        self._obs = np.stack(
-            [
-                self._reset(env, env_seed(seed, self.worker_index, j))
-                for j, env in enumerate(self.envs)
-            ]
-        )
+        self._obs = self._reset_all(seed)
         self.policy.reseed(env_seed(seed, self.worker_index, 0))
         self._state = self.policy.initial_state(self.num_envs)
         self._episode_return[:] = 0.0
@@ -292,7 +308,7 @@ class EnvRunner:
         try:
             envs = pickle.dumps(
                 (
-                    self.envs,
+                    self.env_batch,
                     self._obs,
                     self._state,
                     self._episode_return,
@@ -323,7 +339,8 @@ class EnvRunner:
         if state.get("envs") is not None:
             envs, obs, rnn_state, returns, lengths, next_step = pickle.loads(state["envs"])
             self.close()
-            self.envs = envs
+            # Snapshots taken before env batches existed hold a list of envs.
+            self.env_batch = GymEnvBatch(envs) if isinstance(envs, list) else envs
             self._obs, self._state, self._next = obs, rnn_state, next_step
             self._episode_return, self._episode_length = returns, lengths
         elif "seed" in state:
@@ -340,5 +357,4 @@ class EnvRunner:
         return done[:num_episodes]
 
     def close(self) -> None:
-        for env in self.envs:
-            env.close()
+        self.env_batch.close()
