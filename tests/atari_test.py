@@ -1,0 +1,257 @@
+"""Atari: DeepMind preprocessing, the vector-env and wrapper paths, runner metrics, YAMLs."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import cv2
+import gymnasium as gym
+import numpy as np
+import pytest
+
+from impala_tf.actors.env_runner import EnvRunner, make_env, make_env_batch
+from impala_tf.config import ImpalaConfig
+from impala_tf.envs import atari
+from impala_tf.envs.batch import AtariVectorEnvBatch, GymEnvBatch
+
+atari.ensure_registered("PongNoFrameskip-v4")
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _config(env="PongNoFrameskip-v4", **overrides) -> ImpalaConfig:
+    config = ImpalaConfig(env=env, num_env_runners=1, seed=1, **overrides)
+    config.validate(require_env=True)
+    return config
+
+
+def _raw(game_id: str, seed: int, **kwargs) -> gym.Env:
+    env = gym.make(game_id, obs_type="grayscale", **kwargs)
+    env.reset(seed=seed)
+    return env
+
+
+def _warp(frame: np.ndarray, dim: int) -> np.ndarray:
+    return cv2.resize(frame, (dim, dim), interpolation=cv2.INTER_AREA)
+
+
+def test_is_atari_and_lazy_registration():
+    assert atari.is_atari("PongNoFrameskip-v4")
+    assert atari.is_atari("ALE/Breakout-v5")
+    assert not atari.is_atari("ALE/Breakout-v5", {"obs_type": "ram"})
+    assert not atari.is_atari("CartPole-v1")
+    assert atari.is_atari(gym.make("ALE/Pong-v5"))
+    assert not atari.is_atari(gym.make("ALE/Pong-v5", obs_type="ram"))
+    with pytest.raises(TypeError, match="is_atari"):
+        atari.is_atari(3)
+
+
+@pytest.mark.parametrize("dim", [42, 64, 84])
+@pytest.mark.parametrize("framestack", [True, False])
+def test_shapes_and_dtypes(dim, framestack):
+    config = _config(model={"dim": dim, "framestack": framestack})
+    env = make_env(config, worker_index=1)
+    k = 4 if framestack else 1
+    assert env.observation_space.shape == (dim, dim, k)
+    assert env.observation_space.dtype == np.uint8
+    obs, _ = env.reset(seed=0)
+    assert obs.shape == (dim, dim, k) and obs.dtype == np.uint8
+    obs, *_ = env.step(0)
+    assert obs.shape == (dim, dim, k) and obs.dtype == np.uint8
+    batch = make_env_batch(config, worker_index=1, num_envs=2)
+    assert isinstance(batch, AtariVectorEnvBatch)
+    assert batch.observation_space == env.observation_space
+    assert batch.reset([11, 12]).shape == (2, dim, dim, k)
+
+
+def test_colour_frames_on_request():
+    env = atari.DeepMindPreprocessing(gym.make("PongNoFrameskip-v4"), dim=42, grayscale=False)
+    obs, _ = env.reset(seed=0)
+    assert obs.shape == (42, 42, 12) and obs.dtype == np.uint8
+    np.testing.assert_array_equal(obs[..., :3], obs[..., 9:])  # Reset fills the stack.
+    with pytest.raises(ValueError, match="obs_type='rgb'"):
+        atari.DeepMindPreprocessing(gym.make("PongNoFrameskip-v4", obs_type="grayscale"),
+                                    grayscale=False)  # fmt: skip
+
+
+def test_max_pooling_action_repeat_and_fire_reset():
+    """Each step repeats the action 4 frames and max-pools the last two; reset presses FIRE."""
+    env = atari.DeepMindPreprocessing(
+        gym.make("BreakoutNoFrameskip-v4", obs_type="grayscale"), dim=84, noop_max=1
+    )
+    obs, _ = env.reset(seed=5)
+    raw = _raw("BreakoutNoFrameskip-v4", 5)
+    fire = raw.unwrapped.get_action_meanings().index("FIRE")
+    screen, *_ = raw.step(fire)  # noop_max=1 in a FIRE game: no NOOP, one FIRE frame.
+    assert env.unwrapped.ale.getEpisodeFrameNumber() == 1
+    for i in range(4):
+        np.testing.assert_array_equal(obs[..., i], _warp(screen, 84))
+    rng = np.random.default_rng(0)
+    pooled_differs = False
+    for _ in range(60):
+        action = int(rng.integers(4))
+        obs, reward, *_ = env.step(action)
+        frames, total = [], 0.0
+        for _ in range(4):
+            screen, r, *_ = raw.step(action)
+            frames.append(screen)
+            total += r
+        expected = np.maximum(frames[-2], frames[-1])
+        pooled_differs |= not np.array_equal(expected, frames[-1])
+        np.testing.assert_array_equal(obs[..., -1], _warp(expected, 84))
+        assert reward == total
+    assert pooled_differs  # The inputs reached the max-pooling branch.
+
+
+def test_no_fire_reset_without_fire_and_envs_that_skip_frames():
+    env = make_env(_config(env="ALE/Freeway-v5", env_config={"frameskip": 1}), worker_index=1)
+    assert env._fire is None and env.frame_skip == 4
+    # v5 ids skip 4 frames themselves: no extra action repeat, no max-pooling (as RLlib).
+    v5 = make_env(_config(env="ALE/Pong-v5"), worker_index=1)
+    assert v5.frame_skip == 1 and v5._fire == 1
+    assert isinstance(make_env_batch(_config(env="ALE/Pong-v5"), 1, 2), GymEnvBatch)
+
+
+def test_noop_reset_takes_1_to_30_frames():
+    env = atari.DeepMindPreprocessing(gym.make("ALE/Freeway-v5", frameskip=1,
+                                               obs_type="grayscale"))  # fmt: skip
+    frames = set()
+    for seed in range(40):
+        env.reset(seed=seed)
+        frames.add(env.unwrapped.ale.getEpisodeFrameNumber())
+    assert min(frames) >= 1 and max(frames) <= 30 and len(frames) > 10
+
+
+def test_episodic_life_ends_training_episodes_not_games():
+    env = atari.DeepMindPreprocessing(
+        gym.make("BreakoutNoFrameskip-v4", obs_type="grayscale"), dim=42, episodic_life=True
+    )
+    obs, _ = env.reset(seed=3)
+    rng = np.random.default_rng(3)
+    life_ends = 0
+    while True:
+        lives = env.unwrapped.ale.lives()
+        obs, _, terminated, truncated, info = env.step(int(rng.integers(4)))
+        if info["game_over"]:
+            break
+        if terminated:
+            life_ends += 1
+            assert env.unwrapped.ale.lives() == lives - 1
+            frame = env.unwrapped.ale.getEpisodeFrameNumber()
+            again, reset_info = env.reset()
+            assert not reset_info["game_over"]
+            np.testing.assert_array_equal(again, obs)  # The game goes on.
+            assert env.unwrapped.ale.getEpisodeFrameNumber() == frame
+    assert life_ends == 4  # Breakout has 5 lives.
+
+
+@pytest.mark.parametrize("worker_index", [0, 1])
+def test_runner_reports_whole_games_with_clipped_training_rewards(worker_index):
+    """Training runners (vector env) end episodes at lost lives; returns are whole games."""
+    config = _config(
+        env="BreakoutNoFrameskip-v4",
+        num_envs_per_env_runner=2,
+        rollout_fragment_length=100,
+        model={"dim": 42, "conv_filters": [[4, 8, 4], [8, 4, 2], [16, 3, 1]]},
+    )
+    runner = EnvRunner(config, worker_index=worker_index)
+    vector = isinstance(runner.env_batch, AtariVectorEnvBatch)
+    assert vector == (worker_index == 1)
+    runner.set_weights(runner.get_weights())
+    terminations, returns, lengths, steps, rewards = 0, [], [], 0, []
+    while len(returns) < 2:
+        fragment = runner.sample()
+        batch = fragment.batch
+        assert batch["obs"].dtype == np.uint8 and batch["obs"].shape[2:] == (42, 42, 4)
+        terminations += int(batch["terminateds"].sum())
+        rewards.append(batch["rewards"])
+        returns += fragment.episode_returns
+        lengths += fragment.episode_lengths
+        steps += batch.env_steps
+    rewards = np.concatenate(rewards, axis=None)
+    assert set(np.unique(rewards)) <= {0.0, 1.0}  # Clipped to the sign (Breakout pays 1, 4, 7).
+    assert all(length > 20 for length in lengths)
+    if worker_index == 1:
+        assert terminations >= 4 * len(returns)  # 5 lives per game.
+    else:
+        assert terminations == len(returns)  # Evaluation: episodes are games.
+    runner.close()
+
+
+def test_unclipped_returns_and_preprocessor_pref_off():
+    config = _config(env="ALE/Pong-v5", preprocessor_pref=None, num_envs_per_env_runner=1)
+    env = make_env(config, worker_index=1)
+    assert env.observation_space.shape == (210, 160, 3)
+    assert atari.clip_rewards_for(config, atari=True) is None
+    assert atari.clip_rewards_for(_config(), atari=True) is True
+    assert atari.clip_rewards_for(_config(clip_rewards=False), atari=True) is False
+    assert atari.clip_rewards_for(_config(env="CartPole-v1"), atari=False) is None
+    assert atari.vector_env_kwargs(config, training=True, num_envs=2) is None
+    rllib = _config(env="ALE/Pong-v5", preprocessor_pref="rllib")
+    assert make_env(rllib).observation_space.shape == (210, 160, 3)
+    with pytest.raises(ValueError, match="preprocessor_pref"):
+        _config(preprocessor_pref="dqn")
+
+
+@pytest.mark.parametrize("game", ["pong", "breakout"])
+def test_vector_env_and_wrapper_paths_are_identical(game):
+    """Same seeds and actions give the same observations, rewards and episode ends.
+
+    The one documented difference is the no-op count at reset: ale-py draws it from its C++
+    mt19937, the wrapper from the env's numpy generator. `noop_max=1` makes it the same.
+    """
+    game_id = {"pong": "PongNoFrameskip-v4", "breakout": "BreakoutNoFrameskip-v4"}[game]
+    kwargs = atari.vector_env_kwargs(_config(env=game_id), training=True, num_envs=2)
+    kwargs.update(noop_max=1, num_threads=1)
+    vector = AtariVectorEnvBatch(**kwargs)
+    wrapped = GymEnvBatch(
+        [
+            atari.DeepMindPreprocessing(
+                gym.make(game_id, obs_type="grayscale"), noop_max=1, episodic_life=True
+            )
+            for _ in range(2)
+        ]
+    )
+    np.testing.assert_array_equal(vector.reset([1001, 1002]), wrapped.reset([1001, 1002]))
+    rng = np.random.default_rng(0)
+    ends = terminations = 0
+    for _ in range(900 if game == "pong" else 400):
+        actions = rng.integers(0, vector.action_space.n, 2)
+        a, b = vector.step(actions), wrapped.step(actions)
+        np.testing.assert_array_equal(a.obs, b.obs)
+        np.testing.assert_array_equal(a.rewards, b.rewards)
+        np.testing.assert_array_equal(a.terminateds, b.terminateds)
+        np.testing.assert_array_equal(a.truncateds, b.truncateds)
+        np.testing.assert_array_equal(a.episode_ends, b.episode_ends)
+        ends += int(a.episode_ends.sum())
+        terminations += int(a.terminateds.sum())
+    assert ends >= 1 and (game == "pong" or terminations > ends)  # Resets and life losses ran.
+    vector.close()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "name", ["pong-impala", "pong-impala-fast", "atari-impala", "pong-impala-small"]
+)
+def test_impala_train_runs_each_atari_yaml(tmp_path, name):
+    from tests.train_binary_test import train
+
+    logdir = tmp_path / "run"
+    result = train(
+        f"--config=configs/{name}.yaml",
+        f"--logdir={logdir}",
+        "--stop_iters=2",
+        "--set=num_env_runners=1",
+        "--set=num_envs_per_env_runner=2",
+        "--set=rollout_fragment_length=10",
+        "--set=train_batch_size=20",
+        "--set=min_time_s_per_iteration=0.3",
+        "--set=num_gpus=0",
+        "--set=num_multi_gpu_tower_stacks=1",
+        "--set=model.conv_filters=[[4, 8, 4], [8, 4, 2], [16, 3, 1]]",
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    with open(logdir / "result.json") as f:
+        results = [json.loads(line) for line in f]
+    assert [r["training_iteration"] for r in results] == [1, 2]
+    assert results[-1]["num_env_steps_trained"] > 0
