@@ -17,6 +17,9 @@ setup(
         "tf-keras==2.21.*",
         "numpy",
         "gymnasium>=1.0",
+        # Atari: ale-py ships the ROMs and the native vector env; OpenCV resizes frames.
+        "ale-py>=0.12",
+        "opencv-python-headless",
         "absl-py",
         "pyyaml",
         # TensorFlow 2.21 no longer depends on it; tf.summary needs it.

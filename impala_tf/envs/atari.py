@@ -16,9 +16,9 @@ for an env that does not skip frames itself (`*NoFrameskip-v4`, `ALE/*-v5` with 
 * action repeat 4, reward summed over the 4 frames, observation = pixel-wise max of the last two
   frames (DeepMind's flicker fix; RLlib's `MaxAndSkipEnv`); an env that already skips frames
   (`ALE/*-v5` defaults to 4) is stepped once per agent step, without max-pooling, as RLlib does;
-* frames in ALE's grayscale palette (RLlib's `WarpFrame` always grays; its `rgb2gray` weights and
-  ALE's palette are both ITU-R 601 luma), resized to `model.dim` x `model.dim` with OpenCV's
-  `INTER_AREA` (as RLlib's `resize`);
+* frames in ALE's grayscale palette (RLlib's `WarpFrame` always grays, with OpenCV's `RGB2GRAY`,
+  which gave the same bytes as ALE's palette on the Breakout frames we compared), resized to
+  `model.dim` x `model.dim` with OpenCV's `INTER_AREA` (as RLlib's `resize`);
 * `model.framestack` True (RLlib's default) stacks the last 4 frames on the channel axis
   (`[dim, dim, 4]`, RLlib's `FrameStack(env, 4)`); False gives one frame `[dim, dim, 1]`;
   a reset fills the stack with copies of the first frame;
@@ -123,7 +123,7 @@ def deepmind_enabled(config: Any) -> bool:
 
 
 def clip_rewards_for(config: Any, atari: bool) -> bool | float | None:
-    """The effective `clip_rewards`: None becomes True (sign) for preprocessed Atari, as in RLlib."""
+    """The effective `clip_rewards`: None means True (sign) for preprocessed Atari, as in RLlib."""
     if config.clip_rewards is None and atari and deepmind_enabled(config):
         return True
     return config.clip_rewards
@@ -225,9 +225,7 @@ class DeepMindPreprocessing(gym.Wrapper):
         meanings = env.unwrapped.get_action_meanings()
         self._fire = meanings.index("FIRE") if fire_reset and "FIRE" in meanings else None
         channels = self.stack if grayscale else 3 * self.stack
-        self.observation_space = gym.spaces.Box(
-            0, 255, (self.dim, self.dim, channels), np.uint8
-        )
+        self.observation_space = gym.spaces.Box(0, 255, (self.dim, self.dim, channels), np.uint8)
         frame_shape = raw_shape[:2] if grayscale else raw_shape
         # The last two raw frames of a step; [0] also keeps the previous max, as ale-py's does.
         self._raw = np.zeros((2, *frame_shape), np.uint8)

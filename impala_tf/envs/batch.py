@@ -64,6 +64,7 @@ class EnvBatch(abc.ABC):
     def step(self, actions: np.ndarray) -> BatchStep:
         """Steps every env with its row of `actions`; finished episodes are reset."""
 
+    @abc.abstractmethod
     def close(self) -> None:
         """Releases the envs."""
 
