@@ -1,0 +1,108 @@
+"""Tests of the pure-logic parts of tools/bench_atari.py: the /proc memory sampler, the rates."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+_TOOLS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tools")
+_spec = importlib.util.spec_from_file_location(
+    "bench_atari", os.path.join(_TOOLS, "bench_atari.py")
+)
+bench_atari = importlib.util.module_from_spec(_spec)
+sys.modules["bench_atari"] = bench_atari
+_spec.loader.exec_module(bench_atari)
+
+# A parent that starts a child holding 200 MB of touched memory; both wait for stdin to close.
+_TREE = textwrap.dedent(
+    """
+    import subprocess, sys
+    child = subprocess.Popen([sys.executable, "-c",
+        "import sys; b = bytearray(200 * 2**20); print('ready', flush=True); sys.stdin.read()"],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    child.stdout.readline()
+    print(child.pid, flush=True)
+    sys.stdin.read()
+    child.stdin.close()
+    child.wait()
+    """
+)
+
+
+@pytest.fixture
+def tree():
+    """(parent pid, child pid) of a live two-process tree whose child holds 200 MB."""
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _TREE], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        child = int(proc.stdout.readline())
+        yield proc.pid, child
+    finally:
+        proc.stdin.close()
+        proc.wait(30)
+
+
+def test_process_tree_finds_descendants(tree):
+    parent, child = tree
+    pids = bench_atari.process_tree(parent)
+    assert pids[0] == parent
+    assert child in pids
+    assert os.getpid() not in pids  # The tree is below `parent`, not above it.
+
+
+def test_process_tree_of_a_dead_pid_is_empty():
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()
+    assert bench_atari.process_tree(proc.pid) == []
+
+
+def test_sampler_sums_the_tree(tree):
+    parent, child = tree
+    sampler = bench_atari.TreeMemorySampler(parent)
+    rss_kb, pss_kb, processes = sampler.sample()
+    child_rss, _ = bench_atari.memory_kb(child)
+    assert processes == 2
+    assert child_rss > 200 * 1024  # The child's touched bytearray.
+    assert rss_kb > child_rss  # Parent and child summed.
+    assert 200 * 1024 < pss_kb <= rss_kb
+    assert sampler.peak_rss_kb == rss_kb and sampler.peak_processes == 2
+    # The peaks are kept when the tree is gone.
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    sampler.root_pid = gone.pid
+    assert sampler.sample() == (0, 0, 0)
+    assert sampler.peak_rss_kb == rss_kb and sampler.peak_pss_kb == pss_kb
+
+
+def test_memory_of_an_exited_process_is_zero():
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()
+    assert bench_atari.memory_kb(proc.pid) == (0, 0)
+
+
+def test_throughput_excludes_the_first_iteration():
+    results = [
+        {"time_total_s": 30.0, "timesteps_total": 1_000, "num_env_steps_trained": 500},
+        {"time_total_s": 40.0, "timesteps_total": 21_000, "num_env_steps_trained": 15_500},
+        {"time_total_s": 50.0, "timesteps_total": 41_000, "num_env_steps_trained": 30_500},
+    ]
+    out = bench_atari.throughput(results)
+    assert out["measured_s"] == pytest.approx(20.0)
+    assert out["sampled_per_s"] == pytest.approx(2_000.0)
+    assert out["trained_per_s"] == pytest.approx(1_500.0)
+    single = bench_atari.throughput(results[:1])
+    assert single["sampled_per_s"] == pytest.approx(1_000 / 30)
+    with pytest.raises(RuntimeError, match="no results"):
+        bench_atari.throughput([])
+
+
+def test_split_spreads_envs_over_processes():
+    assert bench_atari._split(32, 2) == [16, 16]
+    assert bench_atari._split(5, 2) == [3, 2]
+    assert bench_atari._split(1, 4) == [1]

@@ -1,0 +1,737 @@
+"""Atari (Pong) benchmark: env, learner and inference bounds, impala-train throughput, memory.
+
+    .venv/bin/python tools/bench_atari.py                         # everything, 180 s of training
+    .venv/bin/python tools/bench_atari.py --train_time 60 --env_time 10 --no-write
+    .venv/bin/python tools/bench_atari.py --profile               # + cProfile of the driver
+    .venv/bin/python tools/bench_atari.py --rllib-python /path/to/rllib-venv/bin/python
+
+All parts run in one invocation, each in a fresh process (TensorFlow's thread pools are fixed at
+start-up), against the public entry points only: the config from the YAML
+(`ImpalaConfig.from_yaml`), the env runners' env factories (`make_env`, `make_env_batch`,
+`atari.vector_env_kwargs`), `ImpalaLearner` and `ActorPolicy` (which build the model the config
+asks for through the models catalog) and the `impala-train` binary. Parts:
+
+* (a) **env** - the raw rate of the preprocessed env with random actions, at the config's
+  `model.dim` / `framestack`, over the config's `num_env_runners x num_envs_per_env_runner` envs:
+  ale-py's `AtariVectorEnv` in one process with one C++ thread per core, the same split over one
+  process per runner with the thread count the runners use, and the gymnasium-wrapper path
+  (`DeepMindPreprocessing`) in one process per core. Env steps/s and frames/s (x4 action repeat).
+* (b) **learner** - the model's forward + backward + optimizer samples/s at `train_batch_size`:
+  `ImpalaLearner(config, env spaces).train_step` compiled and timed on a synthetic uint8 batch,
+  next to a bare Keras forward + backward + Adam of the same model (the catalog's model, a
+  cross-entropy and a squared value loss, no V-trace), all cores.
+* (c) **inference** - `ActorPolicy.step` (the actors' compiled forward with sampling) at batch
+  `num_envs_per_env_runner` on 1 TF thread (what one actor does) and at a large batch on all
+  cores (what a central inference server would do).
+* (d) **train** - `impala-train --config=<yaml> --stop_time_s=<train_time>`; env steps/s sampled
+  and trained from `result.json`, between the first and the last iteration (so start-up and
+  the first iteration's compilation are excluded).
+* (e) **memory** - peak resident memory of the run's whole process tree (driver, fork server,
+  actors, ...), sampled from /proc every second: the peak of the summed RSS (counts shared pages
+  once per process) and of the summed PSS (shared pages split between the sharers).
+* (f) **rllib** - with `--rllib-python` (a Python with `ray[rllib]`, e.g. the side virtualenv of
+  /work/shared/PLATFORM.md; this tool does not create it), RLlib 2.60 IMPALA (torch, new API
+  stack) on Pong with the YAML's runners, envs, fragment, batch and losses, for the same time.
+
+Ratios printed: trained / min(env rate, learner bound) (the issue's target is >= 0.70; the env
+rate used is the best of the (a) rows) and trained vs RLlib: (f) when it ran, else the 384 env
+steps/s sampled PLATFORM.md records for RLlib on this machine (said so in the output).
+
+`--profile` runs the driver under cProfile and prints its top functions by own time and by
+cumulative time. cProfile sees the driver's main thread only: the learner thread and the actor
+processes are not in it.
+
+Results go to BENCHMARKS.md (section "bench_atari"), with the load average before and after the
+run; on a loaded machine (load above half the cores) the section says it was measured under load.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+import benchlib  # noqa: E402
+
+DEFAULT_CONFIG = os.path.join(ROOT, "configs", "pong-impala-small.yaml")
+#: RLlib 2.60 IMPALA (torch, new stack) on ALE/Pong-v5 on this machine (PLATFORM.md).
+RLLIB_PLATFORM_STEPS_PER_S = 384.0
+FRAME_SKIP = 4
+TARGET_RATIO = 0.70
+
+RLLIB_SCRIPT = r"""
+import json, sys, time
+start = time.time()
+import gymnasium as gym
+from ray import tune
+from ray.rllib.algorithms.impala import IMPALAConfig
+from ray.rllib.env.wrappers.atari_wrappers import wrap_atari_for_new_api_stack
+s = json.loads(sys.argv[1])
+budget_s = float(sys.argv[2])
+tune.register_env("pong", lambda cfg: wrap_atari_for_new_api_stack(
+    gym.make("ale_py:ALE/Pong-v5", frameskip=1, full_action_space=False,
+             repeat_action_probability=0.0), dim=s["dim"], framestack=4))
+config = (
+    IMPALAConfig()
+    .environment("pong", clip_rewards=True)
+    .env_runners(num_env_runners=s["runners"], num_envs_per_env_runner=s["envs"],
+                 rollout_fragment_length=s["fragment"])
+    .training(train_batch_size_per_learner=s["batch"], lr=s["lr"], grad_clip=s["grad_clip"],
+              vf_loss_coeff=s["vf"], entropy_coeff=s["entropy"])
+    .rl_module(model_config={"vf_share_layers": True, "conv_activation": "relu",
+                             "conv_filters": [[16, 4, 2], [32, 4, 2], [64, 4, 2], [128, 4, 2]],
+                             "head_fcnet_hiddens": [256]})
+)
+algo = config.build_algo()
+print(json.dumps({"startup_s": time.time() - start}), flush=True)
+while time.time() - start < budget_s:
+    r = algo.train()
+    print(json.dumps({"t": time.time() - start,
+                      "steps": r["env_runners"]["num_env_steps_sampled_lifetime"]}), flush=True)
+algo.stop()
+"""
+
+
+# --------------------------------------------------------------------------- process-tree memory
+
+
+def process_tree(root_pid: int, proc: str = "/proc") -> list[int]:
+    """`root_pid` and all its live descendants, read from `<proc>/<pid>/stat`.
+
+    Args:
+      root_pid: The process whose tree to list.
+      proc: The procfs mount.
+
+    Returns:
+      The pids, `root_pid` first (empty if it is gone).
+    """
+    children: dict[int, list[int]] = {}
+    for name in os.listdir(proc):
+        if not name.isdigit():
+            continue
+        try:
+            with open(os.path.join(proc, name, "stat"), encoding="ascii", errors="replace") as f:
+                stat = f.read()
+        except OSError:  # Exited while we listed.
+            continue
+        # The command name (field 2) may hold spaces and parentheses: fields follow the last ')'.
+        fields = stat[stat.rfind(")") + 2 :].split()
+        children.setdefault(int(fields[1]), []).append(int(name))
+    if not os.path.exists(os.path.join(proc, str(root_pid))):
+        return []
+    tree, todo = [], [root_pid]
+    while todo:
+        pid = todo.pop()
+        tree.append(pid)
+        todo.extend(children.get(pid, []))
+    return tree
+
+
+def memory_kb(pid: int, proc: str = "/proc") -> tuple[int, int]:
+    """(RSS, PSS) of one process in KiB; (0, 0) if it exited; PSS is RSS if unreadable."""
+    rss = pss = 0
+    try:
+        with open(os.path.join(proc, str(pid), "status"), encoding="ascii") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    rss = int(line.split()[1])
+                    break
+    except OSError:
+        return 0, 0
+    try:
+        with open(os.path.join(proc, str(pid), "smaps_rollup"), encoding="ascii") as f:
+            for line in f:
+                if line.startswith("Pss:"):
+                    pss = int(line.split()[1])
+                    break
+    except OSError:
+        pss = rss
+    return rss, pss
+
+
+class TreeMemorySampler(threading.Thread):
+    """Samples the summed RSS and PSS of a process tree every `interval_s`; keeps the peaks.
+
+    Args:
+      root_pid: The tree's root (the driver).
+      interval_s: Seconds between samples.
+      proc: The procfs mount.
+    """
+
+    def __init__(self, root_pid: int, interval_s: float = 1.0, proc: str = "/proc"):
+        super().__init__(daemon=True, name="tree-memory-sampler")
+        self.root_pid, self.interval_s, self.proc = root_pid, interval_s, proc
+        self.peak_rss_kb = self.peak_pss_kb = self.peak_processes = self.samples = 0
+        self._stop = threading.Event()
+
+    def sample(self) -> tuple[int, int, int]:
+        """Takes one sample now; returns (RSS KiB, PSS KiB, processes) and updates the peaks."""
+        pids = process_tree(self.root_pid, self.proc)
+        rss = pss = 0
+        for pid in pids:
+            r, p = memory_kb(pid, self.proc)
+            rss, pss = rss + r, pss + p
+        self.peak_rss_kb = max(self.peak_rss_kb, rss)
+        self.peak_pss_kb = max(self.peak_pss_kb, pss)
+        self.peak_processes = max(self.peak_processes, len(pids))
+        self.samples += 1
+        return rss, pss, len(pids)
+
+    def run(self) -> None:
+        while not self._stop.is_set():
+            self.sample()
+            self._stop.wait(self.interval_s)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self.join()
+
+
+# ------------------------------------------------------------------------ cases (fresh processes)
+
+
+def _load_config(path: str):
+    from impala_tf.config import ImpalaConfig
+
+    config, _ = ImpalaConfig.from_yaml(path)
+    config.validate()
+    return config
+
+
+def _spaces(config):
+    """The observation and action spaces of the env runners' envs (training, worker 1)."""
+    from impala_tf.actors.env_runner import make_env
+
+    env = make_env(config, worker_index=1, vector_index=0)
+    spaces = env.observation_space, env.action_space
+    env.close()
+    return spaces
+
+
+def _set_tf_threads(threads: int | None) -> None:
+    import tensorflow as tf
+
+    if threads:
+        tf.config.threading.set_intra_op_parallelism_threads(threads)
+        tf.config.threading.set_inter_op_parallelism_threads(threads)
+
+
+def _step_env_batch(batch, seconds: float) -> tuple[int, float]:
+    """Steps `batch` with uniform random actions for `seconds`; returns (env steps, seconds)."""
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    n = batch.num_envs
+    batch.reset([None] * n)
+    steps, start = 0, time.perf_counter()
+    while (elapsed := time.perf_counter() - start) < seconds:
+        batch.step(rng.integers(0, batch.action_space.n, n))
+        steps += n
+    batch.close()
+    return steps, elapsed
+
+
+def case_env(path: str, kind: str, num_envs: int, threads: int, seconds: float) -> dict:
+    """One process stepping `num_envs` envs on the vector-env or the wrapper path."""
+    from impala_tf.actors.env_runner import make_env
+    from impala_tf.envs import atari
+    from impala_tf.envs.batch import AtariVectorEnvBatch, GymEnvBatch
+
+    config = _load_config(path)
+    if kind == "vector":
+        kwargs = atari.vector_env_kwargs(config, training=True, num_envs=num_envs)
+        if kwargs is None:
+            return {"error": "the config is not covered by AtariVectorEnv"}
+        batch = AtariVectorEnvBatch(**{**kwargs, "num_threads": threads})
+    else:
+        batch = GymEnvBatch([make_env(config, 1, j) for j in range(num_envs)])
+    shape = list(batch.observation_space.shape)
+    steps, elapsed = _step_env_batch(batch, seconds)
+    return {"steps": steps, "seconds": elapsed, "obs_shape": shape}
+
+
+def _random_time_major(config, obs_space, act_space, rows: int, seed: int = 0) -> dict:
+    """Synthetic time-major [T, B, ...] train batch with RLlib's columns; uint8 observations."""
+    import numpy as np
+
+    from impala_tf import distributions
+
+    rng = np.random.default_rng(seed)
+    shape = (int(config.rollout_fragment_length), rows)
+    dones = rng.random(shape) < 0.01
+    return {
+        "obs": rng.integers(0, 256, (*shape, *obs_space.shape), dtype=np.uint8),
+        "actions": rng.integers(0, act_space.n, shape).astype(np.int64),
+        "rewards": rng.choice(np.array([-1.0, 0.0, 1.0], np.float32), shape),
+        "terminateds": dones,
+        "truncateds": np.zeros(shape, bool),
+        "action_dist_inputs": rng.normal(
+            scale=0.5, size=(*shape, distributions.logits_size(act_space))
+        ).astype(np.float32),
+        "action_logp": np.zeros(shape, np.float32),
+        "vf_preds": rng.normal(size=shape).astype(np.float32),
+        "values_bootstrapped": np.where(dones, 0.0, rng.normal(size=shape)).astype(np.float32),
+    }
+
+
+def _interleaved(steps: dict[str, Callable[[], object]], repeats: int, rounds: int = 3) -> dict:
+    times: dict[str, list[float]] = {name: [] for name in steps}
+    for _ in range(rounds):
+        for name, step in steps.items():
+            times[name].append(benchlib.median_seconds(step, repeats=repeats, warmup=2))
+    return {name: statistics.median(values) for name, values in times.items()}
+
+
+def _describe(model) -> str:
+    torso = getattr(model, "torso", None)
+    name = getattr(torso, "name", type(model).__name__)
+    return f"{name} ({model.count_params():,} parameters)"
+
+
+def case_learner(path: str, repeats: int) -> dict:
+    """`ImpalaLearner.train_step` vs a bare Keras update of the same model, all cores."""
+    import keras
+    import numpy as np
+    import tensorflow as tf
+
+    from impala_tf.learner import ImpalaLearner
+    from impala_tf.models import build_model
+
+    config = _load_config(path)
+    obs_space, act_space = _spaces(config)
+    horizon = int(config.rollout_fragment_length)
+    rows = -(-int(config.train_batch_size) // horizon)
+    batch = rows * horizon
+    learner = ImpalaLearner(config, obs_space, act_space)
+    data = {
+        k: tf.constant(v) for k, v in _random_time_major(config, obs_space, act_space, rows).items()
+    }
+
+    @tf.function(autograph=False)
+    def learner_step(d):
+        return learner.train_step(d)["total_loss"]
+
+    model = build_model(obs_space, act_space, config.model, name="bare_keras_model")
+    optimizer = keras.optimizers.Adam(learning_rate=float(config.lr), epsilon=1e-8)
+    optimizer.build(model.trainable_variables)
+    obs = tf.reshape(data["obs"], (batch, *obs_space.shape))
+    actions = tf.reshape(data["actions"], (batch,))
+    targets = tf.reshape(data["vf_preds"], (batch,))
+
+    @tf.function(autograph=False)
+    def keras_step():
+        with tf.GradientTape() as tape:
+            logits, values = model(obs, training=True)
+            loss = tf.reduce_sum(
+                tf.nn.sparse_softmax_cross_entropy_with_logits(labels=actions, logits=logits)
+            ) + 0.5 * tf.reduce_sum(tf.square(tf.reshape(values, (-1,)) - targets))
+        grads = tape.gradient(loss, model.trainable_variables)
+        grads, _ = tf.clip_by_global_norm(grads, float(config.grad_clip or 40.0))
+        optimizer.apply_gradients(zip(grads, model.trainable_variables))
+        return loss
+
+    seconds = _interleaved(
+        {
+            "learner": lambda: np.asarray(learner_step(data)),
+            "keras": lambda: np.asarray(keras_step()),
+        },
+        repeats,
+    )
+    return {
+        "batch": batch,
+        "model": _describe(learner.model),
+        "obs_shape": list(obs_space.shape),
+        "learner_s": seconds["learner"],
+        "keras_s": seconds["keras"],
+    }
+
+
+def case_inference(path: str, batch: int, threads: int | None, repeats: int) -> dict:
+    """`ActorPolicy.step` on a [batch, H, W, C] uint8 observation, `threads` TF threads."""
+    import numpy as np
+
+    _set_tf_threads(threads)
+    from impala_tf.policy import ActorPolicy
+
+    config = _load_config(path)
+    obs_space, act_space = _spaces(config)
+    policy = ActorPolicy(obs_space, act_space, config.model, seed=0)
+    obs = np.random.default_rng(0).integers(0, 256, (batch, *obs_space.shape), dtype=np.uint8)
+    seconds = statistics.median(
+        benchlib.median_seconds(lambda: policy.step(obs), repeats=repeats, warmup=3)
+        for _ in range(3)
+    )
+    return {"batch": batch, "threads": threads, "seconds": seconds}
+
+
+def _run_case(name: str, payload: dict, timeout: float = 1800) -> dict:
+    args = [
+        sys.executable,
+        os.path.abspath(__file__),
+        "--case",
+        json.dumps({"name": name, **payload}),
+    ]
+    out = subprocess.run(args, capture_output=True, text=True, cwd=ROOT, timeout=timeout)
+    if out.returncode != 0:
+        raise RuntimeError(f"case {name} {payload} failed:\n{out.stderr[-3000:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def _run_parallel(name: str, payloads: list[dict]) -> list[dict]:
+    """Runs cases at the same time, one process each (for the all-cores env rates)."""
+    procs = []
+    for payload in payloads:
+        args = [sys.executable, os.path.abspath(__file__), "--case"]
+        args.append(json.dumps({"name": name, **payload}))
+        procs.append(
+            subprocess.Popen(
+                args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT
+            )
+        )
+    results = []
+    for proc in procs:
+        stdout, stderr = proc.communicate(timeout=1800)
+        if proc.returncode != 0:
+            raise RuntimeError(f"case {name} failed:\n{stderr[-3000:]}")
+        results.append(json.loads(stdout.strip().splitlines()[-1]))
+    return results
+
+
+# ------------------------------------------------------------------------------------- the parts
+
+
+def bench_env(path: str, config, seconds: float, cores: int) -> list[dict]:
+    runners = max(1, int(config.num_env_runners))
+    per_runner = int(config.num_envs_per_env_runner)
+    total = runners * per_runner
+    from impala_tf.envs import atari
+
+    runner_threads = (
+        atari.vector_env_kwargs(config, training=True, num_envs=per_runner) or {}
+    ).get("num_threads", 1)
+    layouts = [
+        ("AtariVectorEnv, 1 process", "vector", [(total, cores)]),
+        (
+            f"AtariVectorEnv, {runners} processes (as the env runners)",
+            "vector",
+            [(per_runner, runner_threads)] * runners,
+        ),
+        (
+            f"wrapper (DeepMindPreprocessing), {cores} processes",
+            "wrapper",
+            [(n, 1) for n in _split(total, cores)],
+        ),
+    ]
+    rows = []
+    for label, kind, split in layouts:
+        payloads = [
+            {"path": path, "kind": kind, "num_envs": n, "threads": t, "seconds": seconds}
+            for n, t in split
+        ]
+        results = _run_parallel("env", payloads)
+        if any("error" in r for r in results):
+            rows.append({"label": label, "error": results[0].get("error")})
+            continue
+        rate = sum(r["steps"] / r["seconds"] for r in results)
+        rows.append(
+            {
+                "label": label,
+                "envs": total,
+                "threads": sum(t for _, t in split),
+                "steps_per_s": rate,
+                "obs_shape": results[0]["obs_shape"],
+            }
+        )
+        print(json.dumps({"env": rows[-1]}), flush=True)
+    return rows
+
+
+def _split(total: int, parts: int) -> list[int]:
+    parts = max(1, min(parts, total))
+    return [total // parts + (i < total % parts) for i in range(parts)]
+
+
+def run_train(path: str, seconds: float, profile: bool, top: int) -> dict:
+    """Runs impala-train for `seconds` of training, sampling the tree's memory every second."""
+    logdir = tempfile.mkdtemp(prefix="bench-atari-")
+    prof = os.path.join(logdir, "driver.prof")
+    cmd = [sys.executable]
+    if profile:
+        cmd += ["-m", "cProfile", "-o", prof]
+    cmd += [
+        "-m",
+        "impala_tf.bin.train",
+        f"--config={path}",
+        f"--logdir={logdir}",
+        f"--stop_time_s={seconds}",
+        "--checkpoint_freq=0",
+    ]
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", PYTHONUNBUFFERED="1")
+    log_path = os.path.join(logdir, "stdout.txt")
+    start = time.perf_counter()
+    with open(log_path, "w", encoding="utf-8") as log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, env=env)
+        sampler = TreeMemorySampler(proc.pid)
+        sampler.start()
+        try:
+            proc.wait(timeout=seconds + 900)
+        finally:
+            if proc.poll() is None:
+                proc.terminate()
+                proc.wait(60)
+            sampler.stop()
+    wall = time.perf_counter() - start
+    if proc.returncode != 0:
+        with open(log_path, encoding="utf-8") as f:
+            raise RuntimeError(f"impala-train exited {proc.returncode}:\n{f.read()[-3000:]}")
+    with open(os.path.join(logdir, "result.json"), encoding="utf-8") as f:
+        results = [json.loads(line) for line in f if line.strip()]
+    out = {
+        "logdir": logdir,
+        "wall_s": wall,
+        "iterations": len(results),
+        "peak_rss_mb": sampler.peak_rss_kb / 1024,
+        "peak_pss_mb": sampler.peak_pss_kb / 1024,
+        "peak_processes": sampler.peak_processes,
+        **throughput(results),
+    }
+    if profile:
+        out["profile"] = profile_top(prof, top)
+    return out
+
+
+def throughput(results: list[dict]) -> dict:
+    """Env steps/s sampled and trained between the first and the last result (start-up excluded).
+
+    With a single result the rates since the start of training are used instead.
+    """
+    if not results:
+        raise RuntimeError("impala-train wrote no results")
+    first, last = results[0], results[-1]
+    if len(results) < 2:
+        first = {"time_total_s": 0.0, "timesteps_total": 0, "num_env_steps_trained": 0}
+    dt = max(float(last["time_total_s"]) - float(first["time_total_s"]), 1e-9)
+    return {
+        "measured_s": dt,
+        "sampled_per_s": (last["timesteps_total"] - first["timesteps_total"]) / dt,
+        "trained_per_s": (last["num_env_steps_trained"] - first["num_env_steps_trained"]) / dt,
+        "episode_reward_mean": last.get("episode_reward_mean"),
+    }
+
+
+def profile_top(prof_path: str, top: int) -> str:
+    """The top `top` functions of a cProfile dump, by own time and by cumulative time."""
+    import io
+    import pstats
+
+    stream = io.StringIO()
+    stats = pstats.Stats(prof_path, stream=stream).strip_dirs()
+    stats.sort_stats("tottime").print_stats(top)
+    stats.sort_stats("cumulative").print_stats(top)
+    return stream.getvalue()
+
+
+def run_rllib(python: str, config, seconds: float) -> dict:
+    """RLlib IMPALA (torch, new API stack) on Pong with the YAML's settings, for `seconds`."""
+    settings = {
+        "dim": int(config.model.get("dim", 84)),
+        "runners": int(config.num_env_runners),
+        "envs": int(config.num_envs_per_env_runner),
+        "fragment": int(config.rollout_fragment_length),
+        "batch": int(config.train_batch_size),
+        "lr": float(config.lr),
+        "grad_clip": float(config.grad_clip or 40.0),
+        "vf": float(config.vf_loss_coeff),
+        "entropy": float(config.entropy_coeff),
+    }
+    proc = subprocess.run(
+        [python, "-c", RLLIB_SCRIPT, json.dumps(settings), str(seconds)],
+        capture_output=True,
+        text=True,
+        timeout=seconds + 900,
+    )
+    rows = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+    iters = [r for r in rows if "steps" in r]
+    if len(iters) < 2:
+        raise RuntimeError(f"RLlib run failed or too short:\n{proc.stderr[-3000:]}")
+    first, last = iters[0], iters[-1]
+    return {
+        "settings": settings,
+        "iterations": len(iters),
+        "sampled_per_s": (last["steps"] - first["steps"]) / max(last["t"] - first["t"], 1e-9),
+    }
+
+
+# ------------------------------------------------------------------------------------------ main
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--config", default=DEFAULT_CONFIG)
+    parser.add_argument("--train_time", type=float, default=180.0, help="seconds of training")
+    parser.add_argument("--env_time", type=float, default=20.0, help="seconds per env layout")
+    parser.add_argument("--repeats", type=int, default=10, help="timed calls per round")
+    parser.add_argument("--inference_batch", type=int, default=256, help="central server batch")
+    parser.add_argument("--profile", action="store_true", help="cProfile the driver")
+    parser.add_argument("--profile_top", type=int, default=25)
+    parser.add_argument("--rllib-python", default=None)
+    parser.add_argument("--no-write", action="store_true", help="do not update BENCHMARKS.md")
+    parser.add_argument("--case", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.case:
+        case = json.loads(args.case)
+        name = case.pop("name")
+        fn = {"env": case_env, "learner": case_learner, "inference": case_inference}[name]
+        print(json.dumps(fn(**case)), flush=True)
+        return
+
+    path = os.path.abspath(args.config)
+    config = _load_config(path)
+    cores = os.cpu_count() or 1
+    load_before = os.getloadavg()
+    t0 = time.perf_counter()
+
+    env_rows = bench_env(path, config, args.env_time, cores)
+    learner = _run_case("learner", {"path": path, "repeats": args.repeats})
+    print(json.dumps({"learner": learner}), flush=True)
+    per_actor = int(config.num_envs_per_env_runner)
+    inference = [
+        _run_case("inference", {"path": path, "batch": per_actor, "threads": 1, "repeats": 30}),
+        _run_case(
+            "inference",
+            {"path": path, "batch": args.inference_batch, "threads": None, "repeats": args.repeats},
+        ),
+    ]
+    print(json.dumps({"inference": inference}), flush=True)
+    train = run_train(path, args.train_time, args.profile, args.profile_top)
+    print(json.dumps({"train": {k: v for k, v in train.items() if k != "profile"}}), flush=True)
+    rllib = None
+    if args.rllib_python:
+        rllib = run_rllib(args.rllib_python, config, args.train_time)
+        print(json.dumps({"rllib": rllib}), flush=True)
+    load_after = os.getloadavg()
+
+    text = report(
+        args, config, cores, env_rows, learner, inference, train, rllib, load_before, load_after
+    )
+    text += f"\n\nWhole benchmark: {time.perf_counter() - t0:.0f} s."
+    if train.get("profile"):
+        text += (
+            "\n\n### Profile of the driver (cProfile, main thread only: not the learner thread "
+            "or the actors)\n\n```\n" + train["profile"].strip() + "\n```"
+        )
+    print(text)
+    if not args.no_write:
+        benchlib.write_section("bench_atari", text)
+
+
+def report(
+    args, config, cores, env_rows, learner, inference, train, rllib, load_before, load_after
+) -> str:
+    name = os.path.relpath(os.path.abspath(args.config), ROOT)
+    loaded = max(load_before[0], load_after[0]) > cores / 2
+    env_ok = [r for r in env_rows if "steps_per_s" in r]
+    env_rate = max((r["steps_per_s"] for r in env_ok), default=float("nan"))
+    learner_rate = learner["batch"] / learner["learner_s"]
+    bound = min(env_rate, learner_rate)
+    trained = train["trained_per_s"]
+    lines = [
+        f"## Atari: Pong with `{name}`",
+        "",
+        f"Machine: {benchlib.machine_line()}. Load average (1 min) {load_before[0]:.1f} before, "
+        f"{load_after[0]:.1f} after, on {cores} cores.",
+    ]
+    if loaded:
+        lines += [
+            "",
+            "**Measured under load (other jobs running): these figures are not clean; re-run on "
+            "an idle machine before quoting them.**",
+        ]
+    lines += [
+        "",
+        f"### (a) Preprocessed env, random actions ({config.env}, obs "
+        f"{env_ok[0]['obs_shape'] if env_ok else '?'} uint8, action repeat {FRAME_SKIP})",
+        "",
+        "| path | envs | threads | env steps/s | frames/s |",
+        "|---|---:|---:|---:|---:|",
+    ]
+    for r in env_rows:
+        if "error" in r:
+            lines.append(f"| {r['label']} | - | - | {r['error']} | - |")
+        else:
+            lines.append(
+                f"| {r['label']} | {r['envs']} | {r['threads']} | {r['steps_per_s']:,.0f} | "
+                f"{r['steps_per_s'] * FRAME_SKIP:,.0f} |"
+            )
+    keras_rate = learner["batch"] / learner["keras_s"]
+    lines += [
+        "",
+        f"### (b) Learner bound: {learner['model']}, batch {learner['batch']}, all cores",
+        "",
+        "| update | ms / update | samples/s | vs Keras |",
+        "|---|---:|---:|---:|",
+        "| `ImpalaLearner.train_step` (V-trace, optimizer, clip) | "
+        f"{learner['learner_s'] * 1e3:.1f} | {learner_rate:,.0f} | "
+        f"{learner['learner_s'] / learner['keras_s']:.2f}x |",
+        f"| bare Keras, same model: forward + backward + Adam | {learner['keras_s'] * 1e3:.1f} | "
+        f"{keras_rate:,.0f} | 1.00x |",
+        "",
+        "### (c) Inference bound: `ActorPolicy.step` (forward + sampling), uint8 observations",
+        "",
+        "| batch | TF threads | ms / call | samples/s |",
+        "|---:|---:|---:|---:|",
+    ]
+    for r in inference:
+        lines.append(
+            f"| {r['batch']} | {r['threads'] or f'all ({cores})'} | {r['seconds'] * 1e3:.2f} | "
+            f"{r['batch'] / r['seconds']:,.0f} |"
+        )
+    lines += [
+        "",
+        f"### (d, e) impala-train, {args.train_time:g} s of training",
+        "",
+        f"Env steps/s sampled **{train['sampled_per_s']:,.0f}**, trained "
+        f"**{trained:,.0f}** (frames/s trained {trained * FRAME_SKIP:,.0f}), between the first "
+        f"and the last of {train['iterations']} iterations ({train['measured_s']:.0f} s; "
+        f"start-up and the first iteration excluded); process wall time {train['wall_s']:.0f} s; "
+        f"last episode_reward_mean {train['episode_reward_mean']}.",
+        f"Peak memory of the run's process tree ({train['peak_processes']} processes at most, "
+        f"sampled every second): RSS summed {train['peak_rss_mb']:,.0f} MB, PSS summed "
+        f"{train['peak_pss_mb']:,.0f} MB.",
+        "",
+        "### Ratios",
+        "",
+        f"- trained / min(env {env_rate:,.0f}, learner {learner_rate:,.0f}) = "
+        f"**{trained / bound:.2f}** (target >= {TARGET_RATIO:.2f}: "
+        f"{'met' if trained / bound >= TARGET_RATIO else 'not met'}).",
+    ]
+    if rllib is not None:
+        lines.append(
+            f"- (f) RLlib 2.60 IMPALA (torch, new API stack, same runners/envs/fragment/batch/"
+            f"losses, its 4-layer CNN, ALE/Pong-v5 frameskip 1) in this run: "
+            f"{rllib['sampled_per_s']:,.0f} env steps/s sampled; impala_tf trained / RLlib "
+            f"sampled = **{trained / rllib['sampled_per_s']:.1f}x** (target >= 5x)."
+        )
+    else:
+        lines.append(
+            f"- (f) did not run (no `--rllib-python`): vs the {RLLIB_PLATFORM_STEPS_PER_S:.0f} env "
+            "steps/s RLlib sampled on this machine earlier (PLATFORM.md: 1 runner x 5 envs, its "
+            f"64x64 CNN), impala_tf trained = **{trained / RLLIB_PLATFORM_STEPS_PER_S:.1f}x** "
+            "(target >= 5x; not the same run)."
+        )
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    main()
