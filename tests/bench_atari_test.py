@@ -106,3 +106,14 @@ def test_split_spreads_envs_over_processes():
     assert bench_atari._split(32, 2) == [16, 16]
     assert bench_atari._split(5, 2) == [3, 2]
     assert bench_atari._split(1, 4) == [1]
+
+
+def test_sampler_thread_samples_until_stopped(tree):
+    parent, _ = tree
+    sampler = bench_atari.TreeMemorySampler(parent, interval_s=0.05)
+    sampler.start()
+    while sampler.samples < 2:
+        sampler._done.wait(0.05)
+    sampler.stop()
+    assert not sampler.is_alive()
+    assert sampler.peak_rss_kb > 200 * 1024 and sampler.peak_processes == 2

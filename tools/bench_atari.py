@@ -173,7 +173,7 @@ class TreeMemorySampler(threading.Thread):
         super().__init__(daemon=True, name="tree-memory-sampler")
         self.root_pid, self.interval_s, self.proc = root_pid, interval_s, proc
         self.peak_rss_kb = self.peak_pss_kb = self.peak_processes = self.samples = 0
-        self._stop = threading.Event()
+        self._done = threading.Event()
 
     def sample(self) -> tuple[int, int, int]:
         """Takes one sample now; returns (RSS KiB, PSS KiB, processes) and updates the peaks."""
@@ -189,12 +189,12 @@ class TreeMemorySampler(threading.Thread):
         return rss, pss, len(pids)
 
     def run(self) -> None:
-        while not self._stop.is_set():
+        while not self._done.is_set():
             self.sample()
-            self._stop.wait(self.interval_s)
+            self._done.wait(self.interval_s)
 
     def stop(self) -> None:
-        self._stop.set()
+        self._done.set()
         self.join()
 
 
