@@ -81,7 +81,7 @@ s = json.loads(sys.argv[1])
 budget_s = float(sys.argv[2])
 tune.register_env("pong", lambda cfg: wrap_atari_for_new_api_stack(
     gym.make("ale_py:ALE/Pong-v5", frameskip=1, full_action_space=False,
-             repeat_action_probability=0.0), dim=s["dim"], framestack=4))
+             repeat_action_probability=0.0), s["dim"], 4, 4))  # dim, frameskip, framestack
 config = (
     IMPALAConfig()
     .environment("pong", clip_rewards=True)
