@@ -3,7 +3,8 @@
 Each actor process runs an `EnvRunner`. The driver sends it commands through a
 `multiprocessing.Queue` (sample requests, weights, stop), whose feeder thread never blocks the
 driver, and the actor sends fragments back through its own pipe; the driver waits on all pipes
-and process sentinels at once, so a dead actor is noticed immediately (its pipe closes).
+and process sentinels at once, so a dead actor is noticed immediately (its pipe closes). Actors
+pack observations before sending (`impala_tf.frames.encode_observations`).
 
 Processes are forked from a fork server that has imported what the actors need (TensorFlow
 only for non-MLP policies, and never run it), or spawned where there is no fork server:
@@ -28,6 +29,7 @@ import numpy as np
 from impala_tf.actors.base import ActorFailure, ActorPool
 from impala_tf.actors.env_runner import Fragment
 from impala_tf.config import ImpalaConfig
+from impala_tf.frames import encode_observations
 
 __all__ = ["LocalActorPool"]
 
@@ -87,6 +89,10 @@ def _actor_main(
                 runner.set_weights(*latest_weights)
             fragment = runner.sample()
             fragment.actor_id = actor_id
+            # Each frame of stacked images travels once; zlib on top with compress_observations.
+            fragment.batch = encode_observations(
+                fragment.batch, compress_observations=config.compress_observations
+            )
             results.send(("fragment", fragment))
             credits -= 1
     except (KeyboardInterrupt, BrokenPipeError):
