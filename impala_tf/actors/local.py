@@ -28,6 +28,7 @@ import numpy as np
 
 from impala_tf.actors.base import ActorFailure, ActorPool
 from impala_tf.actors.env_runner import Fragment
+from impala_tf.actors.memory import check_actor_memory
 from impala_tf.config import ImpalaConfig
 from impala_tf.frames import encode_observations
 
@@ -132,17 +133,23 @@ def _actor_environment():
                 os.environ[key] = value
 
 
-def _preload(config: ImpalaConfig) -> list[str]:
-    """Modules the fork server imports once for every actor: TensorFlow only if the policy
-    needs it (MLP policies act in numpy, see `impala_tf.numpy_policy`)."""
+def _policy_kind(config: ImpalaConfig) -> tuple[bool, Any]:
+    """(whether actors act in numpy, the env's observation space), from one env built here."""
     from impala_tf.actors.env_runner import make_env
     from impala_tf.numpy_policy import supports
 
     env = make_env(config, 0, 0)
     try:
         numpy_only = supports(env.observation_space, env.action_space, config.model)
+        return numpy_only, env.observation_space
     finally:
         env.close()
+
+
+def _preload(config: ImpalaConfig) -> list[str]:
+    """Modules the fork server imports once for every actor: TensorFlow only if the policy
+    needs it (MLP policies act in numpy, see `impala_tf.numpy_policy`)."""
+    numpy_only, _ = _policy_kind(config)
     return ["impala_tf.actors.env_runner"] if numpy_only else ["impala_tf.policy"]
 
 
@@ -174,6 +181,10 @@ class _Actor:
 class LocalActorPool(ActorPool):
     """`num_env_runners` local actor processes (at least one).
 
+    Before any process starts, `impala_tf.actors.memory.check_actor_memory` refuses a pool that
+    would not fit in the machine's available memory (`ActorMemoryError`, naming
+    `num_env_runners`).
+
     Args:
       config: The algorithm config; each actor builds its envs and policy from it.
       weights: Initial policy weights for every actor (None keeps their random init).
@@ -190,6 +201,8 @@ class LocalActorPool(ActorPool):
         policy_version: int = 0,
         start_method: str | None = None,
     ):
+        numpy_only, observation_space = _policy_kind(config)
+        check_actor_memory(config, observation_space, numpy_policy=numpy_only)
         if start_method is None:
             methods = mp.get_all_start_methods()
             start_method = "forkserver" if "forkserver" in methods else "spawn"
