@@ -7,12 +7,16 @@ import time
 
 import numpy as np
 import pytest
+import tensorflow as tf
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from impala_tf import pipeline
+from impala_tf.actors.env_runner import EnvRunner
 from impala_tf.actors.local import LocalActorPool
 from impala_tf.config import ImpalaConfig
 from impala_tf.frames import FrameStackColumn, encode_frame_stacks, encode_observations
+from impala_tf.models import build_model
 from impala_tf.sample_batch import CompressedColumn, SampleBatch, decompress
 from tests import envs
 
@@ -201,3 +205,17 @@ def test_training_on_coded_zlib_frames_end_to_end():
     finally:
         algo.stop()
     assert results[-1]["num_env_steps_trained"] > 0
+
+
+def test_uint8_frames_reach_the_learner_shards_unchanged():
+    config = _image_config(compress_observations=True)
+    runner = EnvRunner(config, worker_index=1)
+    obs_space, act_space = runner.observation_space, runner.action_space
+    runner.set_weights(build_model(obs_space, act_space, config.model).get_weights(), 0)
+    batch = runner.sample().batch
+    sent = pickle.loads(pickle.dumps(encode_observations(batch, compress_observations=True)))
+    assert isinstance(sent["obs"], FrameStackColumn)
+    signature = pipeline.batch_signature(config, obs_space, act_space)
+    (shard,) = pipeline.replica_shards(sent, signature, 1)
+    assert signature["obs"].dtype == tf.uint8 and shard["obs"].dtype == np.uint8
+    np.testing.assert_array_equal(shard["obs"], batch["obs"].reshape(-1, 10, 10, 4))
