@@ -74,6 +74,8 @@ MODEL_DEFAULTS: dict[str, Any] = {
     "vf_share_layers": False,
     "conv_filters": None,
     "conv_activation": "relu",
+    "post_fcnet_hiddens": [],
+    "post_fcnet_activation": "relu",
     "custom_model": None,
     "use_lstm": False,
     "lstm_cell_size": 256,
@@ -855,7 +857,12 @@ class ImpalaConfig:
             raise ValueError(
                 f"`model.fcnet_hiddens` must be a list of positive layer sizes, got {hiddens!r}."
             )
-        for key in ("fcnet_activation", "conv_activation"):
+        post = model["post_fcnet_hiddens"]
+        if not isinstance(post, list) or not all(_is_int(h) and h > 0 for h in post):
+            raise ValueError(
+                f"`model.post_fcnet_hiddens` must be a list of positive layer sizes, got {post!r}."
+            )
+        for key in ("fcnet_activation", "conv_activation", "post_fcnet_activation"):
             if model[key] not in _ACTIVATIONS:
                 raise ValueError(
                     f"`model.{key}` must be one of {_ACTIVATIONS}, got {model[key]!r}."

@@ -53,7 +53,7 @@ import tensorflow as tf
 
 from impala_tf import pipeline
 from impala_tf.learner import ImpalaLearner
-from impala_tf.sample_batch import SampleBatch
+from impala_tf.sample_batch import SampleBatch, decompress
 from impala_tf.stats import TimerStat, WindowStat, timer_ms
 
 __all__ = ["LearnerQueueTimeout", "LearnerThread", "MinibatchBuffer", "TrainBatch"]
@@ -242,7 +242,7 @@ class LearnerThread(threading.Thread):
         batch = item.batch
         if not self.microbatching:
             return [(batch, _UnitInfo(batch.env_steps, item.policy_version, True))]
-        batch = pipeline.decompress_if_needed(batch)
+        batch = decompress(batch)
         rows = self._micro_rows
         if len(batch) % rows:
             raise ValueError(

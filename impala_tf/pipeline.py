@@ -156,8 +156,7 @@ def replica_shards(
       ValueError: a column is missing, cannot be cast, or has the wrong shape; the message names
         the column, its shape and the expected one.
     """
-    if batch.compressed:
-        batch = decompress(batch)
+    batch = decompress(batch)
     missing = [k for k in signature if k not in batch]
     if missing:
         raise ValueError(
@@ -241,7 +240,3 @@ def _input_strategy(strategy: tf.distribute.Strategy) -> tf.distribute.Strategy:
         return strategy
     return tf.distribute.OneDeviceStrategy("/gpu:0")
 
-
-def decompress_if_needed(batch: SampleBatch) -> SampleBatch:
-    """Returns `batch` with observations decompressed (RLlib's `decompress_if_needed`)."""
-    return decompress(batch) if batch.compressed else batch

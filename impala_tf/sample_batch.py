@@ -22,6 +22,7 @@ This module imports numpy and the standard library only, so actor processes load
 
 from __future__ import annotations
 
+import abc
 import math
 import zlib
 from collections.abc import Iterable, Mapping
@@ -42,6 +43,7 @@ __all__ = [
     "VALUES_BOOTSTRAPPED",
     "VF_PREDS",
     "CompressedColumn",
+    "EncodedColumn",
     "SampleBatch",
     "compress",
     "concat_samples",
@@ -78,8 +80,36 @@ def is_per_sequence_column(name: str) -> bool:
     return name.startswith(STATE_IN_PREFIX)
 
 
+class EncodedColumn(abc.ABC):
+    """A column packed for transport (zlib, frame-stack coding); `decompress` restores it.
+
+    Subclasses are frozen dataclasses with at least `shape` (the original array's shape) and
+    `dtype` (its `numpy.dtype.str`).
+    """
+
+    shape: tuple[int, ...]
+    dtype: str
+
+    def __len__(self) -> int:
+        return self.shape[0]
+
+    @property
+    def size(self) -> int:
+        """Number of elements of the original array."""
+        return math.prod(self.shape)
+
+    @property
+    @abc.abstractmethod
+    def nbytes(self) -> int:
+        """Bytes of payload this encoding carries (what travels, pickling overhead aside)."""
+
+    @abc.abstractmethod
+    def decode(self) -> np.ndarray:
+        """Returns the original array (writable, owning its memory)."""
+
+
 @dataclass(frozen=True)
-class CompressedColumn:
+class CompressedColumn(EncodedColumn):
     """A column stored as zlib-compressed raw bytes plus the shape and dtype to rebuild it.
 
     Attributes:
@@ -92,26 +122,28 @@ class CompressedColumn:
     shape: tuple[int, ...]
     dtype: str
 
-    def __len__(self) -> int:
-        return self.shape[0]
-
     @property
-    def size(self) -> int:
-        """Number of elements of the original array."""
-        return math.prod(self.shape)
+    def nbytes(self) -> int:
+        """Length of the zlib stream."""
+        return len(self.data)
+
+    def decode(self) -> np.ndarray:
+        """Returns the decompressed array."""
+        flat = np.frombuffer(zlib.decompress(self.data), dtype=np.dtype(self.dtype))
+        return flat.reshape(self.shape).copy()
 
     def __repr__(self) -> str:
         return f"CompressedColumn(shape={self.shape}, dtype={self.dtype}, bytes={len(self.data)})"
 
 
-Column = np.ndarray | CompressedColumn
+Column = np.ndarray | EncodedColumn
 
 
 def _as_column(name: Any, value: Any) -> Column:
     """Converts `value` to a column (ndarray unless already compressed) and checks it has rows."""
     if not isinstance(name, str):
         raise TypeError(f"SampleBatch column names must be str, got {name!r}")
-    if isinstance(value, np.ndarray | CompressedColumn):
+    if isinstance(value, np.ndarray | EncodedColumn):
         column = value
     else:
         try:
@@ -222,8 +254,9 @@ class SampleBatch(dict):
     def __repr__(self) -> str:
         parts = []
         for name, column in self.items():
-            if isinstance(column, CompressedColumn):
-                parts.append(f"{name}: {column.shape} {column.dtype} (compressed)")
+            if isinstance(column, EncodedColumn):
+                kind = type(column).__name__
+                parts.append(f"{name}: {column.shape} {column.dtype} (compressed, {kind})")
             else:
                 parts.append(f"{name}: {column.shape} {column.dtype}")
         return f"SampleBatch(rows={len(self)}, {{{', '.join(parts)}}})"
@@ -240,8 +273,8 @@ class SampleBatch(dict):
 
     @property
     def compressed(self) -> bool:
-        """Whether any column is a `CompressedColumn` (then `decompress` before using it)."""
-        return any(isinstance(column, CompressedColumn) for column in self.values())
+        """Whether any column is an `EncodedColumn` (then `decompress` before using it)."""
+        return any(isinstance(column, EncodedColumn) for column in self.values())
 
     def slice(self, start: int | None, end: int | None) -> SampleBatch:
         """Returns rows `[start, end)` of every column as numpy views (no copy).
@@ -264,7 +297,7 @@ class SampleBatch(dict):
         """Returns a deep copy: every array is copied, so the result shares no memory."""
         return SampleBatch(
             {
-                name: column if isinstance(column, CompressedColumn) else column.copy()
+                name: column if isinstance(column, EncodedColumn) else column.copy()
                 for name, column in self.items()
             }
         )
@@ -318,7 +351,7 @@ def _per_step_time(columns: Mapping[str, np.ndarray], time_axis: int) -> int | N
     for name, column in columns.items():
         if is_per_sequence_column(name):
             continue
-        if isinstance(column, CompressedColumn):
+        if isinstance(column, EncodedColumn):
             raise ValueError(f"column {name!r} is compressed; decompress(batch) first")
         if column.ndim < 2:
             raise ValueError(
@@ -457,7 +490,7 @@ def compress(batch: SampleBatch, columns: Iterable[str] = (OBS,), level: int = 1
     out = dict(batch)
     for name in columns:
         column = out.get(name)
-        if column is None or isinstance(column, CompressedColumn):
+        if column is None or isinstance(column, EncodedColumn):
             continue
         if column.dtype.hasobject:
             raise ValueError(f"column {name!r} has dtype object and cannot be compressed")
@@ -471,20 +504,23 @@ def compress(batch: SampleBatch, columns: Iterable[str] = (OBS,), level: int = 1
 
 
 def decompress(batch: SampleBatch) -> SampleBatch:
-    """Restores every compressed column; returns `batch` itself when nothing is compressed.
+    """Restores every encoded column; returns `batch` itself when nothing is encoded.
+
+    The one place where transported batches are unpacked, whatever packed them: zlib
+    (`compress`, RLlib's `compress_observations`) and frame-stack coding
+    (`impala_tf.frames.encode_observations`), alone or together. Every receiver calls it.
 
     Args:
-        batch: a SampleBatch, compressed or not.
+        batch: a SampleBatch, encoded or not.
 
     Returns:
-        A SampleBatch of numpy arrays (decompressed arrays are writable and own their memory).
+        A SampleBatch of numpy arrays (decoded arrays are writable and own their memory).
     """
     if not batch.compressed:
         return batch
-    out = {}
-    for name, column in batch.items():
-        if isinstance(column, CompressedColumn):
-            flat = np.frombuffer(zlib.decompress(column.data), dtype=np.dtype(column.dtype))
-            column = flat.reshape(column.shape).copy()
-        out[name] = column
-    return SampleBatch(out)
+    return SampleBatch(
+        {
+            name: column.decode() if isinstance(column, EncodedColumn) else column
+            for name, column in batch.items()
+        }
+    )

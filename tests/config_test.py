@@ -471,6 +471,8 @@ INVALID = [
     ({"entropy_coeff_schedule": {"0": 0.01}}, "entropy_coeff_schedule"),
     ({"model": {"fcnet_activation": "gelu"}}, "fcnet_activation"),
     ({"model": {"conv_activation": "sigmoid"}}, "conv_activation"),
+    ({"model": {"post_fcnet_activation": "sigmoid"}}, "post_fcnet_activation"),
+    ({"model": {"post_fcnet_hiddens": [64, -1]}}, "post_fcnet_hiddens"),
     ({"model": {"fcnet_hiddens": [64, 0]}}, "fcnet_hiddens"),
     ({"model": {"fcnet_hiddens": 64}}, "fcnet_hiddens"),
     ({"model": {"lstm_cell_size": 0}}, "lstm_cell_size"),

@@ -108,10 +108,12 @@ def test_same_seed_same_fragments_and_distinct_env_seeds():
     assert len({env_seed(3, w, j) for w in (1, 2) for j in range(3)}) == 6
 
 
-def test_clip_rewards_and_compressed_observations():
+def test_clip_rewards_and_observations_left_unpacked():
+    # compress_observations packs fragments in the actor process, at the transport
+    # (impala_tf.frames.encode_observations), not in sample().
     runner = _runner(clip_rewards=0.5, compress_observations=True)
     batch = runner.sample().batch
-    assert batch.compressed
+    assert not batch.compressed
     assert np.all(batch["rewards"] == 0.5)
     assert decompress(batch)["obs"].shape == (3, 7, 4)
 

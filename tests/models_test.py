@@ -14,6 +14,7 @@ from impala_tf.models import (
     NormcInitializer,
     ObservationPreprocessor,
     build_model,
+    get_filter_config,
 )
 
 RNG = np.random.default_rng(0)
@@ -150,8 +151,8 @@ def _count(layer) -> int:
     return sum(int(np.prod(v.shape)) for v in layer.trainable_variables)
 
 
-def test_nature_cnn_on_atari_frames():
-    model = build_model(ATARI_OBS, gym.spaces.Discrete(6))
+def test_nature_cnn_by_name_on_atari_frames():
+    model = build_model(ATARI_OBS, gym.spaces.Discrete(6), {"custom_model": "nature_cnn"})
     assert isinstance(model.torso, NatureCNN) and model.value_torso is None
     # conv 8x8x4x32, 4x4x32x64, 3x3x64x64 and a 3136 -> 512 dense, with biases.
     assert _count(model.torso) == 8224 + 32832 + 36928 + 1606144
@@ -181,18 +182,115 @@ def test_conv_filters_rllib_format_on_42x42():
     assert model.logits_head.kernel.shape == (32, 3)
     assert [c.padding for c in model.torso.convs] == ["same", "same", "valid"]
     _check_shapes(model, obs_space, 3, t=2, b=2)
-    # vf_share_layers=False is not honoured for images: the value head shares the conv torso.
-    _assert_partition(model, expected_value_vars=2)
+    # vf_share_layers=False (RLlib's default): a value conv tower of the same filters.
+    assert isinstance(model.value_torso, ConvStack)
+    _assert_partition(model, expected_value_vars=2 + 6)
 
 
-def test_empty_conv_filters_means_the_default_nature_cnn():
+def test_empty_conv_filters_means_rllibs_default_filters():
     model = build_model(ATARI_OBS, gym.spaces.Discrete(2), {"conv_filters": []})
-    assert isinstance(model.torso, NatureCNN)
+    assert isinstance(model.torso, ConvStack)
+    assert [c.filters for c in model.torso.convs] == [16, 32, 256]
 
 
 def test_image_too_small_for_torso_raises():
+    obs = gym.spaces.Box(0, 255, (16, 16, 1), np.uint8)
     with pytest.raises(ValueError, match="too small"):
-        build_model(gym.spaces.Box(0, 255, (16, 16, 1), np.uint8), gym.spaces.Discrete(2))
+        build_model(obs, gym.spaces.Discrete(2), {"custom_model": "nature_cnn"})
+
+
+# ------------------------------------------------------------- RLlib's vision network
+
+
+def _conv(k: int, c_in: int, c_out: int) -> int:
+    return k * k * c_in * c_out + c_out
+
+
+@pytest.mark.parametrize(
+    "hw, expected",
+    [
+        ((84, 84), [[16, [8, 8], 4], [32, [4, 4], 2], [256, [11, 11], 1]]),
+        ((64, 64), [[32, [4, 4], 2], [64, [4, 4], 2], [128, [4, 4], 2], [256, [4, 4], 2]]),
+        ((42, 42), [[16, [4, 4], 2], [32, [4, 4], 2], [256, [11, 11], 1]]),
+        ((96, 96), [[16, [8, 8], 4], [32, [4, 4], 2], [256, [11, 11], 2]]),
+        ((10, 10), [[16, [5, 5], 2], [32, [5, 5], 2]]),
+    ],
+)
+def test_default_filters_per_image_size_are_rllibs(hw, expected):
+    assert get_filter_config((*hw, 4)) == expected
+    model = build_model(gym.spaces.Box(0, 255, (*hw, 4), np.uint8), gym.spaces.Discrete(3))
+    got = [[c.filters, list(c.kernel_size), c.strides[0]] for c in model.torso.convs]
+    assert got == expected
+
+
+def test_image_size_without_default_filters_names_conv_filters():
+    obs = gym.spaces.Box(0, 255, (50, 50, 4), np.uint8)
+    with pytest.raises(ValueError, match="conv_filters"):
+        build_model(obs, gym.spaces.Discrete(3))
+    model = build_model(obs, gym.spaces.Discrete(3), {"conv_filters": [[8, 5, 2], [16, 25, 1]]})
+    assert model.logits_head.kernel.shape == (16, 3)
+
+
+def test_default_84x84_parameter_counts_with_and_without_vf_share_layers():
+    # 84 -> 21 (8x8/4 same) -> 11 (4x4/2 same) -> 1 (11x11 valid): 256 features, RLlib's
+    # 1x1 logits conv is our 256 -> 6 logits head.
+    convs = _conv(8, 4, 16) + _conv(4, 16, 32) + _conv(11, 32, 256)
+    assert convs == 4112 + 8224 + 991488
+    separate = build_model(ATARI_OBS, gym.spaces.Discrete(6))
+    assert _count(separate.torso) == convs and _count(separate.value_torso) == convs
+    assert separate.logits_head.kernel.shape == (256, 6)
+    assert separate.count_params() == 2 * convs + 256 * 6 + 6 + 256 + 1
+    _check_shapes(separate, ATARI_OBS, 6, t=2, b=2)
+    shared = build_model(ATARI_OBS, gym.spaces.Discrete(6), {"vf_share_layers": True})
+    assert shared.value_torso is None
+    assert shared.count_params() == convs + 256 * 6 + 6 + 256 + 1
+    _assert_partition(shared, expected_value_vars=2)
+
+
+def test_default_64x64_filters_flatten_a_3x3_output():
+    obs = gym.spaces.Box(0, 255, (64, 64, 3), np.uint8)
+    model = build_model(obs, gym.spaces.Discrete(6), {"vf_share_layers": True})
+    # 64 -> 32 -> 16 -> 8 (same) -> 3 (4x4/2 valid): RLlib's old stack raises here without
+    # post_fcnet_hiddens; we flatten the 3x3x256 output.
+    convs = _conv(4, 3, 32) + _conv(4, 32, 64) + _conv(4, 64, 128) + _conv(4, 128, 256)
+    assert _count(model.torso) == convs
+    assert model.logits_head.kernel.shape == (3 * 3 * 256, 6)
+
+
+def test_post_fcnet_hiddens_as_rllib_builds_them():
+    obs = gym.spaces.Box(0, 255, (42, 42, 4), np.uint8)
+    config = {"post_fcnet_hiddens": [128, 64], "vf_share_layers": True}
+    model = build_model(obs, gym.spaces.Discrete(6), config)
+    convs = _conv(4, 4, 16) + _conv(4, 16, 32) + _conv(11, 32, 256)
+    # A 1x1 conv of 128 ("conv_out"), then a 128 -> 64 dense, then the 64 -> 6 logits.
+    assert _count(model.torso) == convs + _conv(1, 256, 128) + 128 * 64 + 64
+    assert model.logits_head.kernel.shape == (64, 6)
+    # The separate value tower ignores post_fcnet_hiddens, as RLlib's.
+    separate = build_model(obs, gym.spaces.Discrete(6), {"post_fcnet_hiddens": [128, 64]})
+    assert _count(separate.value_torso) == convs
+    assert separate.value_head.kernel.shape == (256, 1)
+    # Inside the LSTM the first post layer is a dense layer on the flattened convs.
+    lstm = build_model(obs, gym.spaces.Discrete(6), {**config, "use_lstm": True})
+    assert _count(lstm.torso) == convs + 256 * 128 + 128 + 128 * 64 + 64
+    _check_shapes(lstm, obs, 6, t=2, b=2)
+
+
+def _is_affine(fn, x: np.ndarray) -> bool:
+    # f(x) + f(-x) == 2 f(0) holds for affine maps, not for relu ones (relu is homogeneous, so
+    # scaling x would not tell them apart).
+    zero = fn(np.zeros_like(x)).numpy()
+    return np.allclose(fn(x).numpy() + fn(-x).numpy(), 2 * zero, atol=1e-4)
+
+
+@pytest.mark.parametrize("key", ["conv_activation", "post_fcnet_activation"])
+def test_vision_activations_are_honoured(key):
+    obs = gym.spaces.Box(-1.0, 1.0, (10, 10, 2), np.float32)
+    x = RNG.normal(size=(4, 10, 10, 2)).astype(np.float32)
+    base = {"post_fcnet_hiddens": [8, 8], "conv_activation": "linear"}
+    linear = build_model(obs, gym.spaces.Discrete(2), {**base, "post_fcnet_activation": "linear"})
+    assert _is_affine(linear.torso, x)
+    relu = build_model(obs, gym.spaces.Discrete(2), {**base, key: "relu"})
+    assert not _is_affine(relu.torso, x)
 
 
 # ------------------------------------------------------------------------------ compiled
@@ -369,6 +467,8 @@ def test_policy_value_partition_mlp(share, value_vars):
         ({"fcnet_hiddens": [16, -1]}, "fcnet_hiddens"),
         ({"lstm_cell_size": 0}, "lstm_cell_size"),
         ({"conv_filters": [[16, [4, 4]]]}, "conv_filters"),
+        ({"post_fcnet_hiddens": [0]}, "post_fcnet_hiddens"),
+        ({"post_fcnet_activation": "nope"}, "post_fcnet_activation"),
         ({"conv_filters": [[16, [4, 4, 4], 2]]}, "kernel"),
     ],
 )

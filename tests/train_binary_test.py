@@ -210,6 +210,7 @@ def test_resume_discards_results_after_the_checkpoint_and_stops_if_done(tmp_path
     [
         (["--noresume"], "holds checkpoints"),
         (["--callbacks=tests.train_binary_test:nothing_here"], "cannot import callback"),
+        ([*RUN_ARGS, "--set=num_env_runners=1000000"], "`num_env_runners`=1000000 needs about"),
     ],
 )
 def test_errors_are_explained(tmp_path, args, message):

@@ -57,8 +57,7 @@ class Aggregator:
 
     def process(self, batch: SampleBatch, version: float) -> list[tuple[SampleBatch, float]]:
         """Decompresses, mixes in replay, and returns the completed (train batch, version)s."""
-        if batch.compressed:
-            batch = decompress(batch)
+        batch = decompress(batch)
         if self._replay is not None:
             self._replay.add(batch)
             batch = self._replay.replay()

@@ -9,8 +9,9 @@ steps them together, one batched policy call per time step. `sample()` returns a
 shaped [B, T, ...] (`truncate_episodes`: episodes continue across fragments), plus the returns and
 lengths of the episodes that finished in it.
 
-With `compress_observations=True` the `obs` column is sent zlib-compressed (RLlib's
-`compress_observations`); the aggregation workers or the driver decompress it.
+Fragments leave `sample()` unpacked; the actor process packs their observations for transport
+(`impala_tf.frames.encode_observations`: frame-stack coding, and zlib with RLlib's
+`compress_observations`), and the aggregation workers or the driver unpack them.
 
 Rewards are clipped for training as RLlib's `clip_rewards` says (True: to their sign, x: to
 [-x, x]; None: the sign for Atari with DeepMind preprocessing, else no clipping); episode returns
@@ -39,7 +40,7 @@ from impala_tf.config import ImpalaConfig
 from impala_tf.envs import atari
 from impala_tf.envs.batch import AtariVectorEnvBatch, EnvBatch, GymEnvBatch
 from impala_tf.numpy_policy import make_policy
-from impala_tf.sample_batch import SampleBatch, compress
+from impala_tf.sample_batch import SampleBatch
 
 __all__ = ["EnvContext", "EnvRunner", "Fragment", "make_env", "make_env_batch", "env_seed"]
 
@@ -268,11 +269,8 @@ class EnvRunner:
         }
         for i, s in enumerate(state_in):
             columns[f"state_in_{i}"] = s
-        batch = SampleBatch(columns)
-        if self.config.compress_observations:
-            batch = compress(batch)
         return Fragment(
-            batch=batch,
+            batch=SampleBatch(columns),
             episode_returns=returns,
             episode_lengths=lengths,
             policy_version=self.policy_version,

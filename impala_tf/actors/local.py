@@ -3,7 +3,8 @@
 Each actor process runs an `EnvRunner`. The driver sends it commands through a
 `multiprocessing.Queue` (sample requests, weights, stop), whose feeder thread never blocks the
 driver, and the actor sends fragments back through its own pipe; the driver waits on all pipes
-and process sentinels at once, so a dead actor is noticed immediately (its pipe closes).
+and process sentinels at once, so a dead actor is noticed immediately (its pipe closes). Actors
+pack observations before sending (`impala_tf.frames.encode_observations`).
 
 Processes are forked from a fork server that has imported what the actors need (TensorFlow
 only for non-MLP policies, and never run it), or spawned where there is no fork server:
@@ -27,7 +28,9 @@ import numpy as np
 
 from impala_tf.actors.base import ActorFailure, ActorPool
 from impala_tf.actors.env_runner import Fragment
+from impala_tf.actors.memory import check_actor_memory
 from impala_tf.config import ImpalaConfig
+from impala_tf.frames import encode_observations
 
 __all__ = ["LocalActorPool"]
 
@@ -87,6 +90,10 @@ def _actor_main(
                 runner.set_weights(*latest_weights)
             fragment = runner.sample()
             fragment.actor_id = actor_id
+            # Each frame of stacked images travels once; zlib on top with compress_observations.
+            fragment.batch = encode_observations(
+                fragment.batch, compress_observations=config.compress_observations
+            )
             results.send(("fragment", fragment))
             credits -= 1
     except (KeyboardInterrupt, BrokenPipeError):
@@ -126,17 +133,23 @@ def _actor_environment():
                 os.environ[key] = value
 
 
-def _preload(config: ImpalaConfig) -> list[str]:
-    """Modules the fork server imports once for every actor: TensorFlow only if the policy
-    needs it (MLP policies act in numpy, see `impala_tf.numpy_policy`)."""
+def _policy_kind(config: ImpalaConfig) -> tuple[bool, Any]:
+    """(whether actors act in numpy, the env's observation space), from one env built here."""
     from impala_tf.actors.env_runner import make_env
     from impala_tf.numpy_policy import supports
 
     env = make_env(config, 0, 0)
     try:
         numpy_only = supports(env.observation_space, env.action_space, config.model)
+        return numpy_only, env.observation_space
     finally:
         env.close()
+
+
+def _preload(config: ImpalaConfig) -> list[str]:
+    """Modules the fork server imports once for every actor: TensorFlow only if the policy
+    needs it (MLP policies act in numpy, see `impala_tf.numpy_policy`)."""
+    numpy_only, _ = _policy_kind(config)
     return ["impala_tf.actors.env_runner"] if numpy_only else ["impala_tf.policy"]
 
 
@@ -168,6 +181,10 @@ class _Actor:
 class LocalActorPool(ActorPool):
     """`num_env_runners` local actor processes (at least one).
 
+    Before any process starts, `impala_tf.actors.memory.check_actor_memory` refuses a pool that
+    would not fit in the machine's available memory (`ActorMemoryError`, naming
+    `num_env_runners`).
+
     Args:
       config: The algorithm config; each actor builds its envs and policy from it.
       weights: Initial policy weights for every actor (None keeps their random init).
@@ -184,6 +201,8 @@ class LocalActorPool(ActorPool):
         policy_version: int = 0,
         start_method: str | None = None,
     ):
+        numpy_only, observation_space = _policy_kind(config)
+        check_actor_memory(config, observation_space, numpy_policy=numpy_only)
         if start_method is None:
             methods = mp.get_all_start_methods()
             start_method = "forkserver" if "forkserver" in methods else "spawn"

@@ -323,7 +323,12 @@ def _train() -> int:
         tf.config.experimental.enable_op_determinism()
 
     print(f"impala-train: {name} on {config.env}, logdir {logdir}, stop {stop}", flush=True)
-    algo = Impala(config, callbacks=learner_callbacks, deterministic=run_flags["deterministic"])
+    from impala_tf.actors.memory import ActorMemoryError
+
+    try:
+        algo = Impala(config, callbacks=learner_callbacks, deterministic=run_flags["deterministic"])
+    except ActorMemoryError as e:  # The pool would not fit: refused before any actor started.
+        raise TrainError(str(e)) from e
     try:
         if resume_from:
             algo.restore(resume_from)

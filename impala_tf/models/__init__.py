@@ -11,7 +11,7 @@ from impala_tf.models.initializers import NormcInitializer
 from impala_tf.models.mlp import MLP
 from impala_tf.models.preprocessing import ObservationPreprocessor, is_image_space
 from impala_tf.models.recurrent import LSTMCore
-from impala_tf.models.vision import ConvStack, ImpalaResNet, NatureCNN
+from impala_tf.models.vision import ConvStack, ImpalaResNet, NatureCNN, get_filter_config
 
 __all__ = [
     "CUSTOM_MODELS",
@@ -25,6 +25,7 @@ __all__ = [
     "NormcInitializer",
     "ObservationPreprocessor",
     "build_model",
+    "get_filter_config",
     "is_image_space",
     "resolve_model_config",
 ]

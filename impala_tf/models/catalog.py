@@ -2,11 +2,14 @@
 
 Torso choice (RLlib's ModelCatalog, with the IMPALA paper's networks added):
 
-- Image observations (rank-3 Box, H x W x C): `custom_model="impala_resnet"` -> the IMPALA deep
-  ResNet; otherwise `conv_filters` given -> an RLlib-format conv stack; otherwise (and for
-  `custom_model="nature_cnn"`) the Nature CNN. The value head shares the conv torso whatever
-  `vf_share_layers` says: a second CNN tower would double the most expensive part of the model
-  for little gain (RLlib's Atari IMPALA examples share it too).
+- Image observations (rank-3 Box, H x W x C), as RLlib's VisionNetwork: the `conv_filters`
+  stack, or without `conv_filters` (None or []) RLlib's default filters for the image size
+  (`get_filter_config`: 96x96, 84x84, 64x64, 42x42, 10x10; other sizes are an error naming
+  `conv_filters`), with `conv_activation`, then `post_fcnet_hiddens` / `post_fcnet_activation`.
+  `vf_share_layers=False` (RLlib's default) builds a second conv stack for the value head, as
+  RLlib does (its value tower ignores `post_fcnet_hiddens`); True shares the torso.
+  By name: `custom_model="nature_cnn"` (Mnih et al. 2015) and `custom_model="impala_resnet"`
+  (Espeholt et al. 2018); these always share their torso with the value head.
 - Other observations: an MLP of `fcnet_hiddens` / `fcnet_activation`; with
   `vf_share_layers=False` (RLlib's default) a second MLP of the same shape feeds the value head.
 - `use_lstm=True`: an LSTM core of `lstm_cell_size` between the torso and both heads, shared by
@@ -25,7 +28,13 @@ from impala_tf.models.actor_critic import ActorCritic
 from impala_tf.models.mlp import MLP, get_activation
 from impala_tf.models.preprocessing import ObservationPreprocessor, is_image_space
 from impala_tf.models.recurrent import LSTMCore
-from impala_tf.models.vision import ConvStack, ImpalaResNet, NatureCNN, parse_conv_filters
+from impala_tf.models.vision import (
+    ConvStack,
+    ImpalaResNet,
+    NatureCNN,
+    get_filter_config,
+    parse_conv_filters,
+)
 
 __all__ = ["CUSTOM_MODELS", "MODEL_DEFAULTS", "build_model", "resolve_model_config"]
 
@@ -43,7 +52,8 @@ def resolve_model_config(model_config: dict[str, Any] | None) -> dict[str, Any]:
     Raises:
         ValueError: naming the key, for free_log_std=True, use_attention=True,
             lstm_use_prev_action/lstm_use_prev_reward with use_lstm, an unknown custom_model,
-            a non-positive lstm_cell_size, bad activations or a malformed conv_filters.
+            a non-positive lstm_cell_size, bad activations, a malformed conv_filters or
+            post_fcnet_hiddens.
     """
     config = dict(MODEL_DEFAULTS)
     config.update(model_config or {})
@@ -72,8 +82,16 @@ def resolve_model_config(model_config: dict[str, Any] | None) -> dict[str, Any]:
         raise ValueError(
             f"model_config fcnet_hiddens must be a list of positive ints, got {hiddens!r}."
         )
+    post = config["post_fcnet_hiddens"]
+    if not isinstance(post, list | tuple) or not all(
+        isinstance(h, int) and not isinstance(h, bool) and h > 0 for h in post
+    ):
+        raise ValueError(
+            f"model_config post_fcnet_hiddens must be a list of positive ints, got {post!r}."
+        )
     get_activation(config["fcnet_activation"], "fcnet_activation")
     get_activation(config["conv_activation"], "conv_activation")
+    get_activation(config["post_fcnet_activation"], "post_fcnet_activation")
     if config["conv_filters"]:  # RLlib reads an empty list as "use the default CNN".
         parse_conv_filters(config["conv_filters"])
     return config
@@ -92,14 +110,16 @@ def build_model(
         action_space: Discrete, MultiDiscrete or Box (see `impala_tf.distributions`).
         model_config: RLlib model keys; missing ones take RLlib's defaults (`MODEL_DEFAULTS`).
             `lstm_use_prev_action` / `lstm_use_prev_reward` with `use_lstm` raise "not supported
-            yet"; `max_seq_len` and `dim` are informational here.
+            yet"; `max_seq_len` and `dim` are informational here. `post_fcnet_hiddens` and
+            `post_fcnet_activation` apply to the vision network only (as RLlib).
         name: the Keras model name.
 
     Returns:
         An `ActorCritic` with all variables created.
 
     Raises:
-        ValueError: for unsupported spaces or config values, or an image too small for the torso.
+        ValueError: for unsupported spaces or config values, an image size with no default
+            filters (naming `conv_filters`), or an image too small for the torso.
     """
     config = resolve_model_config(model_config)
     num_outputs = logits_size(action_space)
@@ -109,10 +129,20 @@ def build_model(
     if is_image_space(observation_space):
         if custom == "impala_resnet":
             torso = ImpalaResNet(name="impala_resnet")
-        elif custom is None and config["conv_filters"]:
-            torso = ConvStack(config["conv_filters"], config["conv_activation"], name="conv_stack")
-        else:
+        elif custom == "nature_cnn":
             torso = NatureCNN(config["conv_activation"], name="nature_cnn")
+        else:
+            filters = config["conv_filters"] or get_filter_config(observation_space.shape)
+            torso = ConvStack(
+                filters,
+                config["conv_activation"],
+                config["post_fcnet_hiddens"],
+                config["post_fcnet_activation"],
+                post_conv_1x1=not config["use_lstm"],
+                name="conv_stack",
+            )
+            if not config["vf_share_layers"] and not config["use_lstm"]:
+                value_torso = ConvStack(filters, config["conv_activation"], name="conv_value")
     else:
         if custom is not None:
             raise ValueError(

@@ -8,9 +8,11 @@ float32 [N, F] features for the heads or the LSTM core.
 - `ImpalaResNet`: Espeholt et al. 2018 ("deep" network), three sections of 16, 32, 32 channels,
   each conv3x3 + maxpool3x3/2 + two residual blocks (relu-conv-relu-conv + skip), then relu,
   flatten, dense 256 relu; F = 256.
-- `ConvStack`: RLlib's `conv_filters` list [[out_channels, kernel, stride], ...], "same" padding
-  for all but the last layer and "valid" for the last (as RLlib's VisionNetwork), flattened;
-  F = the flattened size of the last conv.
+- `ConvStack`: RLlib's VisionNetwork torso. The `conv_filters` list [[out_channels, kernel,
+  stride], ...] ("same" padding for all but the last layer, "valid" for the last), then, with
+  `post_fcnet_hiddens` [h0, h1, ...], a 1x1 conv of h0 channels and dense layers h1, ...
+  (`post_fcnet_activation`), flattened; F = the flattened size of what comes last. Without
+  `conv_filters`, `get_filter_config` gives RLlib's default filters for the image size.
 """
 
 from __future__ import annotations
@@ -24,7 +26,47 @@ import tensorflow as tf
 from impala_tf.models.initializers import NormcInitializer
 from impala_tf.models.mlp import get_activation, track_layers
 
-__all__ = ["ConvStack", "ImpalaResNet", "NatureCNN", "parse_conv_filters"]
+__all__ = [
+    "DEFAULT_FILTERS",
+    "ConvStack",
+    "ImpalaResNet",
+    "NatureCNN",
+    "get_filter_config",
+    "parse_conv_filters",
+]
+
+# RLlib's `get_filter_config` (rllib/models/utils.py): default `conv_filters` per (H, W).
+DEFAULT_FILTERS: dict[tuple[int, int], list[list[Any]]] = {
+    (96, 96): [[16, [8, 8], 4], [32, [4, 4], 2], [256, [11, 11], 2]],
+    (84, 84): [[16, [8, 8], 4], [32, [4, 4], 2], [256, [11, 11], 1]],
+    (64, 64): [[32, [4, 4], 2], [64, [4, 4], 2], [128, [4, 4], 2], [256, [4, 4], 2]],
+    (42, 42): [[16, [4, 4], 2], [32, [4, 4], 2], [256, [11, 11], 1]],
+    (10, 10): [[16, [5, 5], 2], [32, [5, 5], 2]],
+}
+
+
+def get_filter_config(shape: Sequence[int]) -> list[list[Any]]:
+    """Returns RLlib's default `conv_filters` for an image of shape (H, W, C).
+
+    Args:
+        shape: the observation shape, channels last.
+
+    Returns:
+        A fresh copy of the filter list for (H, W) from `DEFAULT_FILTERS`.
+
+    Raises:
+        ValueError: naming `conv_filters`, for sizes RLlib has no default for.
+    """
+    key = tuple(int(d) for d in shape[:2])
+    if len(shape) != 3 or key not in DEFAULT_FILTERS:
+        sizes = ", ".join(f"[{h}, {w}, K]" for h, w in DEFAULT_FILTERS)
+        raise ValueError(
+            f"No default conv filters for observations of shape {tuple(shape)}: set "
+            f"`model.conv_filters` (a list of [out_channels, kernel, stride]), or "
+            f"`model.custom_model` (nature_cnn, impala_resnet). RLlib's defaults exist for "
+            f"{sizes} only."
+        )
+    return [[out, list(kernel), stride] for out, kernel, stride in DEFAULT_FILTERS[key]]
 
 
 def _pair(value: Any, what: str, entry: Any) -> tuple[int, int]:
@@ -143,11 +185,38 @@ class ImpalaResNet(keras.layers.Layer):
 
 
 class ConvStack(keras.layers.Layer):
-    """RLlib-format conv stack ("same" padding, the last layer "valid"), flattened."""
+    """RLlib's VisionNetwork torso: `conv_filters`, then the `post_fcnet_hiddens` stack.
 
-    def __init__(self, conv_filters: Sequence[Any], activation: str | None = "relu", **kwargs):
+    As RLlib's (old stack) VisionNetwork builds it with `no_final_linear=False`: every conv but
+    the last pads "same", the last "valid"; with `post_fcnet_hiddens` [h0, h1, ...] a 1x1 conv
+    of h0 channels follows (so a last conv with a 1x1 output acts as a dense layer), then the
+    output is flattened and dense layers h1, ... follow, all with `post_fcnet_activation`.
+    RLlib's logits layer (a 1x1 conv or dense of `num_outputs`) is the model's logits head.
+
+    Args:
+        conv_filters: RLlib's `conv_filters`.
+        activation: `conv_activation`.
+        post_fcnet_hiddens: `post_fcnet_hiddens` (empty: the flattened convs are the features).
+        post_fcnet_activation: `post_fcnet_activation`.
+        post_conv_1x1: build h0 as a 1x1 conv before flattening (RLlib's feed-forward vision
+            net); False flattens first and makes h0 a dense layer (RLlib's vision net inside its
+            LSTM wrapper, built with `num_outputs=None`). The two differ only when the last
+            conv's output is wider than 1x1.
+    """
+
+    def __init__(
+        self,
+        conv_filters: Sequence[Any],
+        activation: str | None = "relu",
+        post_fcnet_hiddens: Sequence[int] = (),
+        post_fcnet_activation: str | None = "relu",
+        *,
+        post_conv_1x1: bool = True,
+        **kwargs,
+    ):
         super().__init__(**kwargs)
         act = get_activation(activation, "conv_activation")
+        post_act = get_activation(post_fcnet_activation, "post_fcnet_activation")
         filters = parse_conv_filters(conv_filters)
         self.convs = [
             keras.layers.Conv2D(
@@ -160,10 +229,26 @@ class ConvStack(keras.layers.Layer):
             )
             for i, (out, kernel, stride) in enumerate(filters)
         ]
+        hiddens = [int(h) for h in post_fcnet_hiddens]
+        if hiddens and post_conv_1x1:
+            self.convs.append(
+                keras.layers.Conv2D(hiddens[0], 1, activation=post_act, name="conv_out")
+            )
+            hiddens = hiddens[1:]
         track_layers(self, self.convs)
         self.flatten = keras.layers.Flatten()
+        self.post_fc = [
+            keras.layers.Dense(
+                h, activation=post_act, kernel_initializer=NormcInitializer(1.0), name=f"post_fc{i}"
+            )
+            for i, h in enumerate(hiddens)
+        ]
+        track_layers(self, self.post_fc)
 
     def call(self, x: tf.Tensor) -> tf.Tensor:
         for conv in self.convs:
             x = conv(x)
-        return self.flatten(x)
+        x = self.flatten(x)
+        for dense in self.post_fc:
+            x = dense(x)
+        return x

@@ -1,0 +1,98 @@
+"""Measures the memory of actor processes: a numpy-acting MLP actor vs a TensorFlow CNN actor.
+
+Starts a `LocalActorPool` of N actors for each kind, has each sample a few fragments, and reads
+/proc/<pid>/smaps_rollup (no psutil) of every actor and of the fork server: Rss (resident,
+counting pages shared with the fork server), Pss (shared pages split between sharers) and
+private (Private_Clean + Private_Dirty: what one more actor adds). The figures feed
+`impala_tf.actors.memory`'s per-actor estimates.
+
+Run from the repository root:
+    PYTHONPATH=$PWD python tools/measure_actor_memory.py --kind=mlp|cnn [--actors=2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+
+from impala_tf.actors.local import LocalActorPool
+from impala_tf.actors.memory import read_smaps_rollup
+from impala_tf.config import ImpalaConfig
+from tests import envs
+
+
+def _configs() -> dict[str, ImpalaConfig]:
+    mlp = ImpalaConfig().environment("CartPole-v1")
+    cnn = ImpalaConfig().environment(
+        envs.stacked_frames, env_config={"size": 84, "k": 4, "episode_len": 200}
+    )
+    cnn.model.update({"vf_share_layers": True})  # RLlib's 84x84 filters, one conv tower.
+    return {"numpy MLP (CartPole)": mlp, "TF CNN (84x84x4, RLlib filters)": cnn}
+
+
+def _fork_server_pid() -> int | None:
+    """The fork server is not a multiprocessing child: find it through /proc."""
+    me = os.getpid()
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                cmd = f.read()
+        except OSError:
+            continue
+        if int(fields[1]) == me and b"forkserver" in cmd:
+            return int(entry)
+    return None
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--kind", choices=("mlp", "cnn"), required=True)
+    parser.add_argument("--actors", type=int, default=2)
+    parser.add_argument("--envs", type=int, default=5)
+    parser.add_argument("--fragments", type=int, default=3)
+    args = parser.parse_args()
+    for name, config in _configs().items():
+        if not name.startswith({"mlp": "numpy", "cnn": "TF"}[args.kind]):
+            continue
+        config.env_runners(
+            num_env_runners=args.actors,
+            num_envs_per_env_runner=args.envs,
+            rollout_fragment_length=50,
+        )
+        from impala_tf.actors.env_runner import make_env
+        from impala_tf.models import build_model
+
+        env = make_env(config, 0, 0)
+        weights = build_model(env.observation_space, env.action_space, config.model).get_weights()
+        pool = LocalActorPool(config, weights)
+        try:
+            ids = list(range(args.actors))
+            pool.request_samples(ids, args.fragments)
+            got, deadline = 0, time.time() + 300
+            while got < args.actors * args.fragments and time.time() < deadline:
+                fragments, failures = pool.fetch_ready(1.0)
+                if failures:
+                    raise RuntimeError(failures)
+                got += len(fragments)
+            print(f"{name}: {args.actors} actors x {args.envs} envs, {got} fragments")
+            for pid in pool.pids():
+                m = read_smaps_rollup(pid)
+                print(
+                    f"  actor {pid}: rss {m['Rss'] / 2**20:7.1f} MiB  pss "
+                    f"{m['Pss'] / 2**20:7.1f} MiB  private {m['Private'] / 2**20:7.1f} MiB"
+                )
+            server = _fork_server_pid()
+            if server is not None:
+                m = read_smaps_rollup(server)
+                print(f"  fork server {server}: rss {m['Rss'] / 2**20:7.1f} MiB")
+        finally:
+            pool.stop()
+
+
+if __name__ == "__main__":
+    main()
