@@ -18,6 +18,12 @@ Rewards are clipped for training as RLlib's `clip_rewards` says (True: to their 
 `values_bootstrapped[t]` is the behaviour value of the observation that follows step t in the same
 episode: V(x_{t+1}) from the next step's policy call, 0 after a termination, and V(final
 observation) after a truncation (computed by one extra batched call on the truncated envs).
+
+`policy_version[t]` (int64) is the `num_grad_updates` of the weights that chose step t's action.
+The runner computes each step's action one step ahead (the value of the next observation is the
+previous step's bootstrap value), so after `set_weights` the first step of the next fragment was
+still chosen by the previous weights; this column says so, and the learner's
+`diff_num_grad_updates_vs_sampler_policy` is computed from it.
 """
 
 from __future__ import annotations
@@ -35,7 +41,10 @@ from impala_tf.config import ImpalaConfig
 from impala_tf.numpy_policy import make_policy
 from impala_tf.sample_batch import SampleBatch, compress
 
-__all__ = ["EnvContext", "EnvRunner", "Fragment", "make_env", "env_seed"]
+__all__ = ["EnvContext", "EnvRunner", "Fragment", "POLICY_VERSION", "make_env", "env_seed"]
+
+#: Per-step column: `num_grad_updates` of the weights that chose the step's action (int64 [B, T]).
+POLICY_VERSION = "policy_version"
 
 #: Seeds of env j in env runner i are `seed + i * _MAX_ENVS_PER_RUNNER + j`, as RLlib derives them.
 _MAX_ENVS_PER_RUNNER = 1000
@@ -94,7 +103,9 @@ class Fragment:
       batch: `SampleBatch` of [B, T, ...] sequences (B = num_envs_per_env_runner).
       episode_returns: Returns of the episodes that ended in this fragment.
       episode_lengths: Their lengths in steps.
-      policy_version: `num_grad_updates` of the weights that acted (0 before any broadcast).
+      policy_version: `num_grad_updates` of the weights loaded when the fragment was sampled
+        (0 before any broadcast). The first step may have been chosen by older weights: the
+        per-step `POLICY_VERSION` column of `batch` has the version of each step.
       actor_id: Index of the actor that produced it (0-based).
       sample_time_s: Wall time spent producing it.
     """
@@ -135,6 +146,7 @@ class EnvRunner:
             self.observation_space, self.action_space, config.model, explore=explore, seed=seed
         )
         self.policy_version = 0
+        self._next_version = 0  # The version of the weights that computed `self._next`.
         self._obs_dtype = self.observation_space.dtype or np.float32
         self._clip_actions = isinstance(self.action_space, gym.spaces.Box)
         self._clip_rewards = config.clip_rewards
@@ -167,7 +179,10 @@ class EnvRunner:
         horizon, n = self.horizon, self.num_envs
         if self._next is None:
             self._next = self.policy.step(self._obs, self._state)
+            self._next_version = self.policy_version
         first = self._next
+        version_buf = np.full((horizon, n), self.policy_version, np.int64)
+        version_buf[0] = self._next_version
         obs_buf = np.empty((horizon, n, *self._obs.shape[1:]), self._obs.dtype)
         act_buf = np.empty((horizon, n, *first.actions.shape[1:]), first.actions.dtype)
         logits_buf = np.empty((horizon, n, first.logits.shape[-1]), np.float32)
@@ -222,6 +237,7 @@ class EnvRunner:
                 state = tuple(np.where(dones[:, None], 0.0, s).astype(s.dtype) for s in state)
             self._obs, self._state = next_obs, state
             self._next = self.policy.step(next_obs, state)
+            self._next_version = self.policy_version
             vb_buf[t] = np.where(term_buf[t], 0.0, self._next.values)
             if final_obs:
                 vb_buf[t, rows] = final.values
@@ -244,6 +260,7 @@ class EnvRunner:
             "action_logp": seq(logp_buf),
             "vf_preds": seq(vf_buf),
             "values_bootstrapped": seq(vb_buf),
+            POLICY_VERSION: seq(version_buf),
         }
         for i, s in enumerate(state_in):
             columns[f"state_in_{i}"] = s
@@ -306,6 +323,7 @@ class EnvRunner:
         return {
             "weights": self.get_weights(),
             "policy_version": self.policy_version,
+            "next_version": self._next_version,
             "policy_rng": self.policy.get_rng_state(),
             "envs": envs,
             "envs_error": error,
@@ -326,6 +344,7 @@ class EnvRunner:
             self.envs = envs
             self._obs, self._state, self._next = obs, rnn_state, next_step
             self._episode_return, self._episode_length = returns, lengths
+            self._next_version = int(state.get("next_version", self.policy_version))
         elif "seed" in state:
             self.reset(state["seed"])
         if state.get("policy_rng") is not None:
