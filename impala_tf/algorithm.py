@@ -47,7 +47,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from impala_tf import checkpoints, pipeline
+from impala_tf import checkpoints, pipeline, sequences
 from impala_tf.actors.aggregation import Aggregator, AggregatorPool
 from impala_tf.actors.base import ActorFailure, ActorPool, ActorStateUnsupported
 from impala_tf.actors.env_runner import EnvRunner, Fragment, make_env
@@ -202,7 +202,11 @@ class Impala:
             with self.strategy.scope():
                 self.learner = ImpalaLearner(config, self.observation_space, self.action_space)
             self.num_replicas = self.strategy.num_replicas_in_sync
-            state_shapes = tuple(tuple(s.shape[1:]) for s in self.learner.model.initial_state(1))
+            state_shapes = sequences.state_column_shapes(
+                config.rollout_fragment_length,
+                config.model["max_seq_len"],
+                tuple(tuple(s.shape[1:]) for s in self.learner.model.initial_state(1)),
+            )
             self._rows = pipeline.rows_per_batch(config, self.num_replicas)
             signature = pipeline.batch_signature(
                 config, self.observation_space, self.action_space, self.num_replicas, state_shapes

@@ -1008,6 +1008,8 @@ def _check_gymnasium_id(env_id: str) -> None:
     """Raises ValueError naming `env` if `env_id` is not a registered gymnasium id."""
     import gymnasium  # Lazy: keeps `import impala_tf.config` fast.
 
+    import impala_tf.envs  # noqa: F401 - registers the shipped envs' ids.
+
     hint = ""
     if env_id.startswith("ALE/"):
         try:

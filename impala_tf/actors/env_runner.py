@@ -7,7 +7,9 @@ One env runner (RLlib's "env runner" / "rollout worker") owns `num_envs_per_env_
 steps them together, one batched policy call per time step. `sample()` returns a `Fragment`: a
 `SampleBatch` of B = num_envs sequences of T = `rollout_fragment_length` steps, per-step columns
 shaped [B, T, ...] (`truncate_episodes`: episodes continue across fragments), plus the returns and
-lengths of the episodes that finished in it.
+lengths of the episodes that finished in it. Recurrent policies add `state_in_i` [B, C, H]: the
+state at the start of each of the C = ceil(T / `model.max_seq_len`) sequences the learner trains
+on (`impala_tf.sequences`).
 
 With `compress_observations=True` the `obs` column is sent zlib-compressed (RLlib's
 `compress_observations`); the aggregation workers or the driver decompress it.
@@ -88,6 +90,8 @@ def make_env(config: ImpalaConfig, worker_index: int = 0, vector_index: int = 0)
         if not isinstance(made, gym.Env):
             raise TypeError(f"env_creator {env!r} returned {type(made).__name__}, not a gym.Env")
         return made
+    import impala_tf.envs  # noqa: F401 - registers the shipped envs in this (actor) process.
+
     if isinstance(env, str) and env.startswith("ALE/"):
         import ale_py
 
@@ -192,11 +196,15 @@ class EnvRunner:
         rew_buf = np.empty((horizon, n), np.float32)
         term_buf = np.zeros((horizon, n), bool)
         trunc_buf = np.zeros((horizon, n), bool)
-        state_in = self._state
+        # The recurrent state at the start of each `max_seq_len` sequence (impala_tf.sequences).
+        seq_len = int(self.config.model["max_seq_len"])
+        starts: list[tuple[np.ndarray, ...]] = []
         returns: list[float] = []
         lengths: list[int] = []
 
         for t in range(horizon):
+            if t % seq_len == 0:
+                starts.append(self._state)
             step = self._next
             obs_buf[t] = self._obs
             act_buf[t] = step.actions
@@ -262,8 +270,8 @@ class EnvRunner:
             "values_bootstrapped": seq(vb_buf),
             POLICY_VERSION: seq(version_buf),
         }
-        for i, s in enumerate(state_in):
-            columns[f"state_in_{i}"] = s
+        for i in range(len(starts[0])):
+            columns[f"state_in_{i}"] = np.stack([start[i] for start in starts], axis=1)
         batch = SampleBatch(columns)
         if self.config.compress_observations:
             batch = compress(batch)
