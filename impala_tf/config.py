@@ -118,6 +118,9 @@ _MODEL_ALIASES: dict[str, tuple[str, ...]] = {
     "lstm_use_prev_action_reward": ("lstm_use_prev_action", "lstm_use_prev_reward"),
 }
 
+#: `observation_filter` values (`impala_tf.filters.FILTER_NAMES`; not imported, to stay light).
+_FILTER_NAMES = ("NoFilter", "MeanStdFilter", "ConcurrentMeanStdFilter")
+
 # RLlib keys accepted and ignored, with the reason shown in the warning.
 _IGNORED: dict[str, str] = {
     "framework": "impala_tf always runs TensorFlow 2",
@@ -148,7 +151,6 @@ _IGNORED: dict[str, str] = {
     "placement_strategy": "there is no resource scheduler",
     "create_env_on_driver": "the driver never steps an environment",
     "preprocessor_pref": "observations are preprocessed by the model",
-    "observation_filter": "observation filters are not implemented",
     "callbacks": "use Keras callbacks on the algorithm instead",
     "exploration_config": "actions are always sampled from the policy (`explore`)",
     "grad_clip_by": "RLlib's old stack, like us, always clips by global norm",
@@ -358,6 +360,7 @@ class ImpalaConfig:
     explore: bool = _key(True, "env_runners")
     max_requests_in_flight_per_env_runner: int = _key(2, "env_runners")
     compress_observations: bool = _key(False, "env_runners")
+    observation_filter: str = _key("NoFilter", "env_runners")
 
     # training(): general
     gamma: float = _key(0.99, "training")
@@ -756,6 +759,11 @@ class ImpalaConfig:
         self._check_int("max_requests_in_flight_per_env_runner", minimum=1)
         for key in ("explore", "compress_observations", "restart_failed_env_runners"):
             self._check_bool(key)
+        if self.observation_filter not in _FILTER_NAMES:
+            raise ValueError(
+                f"`observation_filter` must be one of {list(_FILTER_NAMES)} (RLlib's names), "
+                f"got {self.observation_filter!r}."
+            )
         self._check_int("seed", minimum=None, optional=True)
 
     def _validate_learning(self) -> None:

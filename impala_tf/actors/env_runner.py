@@ -21,6 +21,11 @@ Rewards are clipped for training as RLlib's `clip_rewards` says (True: to their 
 episode: V(x_{t+1}) from the next step's policy call, 0 after a termination, and V(final
 observation) after a truncation (computed by one extra batched call on the truncated envs).
 
+With `observation_filter: MeanStdFilter` every observation the envs return passes through the
+runner's filter (`impala_tf.filters`) before the policy sees it, and the `obs` column holds the
+filtered observations; each fragment carries the filter's changes (`filter_delta`) for the driver
+to merge, and `set_weights` syncs the filter to the driver's merged one.
+
 `policy_version[t]` (int64) is the `num_grad_updates` of the weights that chose step t's action.
 The runner computes each step's action one step ahead (the value of the next observation is the
 previous step's bootstrap value), so after `set_weights` the first step of the next fragment was
@@ -40,6 +45,7 @@ import gymnasium as gym
 import numpy as np
 
 from impala_tf.config import ImpalaConfig
+from impala_tf.filters import Filter, filter_from_state, get_filter
 from impala_tf.numpy_policy import make_policy
 from impala_tf.sample_batch import SampleBatch, compress
 
@@ -112,6 +118,8 @@ class Fragment:
         per-step `POLICY_VERSION` column of `batch` has the version of each step.
       actor_id: Index of the actor that produced it (0-based).
       sample_time_s: Wall time spent producing it.
+      filter_delta: The observation filter's changes while sampling it (`Filter.delta()`),
+        for the driver to merge; None without a filter.
     """
 
     batch: SampleBatch
@@ -120,6 +128,7 @@ class Fragment:
     policy_version: int
     actor_id: int = 0
     sample_time_s: float = 0.0
+    filter_delta: Filter | None = None
 
     @property
     def env_steps(self) -> int:
@@ -134,9 +143,17 @@ class EnvRunner:
         num_envs_per_env_runner, seed, explore, gamma).
       worker_index: 1-based index of this runner; it derives the env and sampling seeds.
       explore: Overrides `config.explore` (evaluation passes False).
+      update_filter: Update the observation filter (`observation_filter`) with the observations
+        seen (actors); False applies it unchanged (evaluation).
     """
 
-    def __init__(self, config: ImpalaConfig, worker_index: int = 1, explore: bool | None = None):
+    def __init__(
+        self,
+        config: ImpalaConfig,
+        worker_index: int = 1,
+        explore: bool | None = None,
+        update_filter: bool = True,
+    ):
         self.config = config
         self.worker_index = worker_index
         self.num_envs = int(config.num_envs_per_env_runner)
@@ -150,16 +167,27 @@ class EnvRunner:
             self.observation_space, self.action_space, config.model, explore=explore, seed=seed
         )
         self.policy_version = 0
+        self.obs_filter = get_filter(config.observation_filter, self.observation_space.shape)
+        self._update_filter = bool(update_filter)
+        if config.observation_filter != "NoFilter" and not np.issubdtype(
+            self.observation_space.dtype or np.float32, np.floating
+        ):
+            raise ValueError(
+                f"`observation_filter` {config.observation_filter!r} standardises observations "
+                f"and needs a float observation space, got {self.observation_space}."
+            )
         self._next_version = 0  # The version of the weights that computed `self._next`.
         self._obs_dtype = self.observation_space.dtype or np.float32
         self._clip_actions = isinstance(self.action_space, gym.spaces.Box)
         self._clip_rewards = config.clip_rewards
+        # Raw until the first policy step filters them (after the driver's filter has arrived).
         self._obs = np.stack(
             [
                 self._reset(env, env_seed(config.seed, worker_index, j))
                 for j, env in enumerate(self.envs)
             ]
         )
+        self._obs_filtered = False
         self._state = self.policy.initial_state(self.num_envs)
         self._episode_return = np.zeros(self.num_envs, np.float64)
         self._episode_length = np.zeros(self.num_envs, np.int64)
@@ -169,10 +197,25 @@ class EnvRunner:
         obs, _ = env.reset(seed=seed)
         return np.asarray(obs, dtype=self._obs_dtype)
 
-    def set_weights(self, weights: list[np.ndarray], policy_version: int = 0) -> None:
-        """Loads new policy weights; `policy_version` is the learner's `num_grad_updates`."""
+    def _filter(self, obs: np.ndarray) -> np.ndarray:
+        """Applies the observation filter to a batch of raw observations [N, *obs_shape]."""
+        return self.obs_filter(obs, update=self._update_filter)
+
+    def set_weights(
+        self,
+        weights: list[np.ndarray],
+        policy_version: int = 0,
+        obs_filter: Filter | None = None,
+    ) -> None:
+        """Loads new policy weights; `policy_version` is the learner's `num_grad_updates`.
+
+        `obs_filter`, when given, is the driver's merged observation filter: this runner's
+        filter is synced to it (RLlib's `sync_filters`).
+        """
         self.policy.set_weights(weights)
         self.policy_version = int(policy_version)
+        if obs_filter is not None:
+            self.obs_filter.sync(obs_filter)
 
     def get_weights(self) -> list[np.ndarray]:
         return self.policy.get_weights()
@@ -182,6 +225,8 @@ class EnvRunner:
         start = time.perf_counter()
         horizon, n = self.horizon, self.num_envs
         if self._next is None:
+            if not self._obs_filtered:
+                self._obs, self._obs_filtered = self._filter(self._obs), True
             self._next = self.policy.step(self._obs, self._state)
             self._next_version = self.policy_version
         first = self._next
@@ -234,11 +279,13 @@ class EnvRunner:
                     self._episode_length[j] = 0
                     obs = self._reset(env)
                 next_obs[j] = obs
+            next_obs = self._filter(next_obs)
             state = step.state
             if final_obs:
                 rows = np.fromiter(final_obs, np.int64)
                 final = self.policy.step(
-                    np.stack([final_obs[j] for j in rows]), tuple(s[rows] for s in state)
+                    self._filter(np.stack([final_obs[j] for j in rows])),
+                    tuple(s[rows] for s in state),
                 )
             dones = term_buf[t] | trunc_buf[t]
             if state and dones.any():
@@ -282,7 +329,16 @@ class EnvRunner:
             policy_version=self.policy_version,
             actor_id=self.worker_index - 1,
             sample_time_s=time.perf_counter() - start,
+            filter_delta=self._flush_filter(),
         )
+
+    def _flush_filter(self) -> Filter | None:
+        """The filter's changes since the last fragment (for the driver); resets its buffer."""
+        if not self._update_filter:
+            return None
+        delta = self.obs_filter.delta()
+        self.obs_filter.reset_buffer()
+        return delta
 
     # Resuming ---------------------------------------------------------------------------------
 
@@ -299,6 +355,7 @@ class EnvRunner:
                 for j, env in enumerate(self.envs)
             ]
         )
+        self._obs_filtered = False
         self.policy.reseed(env_seed(seed, self.worker_index, 0))
         self._state = self.policy.initial_state(self.num_envs)
         self._episode_return[:] = 0.0
@@ -332,6 +389,8 @@ class EnvRunner:
             "weights": self.get_weights(),
             "policy_version": self.policy_version,
             "next_version": self._next_version,
+            "obs_filter": self.obs_filter.get_state(),
+            "obs_filtered": self._obs_filtered,
             "policy_rng": self.policy.get_rng_state(),
             "envs": envs,
             "envs_error": error,
@@ -353,8 +412,11 @@ class EnvRunner:
             self._obs, self._state, self._next = obs, rnn_state, next_step
             self._episode_return, self._episode_length = returns, lengths
             self._next_version = int(state.get("next_version", self.policy_version))
+            self._obs_filtered = bool(state.get("obs_filtered", next_step is not None))
         elif "seed" in state:
             self.reset(state["seed"])
+        if state.get("obs_filter") is not None:
+            self.obs_filter = filter_from_state(state["obs_filter"])
         if state.get("policy_rng") is not None:
             self.policy.set_rng_state(state["policy_rng"])
 
