@@ -165,3 +165,67 @@ def test_filter_needs_a_float_observation_space():
 
 def test_module_exports():
     assert set(filters.__all__) >= {"MeanStdFilter", "NoFilter", "RunningStat", "get_filter"}
+
+
+@pytest.mark.slow
+def test_driver_merges_saves_restores_evaluates_and_exports_the_filter(tmp_path):
+    import tensorflow as tf
+
+    from impala_tf import checkpoints
+    from impala_tf.bin.export import export_saved_model
+
+    def config():
+        return (
+            ImpalaConfig()
+            .environment("CartPole-v1")
+            .env_runners(
+                num_env_runners=2,
+                num_envs_per_env_runner=4,
+                rollout_fragment_length=10,
+                observation_filter="MeanStdFilter",
+            )
+            .training(train_batch_size=80, model={"fcnet_hiddens": [16]})
+            .reporting(min_time_s_per_iteration=0.5)
+            .evaluation(evaluation_duration=2)
+            .debugging(seed=0)
+        )
+
+    algo = config().build()
+    try:
+        algo.train()
+        algo.train()
+        steps = algo._counters["num_env_steps_sampled"]
+        merged = algo.obs_filter
+        # Each merged fragment's 40 observations, plus each actor's 4 first ones.
+        assert merged.rs.n - steps in (0, 4, 8) and steps > 0
+        assert merged.buffer.n == 0
+        algo.evaluate()
+        # Evaluation applies the merged filter and does not change it.
+        assert algo._eval_runner.obs_filter.rs.n == merged.rs.n
+        saved = algo.save(str(tmp_path / "ckpt"))
+        state = merged.get_state()
+    finally:
+        algo.stop()
+
+    fresh = config().build()
+    try:
+        fresh.restore(saved)
+        assert fresh.obs_filter.get_state() == state
+    finally:
+        fresh.stop()
+
+    _, runner = checkpoints.load_env_runner(saved)
+    try:
+        assert runner.obs_filter.get_state()["rs"] == state["rs"]
+        runner.run_episodes(1)
+        assert runner.obs_filter.rs.n == state["rs"]["n"]  # applied, not updated
+    finally:
+        runner.close()
+
+    obs_filter = checkpoints.load_observation_filter(saved)
+    _, policy = checkpoints.load_policy(saved)
+    export_saved_model(policy.model, policy.action_space, str(tmp_path / "export"), obs_filter)
+    serve = tf.saved_model.load(str(tmp_path / "export")).signatures["serving_default"]
+    raw = np.array([[0.1, 1.0, -0.05, -1.5], [0.0, 0.0, 0.0, 0.0]], np.float32)
+    logits, _, _ = policy.model.step(tf.constant(obs_filter(raw, update=False)), ())
+    np.testing.assert_allclose(serve(obs=tf.constant(raw))["logits"], logits, rtol=1e-5, atol=1e-5)
