@@ -602,8 +602,9 @@ class Impala:
         The learner part (weights, optimizer slots, update and step counters, hence the
         schedules) is written under the learner lock, so all of it comes from one update; the
         directory is replaced atomically (`impala_tf.checkpoints.write_checkpoint`). The driver
-        part holds the merged observation filter (`observation_filter`), the counters, the iteration, the smoothing window of episodes, the broadcast
-        bookkeeping and the driver's `Aggregator`: the rows waiting to fill a train batch and,
+        part holds the counters, the iteration, the smoothing window of episodes, the broadcast
+        bookkeeping, the merged observation filter (`observation_filter`) and the driver's
+        `Aggregator`: the rows waiting to fill a train batch and,
         in deterministic mode only (it can be large), the mix-in replay buffer. In
         deterministic mode it also holds a snapshot of the (idle) actor: its weights, its
         action sampler and, when they can be pickled, its envs mid-episode (see
