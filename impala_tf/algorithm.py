@@ -47,7 +47,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from impala_tf import checkpoints, pipeline
+from impala_tf import checkpoints, filters, pipeline, sequences
 from impala_tf.actors.aggregation import Aggregator, AggregatorPool
 from impala_tf.actors.base import ActorFailure, ActorPool, ActorStateUnsupported
 from impala_tf.actors.env_runner import EnvRunner, Fragment, make_env
@@ -195,6 +195,10 @@ class Impala:
         env = make_env(config, 0, 0)
         self.observation_space, self.action_space = env.observation_space, env.action_space
         env.close()
+        # The master observation filter: the actors' changes merged, broadcast with the weights.
+        self.obs_filter = filters.get_filter(
+            config.observation_filter, self.observation_space.shape
+        )
         try:
             # Actors import TensorFlow and build their envs while the learner is built here.
             self.pool = actor_pool_cls(config)
@@ -202,7 +206,11 @@ class Impala:
             with self.strategy.scope():
                 self.learner = ImpalaLearner(config, self.observation_space, self.action_space)
             self.num_replicas = self.strategy.num_replicas_in_sync
-            state_shapes = tuple(tuple(s.shape[1:]) for s in self.learner.model.initial_state(1))
+            state_shapes = sequences.state_column_shapes(
+                config.rollout_fragment_length,
+                config.model["max_seq_len"],
+                tuple(tuple(s.shape[1:]) for s in self.learner.model.initial_state(1)),
+            )
             self._rows = pipeline.rows_per_batch(config, self.num_replicas)
             signature = pipeline.batch_signature(
                 config, self.observation_space, self.action_space, self.num_replicas, state_shapes
@@ -255,8 +263,15 @@ class Impala:
 
     def _broadcast(self, actor_ids: list[int]) -> None:
         version = int(self.learner.num_grad_updates.numpy())
-        self.pool.broadcast_weights(self.learner.get_policy_weights(), version, actor_ids)
+        self.pool.broadcast_weights(
+            self.learner.get_policy_weights(), version, actor_ids, self._filter_to_send()
+        )
         self._broadcast_version = version
+
+    def _filter_to_send(self) -> filters.Filter | None:
+        if isinstance(self.obs_filter, filters.NoFilter):
+            return None
+        return self.obs_filter.as_serializable()
 
     def _handle_failures(self, failures: list[ActorFailure]) -> None:
         for failure in failures:
@@ -286,6 +301,8 @@ class Impala:
         self._failures_in_a_row[fragment.actor_id] = 0
         if fragment.policy_version < self._min_policy_version:
             return []
+        if fragment.filter_delta is not None:
+            self.obs_filter.apply_changes(fragment.filter_delta)
         self._counters["num_env_steps_sampled"] += fragment.env_steps
         self._counters["num_agent_steps_sampled"] += fragment.env_steps
         for ret, length in zip(fragment.episode_returns, fragment.episode_lengths):
@@ -442,12 +459,12 @@ class Impala:
         if self._eval_runner is None:
             eval_config = self.config.get_evaluation_config()
             eval_config.env_runners(num_envs_per_env_runner=1)
-            self._eval_runner = EnvRunner(eval_config, worker_index=0)
+            self._eval_runner = EnvRunner(eval_config, worker_index=0, update_filter=False)
         runner = self._eval_runner
         with self.learner_thread.lock:
             weights = self.learner.get_policy_weights()
             version = int(self.learner.num_grad_updates.numpy())
-        runner.set_weights(weights, version)
+        runner.set_weights(weights, version, self._filter_to_send())
         runner.reset(_derived_seed(self.config.seed, self._iteration, 1))
         episodes = runner.run_episodes(int(self.config.evaluation_duration))
         returns = [r for r, _ in episodes]
@@ -586,7 +603,8 @@ class Impala:
         schedules) is written under the learner lock, so all of it comes from one update; the
         directory is replaced atomically (`impala_tf.checkpoints.write_checkpoint`). The driver
         part holds the counters, the iteration, the smoothing window of episodes, the broadcast
-        bookkeeping and the driver's `Aggregator`: the rows waiting to fill a train batch and,
+        bookkeeping, the merged observation filter (`observation_filter`) and the driver's
+        `Aggregator`: the rows waiting to fill a train batch and,
         in deterministic mode only (it can be large), the mix-in replay buffer. In
         deterministic mode it also holds a snapshot of the (idle) actor: its weights, its
         action sampler and, when they can be pickled, its envs mid-episode (see
@@ -604,6 +622,7 @@ class Impala:
             "steps_since_broadcast": self._steps_since_broadcast,
             "broadcast_version": self._broadcast_version,
             "deterministic": self.deterministic,
+            "observation_filter": self.obs_filter.get_state(),
         }
         runtime: dict[str, Any] = {}
         if self.deterministic or self.config.replay_proportion == 0:
@@ -656,6 +675,8 @@ class Impala:
         self._episodes.extend(tuple(e) for e in state["episodes"])
         self._episodes_total = int(state["episodes_total"])
         self._steps_since_broadcast = int(state.get("steps_since_broadcast", 0))
+        if state.get("observation_filter") is not None:
+            self.obs_filter = filters.filter_from_state(state["observation_filter"])
         steps = int(self._counters["num_env_steps_sampled"])
         seed = self.config.seed
         if runtime.get("aggregator") is not None:

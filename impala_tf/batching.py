@@ -14,6 +14,9 @@ from impala_tf.sample_batch import SampleBatch, concat_samples
 
 __all__ = ["BatchBuilder", "rows_per_batch"]
 
+#: The env runners' per-step weights version column (`impala_tf.actors.env_runner.POLICY_VERSION`).
+_VERSION_COLUMN = "policy_version"
+
 
 def rows_per_batch(config: ImpalaConfig, num_replicas: int = 1) -> int:
     """Env sequences per train batch: `train_batch_size / rollout_fragment_length`, rounded up to
@@ -36,7 +39,10 @@ class BatchBuilder:
 
     Sequences left over after a batch is cut start the next one, so no sample is dropped. Each
     added batch may carry a policy version (the learner update count of the weights that sampled
-    it); a train batch reports the row-weighted mean version of its sequences.
+    it); a train batch reports the step-weighted mean version of its sequences. A batch with the
+    per-step `policy_version` column (what env runners emit) is labelled by that column, so a
+    replayed sequence keeps the version it was sampled with and a step acted by older weights
+    counts as older; the `version` argument labels batches without it.
     """
 
     def __init__(self, rows: int):
@@ -48,7 +54,11 @@ class BatchBuilder:
     def add(self, batch: SampleBatch, version: float = 0.0) -> list[tuple[SampleBatch, float]]:
         """Adds a batch of sequences; returns the (train batch, mean version) pairs it completed."""
         self._pending.append(batch)
-        self._versions.append(np.full(len(batch), version, np.float64))
+        if _VERSION_COLUMN in batch:
+            steps = np.asarray(batch[_VERSION_COLUMN], np.float64)
+            self._versions.append(steps.reshape(len(batch), -1).mean(axis=1))
+        else:
+            self._versions.append(np.full(len(batch), version, np.float64))
         self._pending_rows += len(batch)
         out = []
         while self._pending_rows >= self.rows:

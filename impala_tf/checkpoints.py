@@ -6,7 +6,8 @@ A checkpoint is a directory holding
   `policy_optimizer`, `num_grad_updates`, `num_agent_steps_trained` and, with
   `_separate_vf_optimizer`, `value_optimizer` (see `learner_checkpoint`);
 * `driver_state.json`: the driver's counters plus `"config": ImpalaConfig.to_dict()` (None when
-  `env` is a callable, which JSON cannot hold);
+  `env` is a callable, which JSON cannot hold) and `"observation_filter"`, the merged observation
+  filter's state (`impala_tf.filters`);
 * `runtime_state.pkl` (only when the driver has such state): a pickle of what JSON cannot hold and
   resume needs: the partial train batch waiting for more fragments and, in deterministic mode,
   the actors' envs and samplers and the replay buffer (see `Impala.save`). Like any pickle, load
@@ -16,8 +17,8 @@ Training writes one directory per save under `<logdir>/checkpoints/`, named by i
 (`checkpoint_000010`), and keeps the newest `keep_checkpoints_num` (`checkpoint_path`,
 `list_checkpoints`, `prune_checkpoints`); `resolve_checkpoint_dir` finds the newest from a logdir.
 
-Evaluation and export only need the weights: they restore the `model` part alone, into a model
-rebuilt from the stored config and the env's spaces.
+Evaluation and export only need the weights and the observation filter: they restore the
+`model` part alone, into a model rebuilt from the stored config and the env's spaces.
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ if TYPE_CHECKING:  # TensorFlow is imported by the functions that need it.
     import tensorflow as tf
 
     from impala_tf.actors.env_runner import EnvRunner
+    from impala_tf.filters import Filter
     from impala_tf.learner import ImpalaLearner
     from impala_tf.policy import ActorPolicy
 
@@ -54,6 +56,7 @@ __all__ = [
     "list_checkpoints",
     "load_config",
     "load_env_runner",
+    "load_observation_filter",
     "load_policy",
     "prune_checkpoints",
     "read_driver_state",
@@ -421,6 +424,22 @@ def load_policy(
     return config, policy
 
 
+def load_observation_filter(checkpoint_dir: str) -> Filter | None:
+    """The run's merged observation filter (`observation_filter`) saved in a checkpoint.
+
+    Returns:
+      The `impala_tf.filters.Filter`, or None for `NoFilter` and for checkpoints written before
+      filters were saved.
+    """
+    from impala_tf.filters import NoFilter, filter_from_state
+
+    state = read_driver_state(checkpoint_dir).get("observation_filter")
+    if state is None:
+        return None
+    obs_filter = filter_from_state(state)
+    return None if isinstance(obs_filter, NoFilter) else obs_filter
+
+
 def load_env_runner(
     checkpoint_dir: str, explore: bool = False, config: ImpalaConfig | None = None
 ) -> tuple[ImpalaConfig, EnvRunner]:
@@ -429,7 +448,7 @@ def load_env_runner(
     Its envs are seeded from `config.seed` as RLlib seeds the driver's, so with a seed and
     `num_envs_per_env_runner=1` the episodes it runs are reproducible. The weights are restored
     into a Keras model and handed to the runner's policy, whichever kind it is (numpy or
-    TensorFlow).
+    TensorFlow). Observations pass through the run's saved observation filter, not updated.
 
     Args:
       checkpoint_dir: Anything `resolve_checkpoint_dir` accepts.
@@ -444,11 +463,11 @@ def load_env_runner(
     from impala_tf.models import build_model
 
     config = load_config(checkpoint_dir) if config is None else config
-    runner = EnvRunner(config, worker_index=0, explore=explore)
+    runner = EnvRunner(config, worker_index=0, explore=explore, update_filter=False)
     try:
         model = build_model(runner.observation_space, runner.action_space, config.model)
         restore_model(model, checkpoint_dir)
-        runner.set_weights(model.get_weights())
+        runner.set_weights(model.get_weights(), obs_filter=load_observation_filter(checkpoint_dir))
     except BaseException:
         runner.close()
         raise

@@ -120,6 +120,9 @@ _MODEL_ALIASES: dict[str, tuple[str, ...]] = {
     "lstm_use_prev_action_reward": ("lstm_use_prev_action", "lstm_use_prev_reward"),
 }
 
+#: `observation_filter` values (`impala_tf.filters.FILTER_NAMES`; not imported, to stay light).
+_FILTER_NAMES = ("NoFilter", "MeanStdFilter", "ConcurrentMeanStdFilter")
+
 # RLlib keys accepted and ignored, with the reason shown in the warning.
 _IGNORED: dict[str, str] = {
     "framework": "impala_tf always runs TensorFlow 2",
@@ -149,7 +152,6 @@ _IGNORED: dict[str, str] = {
     "custom_resources_per_env_runner": "there is no resource scheduler",
     "placement_strategy": "there is no resource scheduler",
     "create_env_on_driver": "the driver never steps an environment",
-    "observation_filter": "observation filters are not implemented",
     "callbacks": "use Keras callbacks on the algorithm instead",
     "exploration_config": "actions are always sampled from the policy (`explore`)",
     "grad_clip_by": "RLlib's old stack, like us, always clips by global norm",
@@ -360,6 +362,7 @@ class ImpalaConfig:
     max_requests_in_flight_per_env_runner: int = _key(2, "env_runners")
     compress_observations: bool = _key(False, "env_runners")
     preprocessor_pref: str | None = _key("deepmind", "env_runners")
+    observation_filter: str = _key("NoFilter", "env_runners")
 
     # training(): general
     gamma: float = _key(0.99, "training")
@@ -763,6 +766,11 @@ class ImpalaConfig:
                 "`preprocessor_pref` must be 'deepmind' (DeepMind preprocessing of Atari envs), "
                 f"'rllib' or None (no preprocessing), got {self.preprocessor_pref!r}."
             )
+        if self.observation_filter not in _FILTER_NAMES:
+            raise ValueError(
+                f"`observation_filter` must be one of {list(_FILTER_NAMES)} (RLlib's names), "
+                f"got {self.observation_filter!r}."
+            )
         self._check_int("seed", minimum=None, optional=True)
 
     def _validate_learning(self) -> None:
@@ -1020,6 +1028,7 @@ def _check_gymnasium_id(env_id: str) -> None:
     """Raises ValueError naming `env` if `env_id` is not a registered gymnasium id."""
     import gymnasium  # Lazy: keeps `import impala_tf.config` fast.
 
+    import impala_tf.envs  # noqa: F401 - registers the shipped envs' ids.
     from impala_tf.envs.atari import ensure_registered
 
     hint = ""

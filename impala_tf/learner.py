@@ -14,7 +14,10 @@ with RLlib's column names, in one of two layouts:
   contiguous; the learner reshapes them as RLlib's `make_time_major` does, with
   T = `rollout_fragment_length`.
 
-Per-sequence columns (`state_in_0`, `state_in_1` of recurrent models) are [B, ...] in both.
+Per-sequence columns (`state_in_0`, `state_in_1` of recurrent models) are [B, C, H] in both: the
+recurrent state at the start of each of the C = ceil(T / `max_seq_len`) sequences of a fragment
+(`impala_tf.sequences`); [B, H] is accepted when T <= `max_seq_len`. Recurrent models train on
+those sequences (RLlib's `max_seq_len`), each bootstrapped at its end, padding masked.
 The layout is told apart by the rank of `rewards` (2 is time-major, 1 is flat).
 
 Multiple devices: build the learner inside `strategy.scope()` (`tf.distribute.MirroredStrategy`).
@@ -44,7 +47,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from impala_tf import distributions, losses
+from impala_tf import distributions, losses, sequences
 from impala_tf.config import ImpalaConfig
 from impala_tf.models import build_model
 
@@ -271,6 +274,13 @@ class ImpalaLearner(keras.Model):
           float gradients (zeros where a variable has none); the `LossSums`; int64 env steps.
         """
         config = self.config
+        rows = tf.cast(tf.size(batch["rewards"]), tf.int64)
+        mask, sequence_ends = None, None
+        if any(k.startswith(_STATE_PREFIX) for k in batch):
+            # RLlib's `max_seq_len`: sequences of at most L steps from their recorded start states.
+            batch, mask, sequence_ends = sequences.chunk_time_major(
+                batch, config.model["max_seq_len"]
+            )
         terminateds = tf.cast(batch["terminateds"], tf.bool)
         truncateds = tf.cast(batch["truncateds"], tf.bool)
         dones = tf.logical_or(terminateds, truncateds)
@@ -292,8 +302,14 @@ class ImpalaLearner(keras.Model):
                 values=values,
                 rewards=batch["rewards"],
                 terminateds=terminateds,
-                truncateds=truncateds,
+                # A sequence's end bootstraps from the next value as a truncation does.
+                truncateds=(
+                    truncateds
+                    if sequence_ends is None
+                    else tf.logical_or(truncateds, sequence_ends)
+                ),
                 values_bootstrapped=batch["values_bootstrapped"],
+                mask=mask,
                 gamma=config.gamma,
                 clip_rho_threshold=config.vtrace_clip_rho_threshold,
                 clip_pg_rho_threshold=config.vtrace_clip_pg_rho_threshold,
@@ -314,7 +330,6 @@ class ImpalaLearner(keras.Model):
             group = tape.gradient(loss, variables)
             grads.append([tf.zeros_like(v) if g is None else g for g, v in zip(group, variables)])
         del tape
-        rows = tf.cast(tf.size(batch["rewards"]), tf.int64)
         return grads, out.sums, rows
 
     def _apply(

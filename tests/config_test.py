@@ -318,7 +318,6 @@ def test_alias_and_new_name_with_different_values_conflict():
         ("enable_rl_module_and_learner", False),
         ("enable_env_runner_and_connector_v2", False),
         ("create_env_on_driver", False),
-        ("observation_filter", "NoFilter"),
         ("simple_optimizer", False),
         ("callbacks", object),
     ],

@@ -13,6 +13,7 @@ import dataclasses
 import numpy as np
 
 from impala_tf.actors.env_runner import Fragment
+from impala_tf.filters import Filter
 
 __all__ = ["ActorFailure", "ActorPool", "ActorStateUnsupported"]
 
@@ -50,9 +51,17 @@ class ActorPool(abc.ABC):
 
     @abc.abstractmethod
     def broadcast_weights(
-        self, weights: list[np.ndarray], policy_version: int, actor_ids: list[int]
+        self,
+        weights: list[np.ndarray],
+        policy_version: int,
+        actor_ids: list[int],
+        obs_filter: Filter | None = None,
     ) -> None:
-        """Sends policy weights (without waiting) to the actors in `actor_ids`."""
+        """Sends policy weights (without waiting) to the actors in `actor_ids`.
+
+        `obs_filter` (an `impala_tf.filters.Filter`, or None for none) is the driver's merged
+        observation filter; each actor syncs its own to it with the weights.
+        """
 
     @abc.abstractmethod
     def restart(self, actor_id: int, weights: list[np.ndarray], policy_version: int) -> None:

@@ -7,7 +7,9 @@ One env runner (RLlib's "env runner" / "rollout worker") owns `num_envs_per_env_
 steps them together, one batched policy call per time step. `sample()` returns a `Fragment`: a
 `SampleBatch` of B = num_envs sequences of T = `rollout_fragment_length` steps, per-step columns
 shaped [B, T, ...] (`truncate_episodes`: episodes continue across fragments), plus the returns and
-lengths of the episodes that finished in it.
+lengths of the episodes that finished in it. Recurrent policies add `state_in_i` [B, C, H]: the
+state at the start of each of the C = ceil(T / `model.max_seq_len`) sequences the learner trains
+on (`impala_tf.sequences`).
 
 Fragments leave `sample()` unpacked; the actor process packs their observations for transport
 (`impala_tf.frames.encode_observations`: frame-stack coding, and zlib with RLlib's
@@ -23,6 +25,17 @@ covers the config (training runners only), else a list of gymnasium envs.
 `values_bootstrapped[t]` is the behaviour value of the observation that follows step t in the same
 episode: V(x_{t+1}) from the next step's policy call, 0 after a termination, and V(final
 observation) after a truncation (computed by one extra batched call on the truncated envs).
+
+With `observation_filter: MeanStdFilter` every observation the envs return passes through the
+runner's filter (`impala_tf.filters`) before the policy sees it, and the `obs` column holds the
+filtered observations; each fragment carries the filter's changes (`filter_delta`) for the driver
+to merge, and `set_weights` syncs the filter to the driver's merged one.
+
+`policy_version[t]` (int64) is the `num_grad_updates` of the weights that chose step t's action.
+The runner computes each step's action one step ahead (the value of the next observation is the
+previous step's bootstrap value), so after `set_weights` the first step of the next fragment was
+still chosen by the previous weights; this column says so, and the learner's
+`diff_num_grad_updates_vs_sampler_policy` is computed from it.
 """
 
 from __future__ import annotations
@@ -39,10 +52,22 @@ import numpy as np
 from impala_tf.config import ImpalaConfig
 from impala_tf.envs import atari
 from impala_tf.envs.batch import AtariVectorEnvBatch, EnvBatch, GymEnvBatch
+from impala_tf.filters import Filter, filter_from_state, get_filter
 from impala_tf.numpy_policy import make_policy
 from impala_tf.sample_batch import SampleBatch
 
-__all__ = ["EnvContext", "EnvRunner", "Fragment", "make_env", "make_env_batch", "env_seed"]
+__all__ = [
+    "EnvContext",
+    "EnvRunner",
+    "Fragment",
+    "POLICY_VERSION",
+    "make_env",
+    "make_env_batch",
+    "env_seed",
+]
+
+#: Per-step column: `num_grad_updates` of the weights that chose the step's action (int64 [B, T]).
+POLICY_VERSION = "policy_version"
 
 #: Seeds of env j in env runner i are `seed + i * _MAX_ENVS_PER_RUNNER + j`, as RLlib derives them.
 _MAX_ENVS_PER_RUNNER = 1000
@@ -90,6 +115,8 @@ def make_env(config: ImpalaConfig, worker_index: int = 0, vector_index: int = 0)
         if atari.deepmind_enabled(config) and atari.is_atari(made):
             return atari.wrap_deepmind(made, config.model, training=worker_index > 0)
         return made
+    import impala_tf.envs  # noqa: F401 - registers the shipped envs in this (actor) process.
+
     if atari.is_atari(env, config.env_config):
         return atari.make_atari_env(env, config, training=worker_index > 0)
     return gym.make(env, **(config.env_config or {}))
@@ -117,9 +144,13 @@ class Fragment:
       batch: `SampleBatch` of [B, T, ...] sequences (B = num_envs_per_env_runner).
       episode_returns: Returns of the episodes that ended in this fragment.
       episode_lengths: Their lengths in steps.
-      policy_version: `num_grad_updates` of the weights that acted (0 before any broadcast).
+      policy_version: `num_grad_updates` of the weights loaded when the fragment was sampled
+        (0 before any broadcast). The first step may have been chosen by older weights: the
+        per-step `POLICY_VERSION` column of `batch` has the version of each step.
       actor_id: Index of the actor that produced it (0-based).
       sample_time_s: Wall time spent producing it.
+      filter_delta: The observation filter's changes while sampling it (`Filter.delta()`),
+        for the driver to merge; None without a filter.
     """
 
     batch: SampleBatch
@@ -128,6 +159,7 @@ class Fragment:
     policy_version: int
     actor_id: int = 0
     sample_time_s: float = 0.0
+    filter_delta: Filter | None = None
 
     @property
     def env_steps(self) -> int:
@@ -142,9 +174,17 @@ class EnvRunner:
         num_envs_per_env_runner, seed, explore, gamma).
       worker_index: 1-based index of this runner; it derives the env and sampling seeds.
       explore: Overrides `config.explore` (evaluation passes False).
+      update_filter: Update the observation filter (`observation_filter`) with the observations
+        seen (actors); False applies it unchanged (evaluation).
     """
 
-    def __init__(self, config: ImpalaConfig, worker_index: int = 1, explore: bool | None = None):
+    def __init__(
+        self,
+        config: ImpalaConfig,
+        worker_index: int = 1,
+        explore: bool | None = None,
+        update_filter: bool = True,
+    ):
         self.config = config
         self.worker_index = worker_index
         self.num_envs = int(config.num_envs_per_env_runner)
@@ -158,13 +198,25 @@ class EnvRunner:
             self.observation_space, self.action_space, config.model, explore=explore, seed=seed
         )
         self.policy_version = 0
+        self.obs_filter = get_filter(config.observation_filter, self.observation_space.shape)
+        self._update_filter = bool(update_filter)
+        if config.observation_filter != "NoFilter" and not np.issubdtype(
+            self.observation_space.dtype or np.float32, np.floating
+        ):
+            raise ValueError(
+                f"`observation_filter` {config.observation_filter!r} standardises observations "
+                f"and needs a float observation space, got {self.observation_space}."
+            )
+        self._next_version = 0  # The version of the weights that computed `self._next`.
         self._obs_dtype = self.observation_space.dtype or np.float32
         self._clip_actions = isinstance(self.action_space, gym.spaces.Box)
         is_atari = isinstance(self.env_batch, AtariVectorEnvBatch) or atari.is_atari(
             self.env_batch.envs[0]
         )
         self._clip_rewards = atari.clip_rewards_for(config, is_atari)
+        # Raw until the first policy step filters them (after the driver's filter has arrived).
         self._obs = self._reset_all(config.seed)
+        self._obs_filtered = False
         self._state = self.policy.initial_state(self.num_envs)
         self._episode_return = np.zeros(self.num_envs, np.float64)
         self._episode_length = np.zeros(self.num_envs, np.int64)
@@ -179,10 +231,25 @@ class EnvRunner:
         seeds = [env_seed(seed, self.worker_index, j) for j in range(self.num_envs)]
         return np.asarray(self.env_batch.reset(seeds), dtype=self._obs_dtype)
 
-    def set_weights(self, weights: list[np.ndarray], policy_version: int = 0) -> None:
-        """Loads new policy weights; `policy_version` is the learner's `num_grad_updates`."""
+    def _filter(self, obs: np.ndarray) -> np.ndarray:
+        """Applies the observation filter to a batch of raw observations [N, *obs_shape]."""
+        return self.obs_filter(obs, update=self._update_filter)
+
+    def set_weights(
+        self,
+        weights: list[np.ndarray],
+        policy_version: int = 0,
+        obs_filter: Filter | None = None,
+    ) -> None:
+        """Loads new policy weights; `policy_version` is the learner's `num_grad_updates`.
+
+        `obs_filter`, when given, is the driver's merged observation filter: this runner's
+        filter is synced to it (RLlib's `sync_filters`).
+        """
         self.policy.set_weights(weights)
         self.policy_version = int(policy_version)
+        if obs_filter is not None:
+            self.obs_filter.sync(obs_filter)
 
     def get_weights(self) -> list[np.ndarray]:
         return self.policy.get_weights()
@@ -192,8 +259,13 @@ class EnvRunner:
         start = time.perf_counter()
         horizon, n = self.horizon, self.num_envs
         if self._next is None:
+            if not self._obs_filtered:
+                self._obs, self._obs_filtered = self._filter(self._obs), True
             self._next = self.policy.step(self._obs, self._state)
+            self._next_version = self.policy_version
         first = self._next
+        version_buf = np.full((horizon, n), self.policy_version, np.int64)
+        version_buf[0] = self._next_version
         obs_buf = np.empty((horizon, n, *self._obs.shape[1:]), self._obs.dtype)
         act_buf = np.empty((horizon, n, *first.actions.shape[1:]), first.actions.dtype)
         logits_buf = np.empty((horizon, n, first.logits.shape[-1]), np.float32)
@@ -203,11 +275,15 @@ class EnvRunner:
         rew_buf = np.empty((horizon, n), np.float32)
         term_buf = np.zeros((horizon, n), bool)
         trunc_buf = np.zeros((horizon, n), bool)
-        state_in = self._state
+        # The recurrent state at the start of each `max_seq_len` sequence (impala_tf.sequences).
+        seq_len = int(self.config.model["max_seq_len"])
+        starts: list[tuple[np.ndarray, ...]] = []
         returns: list[float] = []
         lengths: list[int] = []
 
         for t in range(horizon):
+            if t % seq_len == 0:
+                starts.append(self._state)
             step = self._next
             obs_buf[t] = self._obs
             act_buf[t] = step.actions
@@ -220,7 +296,7 @@ class EnvRunner:
                 else step.actions
             )
             stepped = self.env_batch.step(env_actions)
-            next_obs = stepped.obs.astype(self._obs_dtype, copy=False)
+            next_obs = self._filter(stepped.obs.astype(self._obs_dtype, copy=False))
             final_obs = stepped.final_obs
             rew_buf[t] = stepped.rewards
             term_buf[t] = stepped.terminateds
@@ -236,7 +312,9 @@ class EnvRunner:
             if final_obs:
                 rows = np.fromiter(final_obs, np.int64)
                 final = self.policy.step(
-                    np.stack([final_obs[j] for j in rows]).astype(self._obs_dtype, copy=False),
+                    self._filter(
+                        np.stack([final_obs[j] for j in rows]).astype(self._obs_dtype, copy=False)
+                    ),
                     tuple(s[rows] for s in state),
                 )
             dones = term_buf[t] | trunc_buf[t]
@@ -244,6 +322,7 @@ class EnvRunner:
                 state = tuple(np.where(dones[:, None], 0.0, s).astype(s.dtype) for s in state)
             self._obs, self._state = next_obs, state
             self._next = self.policy.step(next_obs, state)
+            self._next_version = self.policy_version
             vb_buf[t] = np.where(term_buf[t], 0.0, self._next.values)
             if final_obs:
                 vb_buf[t, rows] = final.values
@@ -266,9 +345,10 @@ class EnvRunner:
             "action_logp": seq(logp_buf),
             "vf_preds": seq(vf_buf),
             "values_bootstrapped": seq(vb_buf),
+            POLICY_VERSION: seq(version_buf),
         }
-        for i, s in enumerate(state_in):
-            columns[f"state_in_{i}"] = s
+        for i in range(len(starts[0])):
+            columns[f"state_in_{i}"] = np.stack([start[i] for start in starts], axis=1)
         return Fragment(
             batch=SampleBatch(columns),
             episode_returns=returns,
@@ -276,7 +356,16 @@ class EnvRunner:
             policy_version=self.policy_version,
             actor_id=self.worker_index - 1,
             sample_time_s=time.perf_counter() - start,
+            filter_delta=self._flush_filter(),
         )
+
+    def _flush_filter(self) -> Filter | None:
+        """The filter's changes since the last fragment (for the driver); resets its buffer."""
+        if not self._update_filter:
+            return None
+        delta = self.obs_filter.delta()
+        self.obs_filter.reset_buffer()
+        return delta
 
     # Resuming ---------------------------------------------------------------------------------
 
@@ -288,6 +377,7 @@ class EnvRunner:
         from unseeded randomness. Unfinished episodes are dropped; weights are kept.
         """
         self._obs = self._reset_all(seed)
+        self._obs_filtered = False
         self.policy.reseed(env_seed(seed, self.worker_index, 0))
         self._state = self.policy.initial_state(self.num_envs)
         self._episode_return[:] = 0.0
@@ -320,6 +410,9 @@ class EnvRunner:
         return {
             "weights": self.get_weights(),
             "policy_version": self.policy_version,
+            "next_version": self._next_version,
+            "obs_filter": self.obs_filter.get_state(),
+            "obs_filtered": self._obs_filtered,
             "policy_rng": self.policy.get_rng_state(),
             "envs": envs,
             "envs_error": error,
@@ -341,8 +434,12 @@ class EnvRunner:
             self.env_batch = GymEnvBatch(envs) if isinstance(envs, list) else envs
             self._obs, self._state, self._next = obs, rnn_state, next_step
             self._episode_return, self._episode_length = returns, lengths
+            self._next_version = int(state.get("next_version", self.policy_version))
+            self._obs_filtered = bool(state.get("obs_filtered", next_step is not None))
         elif "seed" in state:
             self.reset(state["seed"])
+        if state.get("obs_filter") is not None:
+            self.obs_filter = filter_from_state(state["obs_filter"])
         if state.get("policy_rng") is not None:
             self.policy.set_rng_state(state["policy_rng"])
 

@@ -30,6 +30,7 @@ from impala_tf.actors.base import ActorFailure, ActorPool
 from impala_tf.actors.env_runner import Fragment
 from impala_tf.actors.memory import check_actor_memory
 from impala_tf.config import ImpalaConfig
+from impala_tf.filters import Filter
 from impala_tf.frames import encode_observations
 
 __all__ = ["LocalActorPool"]
@@ -306,12 +307,16 @@ class LocalActorPool(ActorPool):
                 actor.commands.put(("set_state", state))
 
     def broadcast_weights(
-        self, weights: list[np.ndarray], policy_version: int, actor_ids: list[int]
+        self,
+        weights: list[np.ndarray],
+        policy_version: int,
+        actor_ids: list[int],
+        obs_filter: Filter | None = None,
     ) -> None:
         for i in actor_ids:
             actor = self._actors[i]
             if actor.healthy:
-                actor.commands.put(("weights", weights, policy_version))
+                actor.commands.put(("weights", weights, policy_version, obs_filter))
 
     def restart(self, actor_id: int, weights: list[np.ndarray], policy_version: int) -> None:
         old = self._actors.get(actor_id)

@@ -14,6 +14,11 @@ Recurrent models (`use_lstm`) also take `state_in_0`, `state_in_1` (float32 [B, 
 return `state_out_0`, `state_out_1`; their `initial_state` signature maps `batch_size` (int32
 scalar) to the zero state `state_in_0`, `state_in_1`. Zero a row's state when its episode ends.
 
+With `observation_filter: MeanStdFilter` the run's merged filter (saved in the checkpoint) is part
+of the SavedModel: `obs` is the raw observation, standardised inside by the filter's mean and
+standard deviation as they were at the checkpoint (and clipped if the filter clips), exactly as the
+actors and `impala-evaluate` apply it; the statistics are frozen.
+
 Loading needs TensorFlow only (no impala_tf, no Keras):
 
     policy = tf.saved_model.load("exported/cartpole").signatures["serving_default"]
@@ -37,12 +42,13 @@ flags.DEFINE_string("checkpoint", None, "Checkpoint directory, or a training log
 flags.DEFINE_string("out", None, "Directory to write the SavedModel to.")
 
 
-def serving_module(model, action_space):
+def serving_module(model, action_space, obs_filter=None):
     """A `tf.Module` holding `model`'s variables with the serving functions described above.
 
     Args:
       model: An `impala_tf.models.ActorCritic`.
       action_space: The env's action space (it picks the action distribution).
+      obs_filter: An `impala_tf.filters.MeanStdFilter` applied to `obs` first (frozen), or None.
 
     Returns:
       `(module, signatures)`: the module to save and its signatures by name.
@@ -60,7 +66,15 @@ def serving_module(model, action_space):
         [None, *obs_shape], tf.as_dtype(np.dtype(model.observation_space.dtype)), name="obs"
     )
 
+    if obs_filter is not None:
+        mean, scale = (tf.constant(a) for a in obs_filter.serving_stats())
+        clip = float(obs_filter.clip) if obs_filter.clip else None
+
     def act(obs, state):
+        if obs_filter is not None:
+            obs = (tf.cast(obs, tf.float32) - mean) / scale
+            if clip is not None:
+                obs = tf.clip_by_value(obs, -clip, clip)
         logits, values, new_state = model.step(obs, state)
         actions = distributions.make_distribution(action_space, logits).mode()
         out = {"actions": actions, "logits": logits, "values": values}
@@ -99,15 +113,15 @@ def serving_module(model, action_space):
     return module, {"serving_default": serve_recurrent, "initial_state": initial_state}
 
 
-def export_saved_model(model, action_space, out_dir: str) -> dict:
-    """Writes `model` as a SavedModel to `out_dir` (see the module docstring).
+def export_saved_model(model, action_space, out_dir: str, obs_filter=None) -> dict:
+    """Writes `model` (after `obs_filter`, if given) as a SavedModel to `out_dir`.
 
     Returns:
       The signatures written, by name (`tf.function`s with input signatures).
     """
     import tensorflow as tf
 
-    module, signatures = serving_module(model, action_space)
+    module, signatures = serving_module(model, action_space, obs_filter)
     tf.saved_model.save(module, out_dir, signatures=signatures)
     return signatures
 
@@ -129,7 +143,12 @@ def main(argv: list[str]) -> int:
     import tensorflow as tf
 
     _, policy = checkpoints.load_policy(checkpoint_dir, explore=False, config=config)
-    signatures = export_saved_model(policy.model, policy.action_space, FLAGS.out)
+    signatures = export_saved_model(
+        policy.model,
+        policy.action_space,
+        FLAGS.out,
+        checkpoints.load_observation_filter(checkpoint_dir),
+    )
     serving = signatures["serving_default"].get_concrete_function()
     inputs = ", ".join(
         f"{spec.name}{spec.shape.as_list()} {spec.dtype.name}"

@@ -5,4 +5,6 @@ Importing this package registers the shipped envs under gymnasium ids.
 
 from __future__ import annotations
 
+from impala_tf.envs import classic  # noqa: F401 - registers impala_tf/StatelessCartPole-v1
+
 __all__: list[str] = []

@@ -1,0 +1,91 @@
+"""Off-policyness: each step labelled with the weights that acted; batches report its mean."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from impala_tf.actors.aggregation import Aggregator
+from impala_tf.actors.env_runner import POLICY_VERSION, EnvRunner
+from impala_tf.batching import BatchBuilder
+from impala_tf.config import ImpalaConfig
+from impala_tf.models import build_model
+from impala_tf.sample_batch import SampleBatch
+
+
+def _runner(envs: int = 2, horizon: int = 5) -> tuple[EnvRunner, list[np.ndarray]]:
+    config = (
+        ImpalaConfig()
+        .environment("CartPole-v1")
+        .env_runners(num_envs_per_env_runner=envs, rollout_fragment_length=horizon)
+        .training(model={"fcnet_hiddens": [8]})
+        .debugging(seed=0)
+    )
+    runner = EnvRunner(config, worker_index=1)
+    model = build_model(runner.observation_space, runner.action_space, config.model)
+    return runner, model.get_weights()
+
+
+def test_first_step_after_a_broadcast_is_labelled_with_the_old_weights():
+    runner, weights = _runner()
+    runner.set_weights(weights, policy_version=3)
+    first = runner.sample()
+    np.testing.assert_array_equal(first.batch[POLICY_VERSION], np.full((2, 5), 3))
+    runner.set_weights(weights, policy_version=8)
+    second = runner.sample()
+    versions = second.batch[POLICY_VERSION]
+    assert versions.dtype == np.int64 and versions.shape == (2, 5)
+    # Step 0's action was computed at the end of the previous fragment, with version 3.
+    np.testing.assert_array_equal(versions[:, 0], [3, 3])
+    np.testing.assert_array_equal(versions[:, 1:], np.full((2, 4), 8))
+    assert second.policy_version == 8
+    third = runner.sample()
+    np.testing.assert_array_equal(third.batch[POLICY_VERSION], np.full((2, 5), 8))
+
+
+def test_snapshot_keeps_the_version_of_the_precomputed_step():
+    runner, weights = _runner()
+    runner.set_weights(weights, policy_version=2)
+    runner.sample()
+    state = runner.get_state()
+    runner.set_weights(weights, policy_version=6)
+    other, _ = _runner()
+    other.set_state(state)
+    other.set_weights(weights, policy_version=6)
+    np.testing.assert_array_equal(other.sample().batch[POLICY_VERSION][:, 0], [2, 2])
+
+
+def _labelled(rows: int, version_per_step: np.ndarray) -> SampleBatch:
+    horizon = version_per_step.shape[-1]
+    return SampleBatch(
+        {
+            "rewards": np.zeros((rows, horizon), np.float32),
+            POLICY_VERSION: np.broadcast_to(version_per_step, (rows, horizon)).copy(),
+        }
+    )
+
+
+def test_batch_version_is_the_step_weighted_mean_of_the_labels():
+    builder = BatchBuilder(rows=3)
+    # The `version` argument (the fragment's) is ignored where steps are labelled.
+    assert builder.add(_labelled(2, np.array([1, 4, 4, 4])), version=4.0) == []
+    ((batch, version),) = builder.add(_labelled(2, np.array([4, 9, 9, 9])), version=9.0)
+    assert len(batch) == 3
+    expected = np.mean([1, 4, 4, 4] * 2 + [4, 9, 9, 9])
+    assert version == expected
+    # Unlabelled batches still use the argument.
+    ((_, version),) = BatchBuilder(rows=1).add(
+        SampleBatch({"rewards": np.zeros((1, 4), np.float32)}), version=5.0
+    )
+    assert version == 5.0
+
+
+def test_replayed_batches_keep_the_version_they_were_sampled_with():
+    config = ImpalaConfig(env="CartPole-v1", replay_proportion=10.0, replay_buffer_num_slots=4)
+    config.debugging(seed=0)
+    aggregator = Aggregator(config, rows=1)
+    out = aggregator.process(_labelled(1, np.array([1, 1, 1])), version=1.0)
+    out += aggregator.process(_labelled(1, np.array([7, 7, 7])), version=7.0)
+    versions = {(float(b[POLICY_VERSION].mean()), v) for b, v in out}
+    # Every train batch reports the version of its own steps, replayed or new.
+    assert all(label == v for label, v in versions)
+    assert {v for _, v in versions} == {1.0, 7.0}
