@@ -12,6 +12,10 @@ lengths of the episodes that finished in it.
 With `compress_observations=True` the `obs` column is sent zlib-compressed (RLlib's
 `compress_observations`); the aggregation workers or the driver decompress it.
 
+Box actions reach the env unsquashed from [-1, 1] to the space's bounds (`normalize_actions`)
+or clipped (`clip_actions`), as `impala_tf.actions` says; the fragment keeps the policy's own
+actions, as RLlib's sample batches do.
+
 Rewards are clipped for training as RLlib's `clip_rewards` says (True: to their sign, x: to
 [-x, x]); episode returns are reported unclipped.
 
@@ -31,6 +35,7 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
+from impala_tf.actions import ActionAdapter
 from impala_tf.config import ImpalaConfig
 from impala_tf.numpy_policy import make_policy
 from impala_tf.sample_batch import SampleBatch, compress
@@ -136,7 +141,9 @@ class EnvRunner:
         )
         self.policy_version = 0
         self._obs_dtype = self.observation_space.dtype or np.float32
-        self._clip_actions = isinstance(self.action_space, gym.spaces.Box)
+        self._env_actions = ActionAdapter(
+            self.action_space, config.normalize_actions, config.clip_actions
+        )
         self._clip_rewards = config.clip_rewards
         self._obs = np.stack(
             [
@@ -188,11 +195,8 @@ class EnvRunner:
             logits_buf[t] = step.logits
             logp_buf[t] = step.logp
             vf_buf[t] = step.values
-            env_actions = (
-                np.clip(step.actions, self.action_space.low, self.action_space.high)
-                if self._clip_actions
-                else step.actions
-            )
+            # The batch keeps the policy's actions; only the env sees them unsquashed/clipped.
+            env_actions = self._env_actions(step.actions)
             next_obs = np.empty_like(self._obs)
             final_obs = {}
             for j, env in enumerate(self.envs):
