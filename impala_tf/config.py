@@ -352,6 +352,9 @@ class ImpalaConfig:
     env: str | Callable[[dict], Any] | None = _key(None, "environment")
     env_config: dict = _key({}, "environment")
     clip_rewards: bool | float | None = _key(None, "environment")
+    # Box actions: the policy acts in [-1, 1], unsquashed to the bounds (see impala_tf.actions).
+    normalize_actions: bool = _key(True, "environment")
+    clip_actions: bool = _key(False, "environment")
 
     # env_runners()
     num_env_runners: int = _key(2, "env_runners")
@@ -441,7 +444,7 @@ class ImpalaConfig:
         return self._apply(kwargs, group="training")
 
     def environment(self, env: Any = _UNSET, **kwargs: Any) -> ImpalaConfig:
-        """Sets `env` (gymnasium id or `env_creator(env_config)`), `env_config`, `clip_rewards`."""
+        """Sets `env`, `env_config`, `clip_rewards`, `normalize_actions`, `clip_actions`."""
         if env is not _UNSET:
             kwargs = {"env": env, **kwargs}
         return self._apply(kwargs, group="environment")
@@ -743,6 +746,8 @@ class ImpalaConfig:
                 f"`clip_rewards` must be None, a bool (True clips to sign) or a number > 0 "
                 f"(clip to [-x, x]), got {clip!r}."
             )
+        self._check_bool("normalize_actions")
+        self._check_bool("clip_actions")
 
     def _validate_sampling(self) -> None:
         if self.batch_mode != "truncate_episodes":

@@ -3,8 +3,15 @@
 It reproduces RLlib's legacy TF IMPALA policy (`VTraceTFPolicy`): the summed V-trace loss of
 `impala_tf.losses`, global-norm gradient clipping (`grad_clip`), Adam or RMSProp (`opt_type`,
 `lr`, `decay`, `momentum`, `epsilon`), piecewise-linear `lr_schedule` and `entropy_coeff_schedule`
-driven by the number of agent steps trained, and `_separate_vf_optimizer` (a second Adam at
-`_lr_vf` trained on the value loss alone over the value-only variables).
+driven by the number of agent steps trained, and `_separate_vf_optimizer`: as RLlib's TF policy,
+each (optimizer, loss) pair differentiates its loss over ALL the model's trainable variables, the
+policy optimizer `pi_loss - entropy_coeff * entropy` and a second Adam at `_lr_vf` the value loss,
+so layers shared by the policy and V (a CNN torso, an LSTM core, `vf_share_layers`) get both
+updates. Each optimizer's gradients are clipped by their own global norm (`grad_clip`).
+
+Stats: `grad_gnorm` is the global norm of the gradients after clipping (RLlib computes it in
+`grad_stats_fn`, which receives the clipped gradients); `grad_gnorm_unclipped` is the norm before.
+With two optimizers both norms are taken over the gradients of both losses together.
 
 Input batches (what `train_step` receives, e.g. from a `tf.data.Dataset` given to `fit`) are dicts
 with RLlib's column names, in one of two layouts:
@@ -63,6 +70,7 @@ STATS_KEYS = (
     "vf_loss",
     "vf_explained_var",
     "grad_gnorm",
+    "grad_gnorm_unclipped",
     "total_loss",
     "num_agent_steps_trained",
     "num_grad_updates_lifetime",
@@ -142,13 +150,13 @@ class ImpalaLearner(keras.Model):
             else None
         )
         if self._separate_vf:
-            self._policy_vars = list(self.model.policy_variables)
-            self._value_vars = list(self.model.value_variables)
-            self.policy_optimizer.build(self._policy_vars)
-            self.value_optimizer.build(self._value_vars)
+            # RLlib's `compute_gradients_fn`: every (optimizer, loss) pair over all variables.
+            variables = list(self.model.trainable_variables)
+            self.policy_optimizer.build(variables)
+            self.value_optimizer.build(variables)
             self._groups = (
-                (self.policy_optimizer, self._policy_vars),
-                (self.value_optimizer, self._value_vars),
+                (self.policy_optimizer, variables),
+                (self.value_optimizer, variables),
             )
         else:
             self.policy_optimizer.build(self.model.trainable_variables)
@@ -351,11 +359,13 @@ class ImpalaLearner(keras.Model):
             tf.distribute.ReduceOp.SUM, [g for group in grads for g in group]
         )
         offset = 0
+        clipped = []
         for optimizer, variables in self._groups:
             group = all_grads[offset : offset + len(variables)]
             offset += len(variables)
             if config.grad_clip is not None:
                 group, _ = tf.clip_by_global_norm(group, config.grad_clip)
+            clipped.extend(group)
             # Keras' optimizer sums the gradients over replicas once more; hand it 1/n of each.
             optimizer.apply_gradients([(g / num_replicas, v) for g, v in zip(group, variables)])
 
@@ -372,7 +382,8 @@ class ImpalaLearner(keras.Model):
             "var_gnorm": tf.linalg.global_norm(self.model.trainable_variables),
             "vf_loss": sums.vf_loss / num_valid,
             "vf_explained_var": losses.explained_variance(sums),
-            "grad_gnorm": tf.linalg.global_norm(all_grads),
+            "grad_gnorm": tf.linalg.global_norm(clipped),
+            "grad_gnorm_unclipped": tf.linalg.global_norm(all_grads),
             "total_loss": (
                 sums.pi_loss + config.vf_loss_coeff * sums.vf_loss - entropy_coeff * sums.entropy
             )

@@ -11,7 +11,8 @@ The program mirrors `impala_tf.models.ActorCritic` for MLPs: preprocessing (one-
 Discrete/MultiDiscrete observations, flatten and cast for Box/MultiBinary), the `fcnet_hiddens`
 torso, the separate value tower unless `vf_share_layers`, and linear logits and value heads.
 `tests/numpy_policy_test.py` checks it against the Keras model for every supported combination.
-Weights arrive in `keras.Model.get_weights()` order: torso, value tower, logits head, value head.
+Weights arrive in `keras.Model.get_weights()` order: torso, value tower, logits head, value head,
+and last, with `free_log_std`, the free log-std vector appended to the Gaussian means.
 """
 
 from __future__ import annotations
@@ -101,6 +102,7 @@ class NumpyPolicy:
         self._hiddens = [int(h) for h in _model_value(model_config, "fcnet_hiddens", [256, 256])]
         self._act = _ACTIVATIONS[_model_value(model_config, "fcnet_activation", "tanh")]
         self._shared = bool(_model_value(model_config, "vf_share_layers", False))
+        self._free_log_std = bool(_model_value(model_config, "free_log_std", False))
         self._weights: list[np.ndarray] | None = None
         if isinstance(action_space, gym.spaces.MultiDiscrete):
             self._nvec = [int(n) for n in action_space.nvec]
@@ -113,9 +115,11 @@ class NumpyPolicy:
     def set_weights(self, weights: list[np.ndarray]) -> None:
         """Loads `keras.Model.get_weights()` of the matching `ActorCritic`."""
         layers = len(self._hiddens) * (1 if self._shared else 2) + 2
-        if len(weights) != 2 * layers:
+        expected = 2 * layers + int(self._free_log_std)
+        if len(weights) != expected:
+            free = " and the free log-std" if self._free_log_std else ""
             raise ValueError(
-                f"expected {2 * layers} arrays (kernels and biases of {layers} layers), "
+                f"expected {expected} arrays (kernels and biases of {layers} layers{free}), "
                 f"got {len(weights)}: the weights do not belong to this MLP"
             )
         self._weights = [np.asarray(w, np.float32) for w in weights]
@@ -175,6 +179,8 @@ class NumpyPolicy:
         value_features = features if self._shared else self._tower(x, w[k : 2 * k])
         head = k if self._shared else 2 * k
         logits = features @ w[head] + w[head + 1]
+        if self._free_log_std:
+            logits = np.concatenate([logits, np.broadcast_to(w[-1], logits.shape)], axis=-1)
         values = (value_features @ w[head + 2] + w[head + 3])[:, 0]
         return logits.astype(np.float32, copy=False), values.astype(np.float32, copy=False)
 

@@ -6,7 +6,10 @@ Importance Weighted Actor-Learner Architectures", with the public API of RLlib's
 
 Shapes: T is time, B is batch. Per-step inputs are time-major `[T, B, ...]`: any number of
 trailing dimensions is allowed, as long as `log_rhos`, `discounts`, `rewards` and `values` share
-one rank r >= 2 and `bootstrap_value` has rank r - 1 (`[B, ...]`). Logits are `[T, B, A]` (A is the
+one rank r >= 2 and `bootstrap_value` has rank r - 1 (`[B, ...]`). Their shapes broadcast, as in
+DeepMind's scalable_agent and trfl: `log_rhos` and `discounts` [T, B, 1] with `rewards` and
+`values` [T, B, k] give targets [T, B, k]. A wrong rank raises a `ValueError` whose message holds
+the peers' "must have rank r". Logits are `[T, B, A]` (A is the
 number of actions of one categorical component) with `[T, B]` integer actions; any rank >= 2 for
 logits works, with actions one rank less.
 
@@ -334,13 +337,20 @@ def _vtrace(
     log_rhos, discounts, rewards, values, bootstrap_value = (
         tf.stop_gradient(x) for x in (log_rhos, discounts, rewards, values, bootstrap_value)
     )
+    # Broadcast inputs (e.g. [T, B, 1] rhos against [T, B, k] values) meet in one full shape.
+    full_shape = tf.shape(log_rhos)
+    for x in (discounts, rewards, values, tf.expand_dims(bootstrap_value, 0)):
+        full_shape = tf.broadcast_dynamic_shape(full_shape, tf.shape(x))
+    values = tf.broadcast_to(values, full_shape)
+    bootstrap_value = tf.broadcast_to(bootstrap_value, full_shape[1:])
     rhos = tf.exp(log_rhos)
     clipped_rhos = rhos if rho_bar is None else tf.minimum(rho_bar, rhos)
     cs = tf.minimum(tf.ones([], rhos.dtype), rhos)
     bootstrap_row = tf.expand_dims(bootstrap_value, 0)
     values_tp1 = tf.concat([values[1:], bootstrap_row], axis=0)
     deltas = clipped_rhos * (rewards + discounts * values_tp1 - values)
-    vs = values + recursion(discounts * cs, deltas)
+    trace = tf.broadcast_to(discounts * cs, full_shape)
+    vs = values + recursion(trace, tf.broadcast_to(deltas, full_shape))
     vs_tp1 = tf.concat([vs[1:], bootstrap_row], axis=0)
     pg_rhos = rhos if pg_rho_bar is None else tf.minimum(pg_rho_bar, rhos)
     pg_advantages = pg_rhos * (rewards + discounts * vs_tp1 - values)
@@ -460,25 +470,37 @@ def _prepare(
         raise ValueError(
             f"log_rhos must have a known rank >= 2 ([T, B, ...]); got {log_rhos.shape}."
         )
-    for name, x in (("discounts", discounts), ("rewards", rewards), ("values", values)):
+    # The peers' messages ("Shape ... must have rank r", TensorShape.assert_has_rank's wording),
+    # which their tests match.
+    for name, x in (("values", values), ("discounts", discounts), ("rewards", rewards)):
         if x.shape.rank != rank:
             raise ValueError(
-                f"{name} must have the rank of log_rhos ({rank}, [T, B, ...]); got {x.shape}."
-            )
-        if not x.shape.is_compatible_with(log_rhos.shape):
-            raise ValueError(
-                f"{name} shape {x.shape} differs from log_rhos shape {log_rhos.shape}."
+                f"{name}: Shape {x.shape} must have rank {rank} (the rank of log_rhos, "
+                "[T, B, ...])."
             )
     if bootstrap_value.shape.rank != rank - 1:
         raise ValueError(
-            f"bootstrap_value must have rank {rank - 1} (that of values minus the time axis); "
-            f"got {bootstrap_value.shape}."
+            f"bootstrap_value: Shape {bootstrap_value.shape} must have rank {rank - 1} (that of "
+            "values minus the time axis)."
         )
-    if not bootstrap_value.shape.is_compatible_with(values.shape[1:]):
+    # Trailing dimensions broadcast, as in scalable_agent and trfl: e.g. log_rhos and discounts
+    # [T, B, 1] with rewards and values [T, B, k].
+    full = log_rhos.shape
+    for name, x in (("discounts", discounts), ("rewards", rewards), ("values", values)):
+        try:
+            full = tf.broadcast_static_shape(full, x.shape)
+        except ValueError:
+            raise ValueError(
+                f"{name} shape {x.shape} does not broadcast with log_rhos' and the other "
+                f"per-step inputs' shape {full}."
+            ) from None
+    try:
+        tf.broadcast_static_shape(full[1:], bootstrap_value.shape)
+    except ValueError:
         raise ValueError(
-            f"bootstrap_value shape {bootstrap_value.shape} differs from values' shape without "
-            f"the time axis, {values.shape[1:]}."
-        )
+            f"bootstrap_value shape {bootstrap_value.shape} does not broadcast with the per-step "
+            f"shape without the time axis, {full[1:]}."
+        ) from None
     thresholds = []
     for name, threshold in (
         ("clip_rho_threshold", clip_rho_threshold),

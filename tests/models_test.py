@@ -456,7 +456,6 @@ def test_policy_value_partition_mlp(share, value_vars):
 @pytest.mark.parametrize(
     "config, match",
     [
-        ({"free_log_std": True}, "free_log_std"),
         ({"use_attention": True}, "use_attention"),
         ({"use_lstm": True, "lstm_use_prev_action": True}, "not supported yet"),
         ({"use_lstm": True, "lstm_use_prev_reward": True}, "not supported yet"),

@@ -34,6 +34,16 @@ CASES = [
         {"fcnet_hiddens": [5, 5], "fcnet_activation": "swish"},
     ),
     (BOX_OBS, gym.spaces.Discrete(4), {"fcnet_hiddens": [], "fcnet_activation": "linear"}),
+    (
+        BOX_OBS,
+        gym.spaces.Box(-2, 2, (2,), np.float32),
+        {"fcnet_hiddens": [6, 6], "free_log_std": True},
+    ),
+    (
+        BOX_OBS,
+        gym.spaces.Box(-2, 2, (3,), np.float32),
+        {"fcnet_hiddens": [6], "free_log_std": True, "vf_share_layers": True},
+    ),
 ]
 
 

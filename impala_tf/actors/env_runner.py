@@ -15,6 +15,10 @@ Fragments leave `sample()` unpacked; the actor process packs their observations 
 (`impala_tf.frames.encode_observations`: frame-stack coding, and zlib with RLlib's
 `compress_observations`), and the aggregation workers or the driver unpack them.
 
+Box actions reach the env unsquashed from [-1, 1] to the space's bounds (`normalize_actions`)
+or clipped (`clip_actions`), as `impala_tf.actions` says; the fragment keeps the policy's own
+actions, as RLlib's sample batches do.
+
 Rewards are clipped for training as RLlib's `clip_rewards` says (True: to their sign, x: to
 [-x, x]; None: the sign for Atari with DeepMind preprocessing, else no clipping); episode returns
 are reported unclipped, and per game for Atari with episodic life (`impala_tf.envs.atari`).
@@ -49,6 +53,7 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
+from impala_tf.actions import ActionAdapter
 from impala_tf.config import ImpalaConfig
 from impala_tf.envs import atari
 from impala_tf.envs.batch import AtariVectorEnvBatch, EnvBatch, GymEnvBatch
@@ -209,7 +214,9 @@ class EnvRunner:
             )
         self._next_version = 0  # The version of the weights that computed `self._next`.
         self._obs_dtype = self.observation_space.dtype or np.float32
-        self._clip_actions = isinstance(self.action_space, gym.spaces.Box)
+        self._env_actions = ActionAdapter(
+            self.action_space, config.normalize_actions, config.clip_actions
+        )
         is_atari = isinstance(self.env_batch, AtariVectorEnvBatch) or atari.is_atari(
             self.env_batch.envs[0]
         )
@@ -290,11 +297,8 @@ class EnvRunner:
             logits_buf[t] = step.logits
             logp_buf[t] = step.logp
             vf_buf[t] = step.values
-            env_actions = (
-                np.clip(step.actions, self.action_space.low, self.action_space.high)
-                if self._clip_actions
-                else step.actions
-            )
+            # The batch keeps the policy's actions; only the env sees them unsquashed/clipped.
+            env_actions = self._env_actions(step.actions)
             stepped = self.env_batch.step(env_actions)
             next_obs = self._filter(stepped.obs.astype(self._obs_dtype, copy=False))
             final_obs = stepped.final_obs

@@ -4,6 +4,10 @@ T is time, B is batch, A = num_outputs (the action distribution's logits size), 
 size. Layout: preprocess -> torso -> [LSTM core] -> heads, where the heads are a linear logits
 layer pi(.|x) and a linear value layer V(x); a non-shared MLP value tower, when present, runs
 from the preprocessed observation straight to the value head.
+
+With `free_log_std` (RLlib's model key, Box actions only) the logits head emits only the A/2
+Gaussian means and the A/2 log standard deviations are one free trainable vector, the same for
+every state, appended after the means (RLlib's `AppendBiasLayer`, initialised to zeros).
 """
 
 from __future__ import annotations
@@ -19,9 +23,24 @@ from impala_tf.models.initializers import NormcInitializer
 from impala_tf.models.preprocessing import ObservationPreprocessor
 from impala_tf.models.recurrent import LSTMCore
 
-__all__ = ["ActorCritic"]
+__all__ = ["ActorCritic", "FreeLogStd"]
 
 State = tuple[tf.Tensor, ...]
+
+
+class FreeLogStd(keras.layers.Layer):
+    """Appends a state-independent trainable log-std vector to the Gaussian means.
+
+    Maps means [N, D] to [N, 2D] = [means, log_std], log_std float32 [D] initialised to zeros.
+    """
+
+    def build(self, input_shape) -> None:
+        self.log_std = self.add_weight(
+            shape=(int(input_shape[-1]),), initializer="zeros", name="log_std"
+        )
+
+    def call(self, means: tf.Tensor) -> tf.Tensor:
+        return tf.concat([means, tf.zeros_like(means) + self.log_std], axis=-1)
 
 
 class ActorCritic(keras.Model):
@@ -78,13 +97,23 @@ class ActorCritic(keras.Model):
         self.torso = torso
         self.value_torso = value_torso
         self.core = core
+        free_log_std = bool(model_config.get("free_log_std"))
+        if free_log_std and (not isinstance(action_space, gym.spaces.Box) or self.num_outputs % 2):
+            raise ValueError(
+                "model_config free_log_std=True needs a Box action space (a Gaussian whose "
+                f"log-stds can be free variables), got {action_space!r}."
+            )
         # RLlib's normc(0.01) for both heads: near-uniform policy and near-zero values at start.
         self.logits_head = keras.layers.Dense(
-            self.num_outputs, kernel_initializer=NormcInitializer(0.01), name="logits"
+            self.num_outputs // 2 if free_log_std else self.num_outputs,
+            kernel_initializer=NormcInitializer(0.01),
+            name="logits",
         )
         self.value_head = keras.layers.Dense(
             1, kernel_initializer=NormcInitializer(0.01), name="value"
         )
+        # Created last, so that its variable comes last in `get_weights()`.
+        self.free_log_std = FreeLogStd(name="free_log_std") if free_log_std else None
         self._build_variables()
 
     # ----------------------------------------------------------------------------- building
@@ -118,6 +147,8 @@ class ActorCritic(keras.Model):
 
     def _heads(self, features: tf.Tensor, value_features: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
         logits = tf.cast(self.logits_head(features), tf.float32)
+        if self.free_log_std is not None:
+            logits = self.free_log_std(logits)
         values = tf.cast(self.value_head(value_features)[..., 0], tf.float32)
         return logits, values
 

@@ -50,15 +50,13 @@ def resolve_model_config(model_config: dict[str, Any] | None) -> dict[str, Any]:
     Unknown keys are kept and ignored here (the config module validates key names).
 
     Raises:
-        ValueError: naming the key, for free_log_std=True, use_attention=True,
+        ValueError: naming the key, for use_attention=True,
             lstm_use_prev_action/lstm_use_prev_reward with use_lstm, an unknown custom_model,
             a non-positive lstm_cell_size, bad activations, a malformed conv_filters or
             post_fcnet_hiddens.
     """
     config = dict(MODEL_DEFAULTS)
     config.update(model_config or {})
-    if config["free_log_std"]:
-        raise ValueError("model_config free_log_std=True is not supported by impala_tf.")
     if config["use_attention"]:
         raise ValueError("model_config use_attention=True is not supported by impala_tf.")
     if config["use_lstm"] and (config["lstm_use_prev_action"] or config["lstm_use_prev_reward"]):
