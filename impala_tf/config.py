@@ -358,6 +358,8 @@ class ImpalaConfig:
     explore: bool = _key(True, "env_runners")
     max_requests_in_flight_per_env_runner: int = _key(2, "env_runners")
     compress_observations: bool = _key(False, "env_runners")
+    sample_timeout_s: float | None = _key(60.0, "env_runners")
+    drop_nonfinite_episodes: bool = _key(False, "env_runners")
 
     # training(): general
     gamma: float = _key(0.99, "training")
@@ -412,6 +414,7 @@ class ImpalaConfig:
 
     # fault_tolerance()
     restart_failed_env_runners: bool = _key(True, "fault_tolerance")
+    max_num_env_runner_restarts: int = _key(1000, "fault_tolerance")
 
     # evaluation()
     evaluation_interval: int | None = _key(None, "evaluation")
@@ -467,7 +470,7 @@ class ImpalaConfig:
         return self._apply(kwargs, group="reporting")
 
     def fault_tolerance(self, **kwargs: Any) -> ImpalaConfig:
-        """Sets `restart_failed_env_runners`; returns self."""
+        """Sets `restart_failed_env_runners`, `max_num_env_runner_restarts`; returns self."""
         return self._apply(kwargs, group="fault_tolerance")
 
     def evaluation(self, **kwargs: Any) -> ImpalaConfig:
@@ -754,8 +757,13 @@ class ImpalaConfig:
         self._check_int("num_envs_per_env_runner", minimum=1)
         self._check_int("rollout_fragment_length", minimum=1)
         self._check_int("max_requests_in_flight_per_env_runner", minimum=1)
-        for key in ("explore", "compress_observations", "restart_failed_env_runners"):
+        for key in (
+            "explore", "compress_observations", "restart_failed_env_runners",
+            "drop_nonfinite_episodes",
+        ):  # fmt: skip
             self._check_bool(key)
+        self._check_number("sample_timeout_s", minimum=0.0, strict=True, optional=True)
+        self._check_int("max_num_env_runner_restarts", minimum=0)
         self._check_int("seed", minimum=None, optional=True)
 
     def _validate_learning(self) -> None:

@@ -18,6 +18,15 @@ Rewards are clipped for training as RLlib's `clip_rewards` says (True: to their 
 `values_bootstrapped[t]` is the behaviour value of the observation that follows step t in the same
 episode: V(x_{t+1}) from the next step's policy call, 0 after a termination, and V(final
 observation) after a truncation (computed by one extra batched call on the truncated envs).
+
+Faults (see `impala_tf.actors.faults`): an env that raises in `reset`/`step`, returns an
+observation of the wrong shape or dtype, or a NaN/infinite observation or reward raises an
+`EnvError` naming the env, the actor, the env index and the step. With
+`drop_nonfinite_episodes=True` a non-finite reward or observation instead ends its episode at
+that step: the step trains as a truncation with reward 0 and bootstrap value V(x_t) (never the
+non-finite data), the episode's return is not reported, and the fragment counts it in
+`num_nonfinite_episodes_dropped`. A non-finite first observation (from `reset`) is always an
+error.
 """
 
 from __future__ import annotations
@@ -31,6 +40,14 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
+from impala_tf.actors.faults import (
+    EnvCallError,
+    EnvSpaceError,
+    NonFiniteEnvError,
+    StepProgress,
+    check_observation,
+    env_name,
+)
 from impala_tf.config import ImpalaConfig
 from impala_tf.numpy_policy import make_policy
 from impala_tf.sample_batch import SampleBatch, compress
@@ -97,6 +114,8 @@ class Fragment:
       policy_version: `num_grad_updates` of the weights that acted (0 before any broadcast).
       actor_id: Index of the actor that produced it (0-based).
       sample_time_s: Wall time spent producing it.
+      num_nonfinite_episodes_dropped: Episodes cut for a non-finite observation or reward
+        (`drop_nonfinite_episodes`).
     """
 
     batch: SampleBatch
@@ -105,6 +124,7 @@ class Fragment:
     policy_version: int
     actor_id: int = 0
     sample_time_s: float = 0.0
+    num_nonfinite_episodes_dropped: int = 0
 
     @property
     def env_steps(self) -> int:
@@ -119,13 +139,25 @@ class EnvRunner:
         num_envs_per_env_runner, seed, explore, gamma).
       worker_index: 1-based index of this runner; it derives the env and sampling seeds.
       explore: Overrides `config.explore` (evaluation passes False).
+      progress: Where the runner is (step, env index, phase), shared with the driver so that
+        a hang can be reported with its place (`impala_tf.actors.faults.StepProgress`).
     """
 
-    def __init__(self, config: ImpalaConfig, worker_index: int = 1, explore: bool | None = None):
+    def __init__(
+        self,
+        config: ImpalaConfig,
+        worker_index: int = 1,
+        explore: bool | None = None,
+        progress: StepProgress | None = None,
+    ):
         self.config = config
         self.worker_index = worker_index
         self.num_envs = int(config.num_envs_per_env_runner)
         self.horizon = int(config.rollout_fragment_length)
+        self.progress = progress if progress is not None else StepProgress()
+        self._steps = 0  # Env steps taken per env (vector steps).
+        self._env_label = env_name(config.env)
+        self._drop_nonfinite = bool(getattr(config, "drop_nonfinite_episodes", False))
         self.envs = [make_env(config, worker_index, j) for j in range(self.num_envs)]
         self.observation_space = self.envs[0].observation_space
         self.action_space = self.envs[0].action_space
@@ -136,11 +168,13 @@ class EnvRunner:
         )
         self.policy_version = 0
         self._obs_dtype = self.observation_space.dtype or np.float32
+        self._obs_shape = self.observation_space.shape
+        self._float_obs = np.issubdtype(self._obs_dtype, np.floating)
         self._clip_actions = isinstance(self.action_space, gym.spaces.Box)
         self._clip_rewards = config.clip_rewards
         self._obs = np.stack(
             [
-                self._reset(env, env_seed(config.seed, worker_index, j))
+                self._reset(env, env_seed(config.seed, worker_index, j), j)
                 for j, env in enumerate(self.envs)
             ]
         )
@@ -149,9 +183,37 @@ class EnvRunner:
         self._episode_length = np.zeros(self.num_envs, np.int64)
         self._next = None  # The policy step for self._obs, computed ahead.
 
-    def _reset(self, env: gym.Env, seed: int | None = None) -> np.ndarray:
-        obs, _ = env.reset(seed=seed)
-        return np.asarray(obs, dtype=self._obs_dtype)
+    def _where(self, j: int) -> str:
+        """Names env `j` of this runner and the step, for error messages."""
+        who = f"actor {self.worker_index - 1}" if self.worker_index > 0 else "the driver"
+        length = getattr(self, "_episode_length", None)
+        episode = f", episode step {int(length[j])}" if length is not None else ""
+        return f"env {self._env_label} ({who}, env index {j}) at step {self._steps}{episode}"
+
+    def _reset(self, env: gym.Env, seed: int | None = None, j: int = 0) -> np.ndarray:
+        self.progress.set(self._steps, j, StepProgress.RESET)
+        try:
+            obs, _ = env.reset(seed=seed)
+        except Exception as e:
+            raise EnvCallError(f"{self._where(j)}: reset() raised {type(e).__name__}: {e}") from e
+        if self._obs_shape is None:  # Dict/Tuple spaces: nothing cheap to check.
+            return np.asarray(obs, dtype=self._obs_dtype)
+        obs = check_observation(obs, self._obs_shape, self._obs_dtype, self._where(j))
+        if self._float_obs and not np.isfinite(obs).all():
+            raise NonFiniteEnvError(
+                f"{self._where(j)}: reset() returned a non-finite observation (a first "
+                "observation cannot be dropped, even with drop_nonfinite_episodes=True)."
+            )
+        return obs
+
+    def _nonfinite(self, j: int, what: str) -> None:
+        """Raises `NonFiniteEnvError` for env `j` unless `drop_nonfinite_episodes` is set."""
+        if not self._drop_nonfinite:
+            raise NonFiniteEnvError(
+                f"{self._where(j)} returned a non-finite {what}. Fix the env, or set "
+                "drop_nonfinite_episodes=True to drop such episodes (counted in "
+                "num_nonfinite_episodes_dropped)."
+            )
 
     def set_weights(self, weights: list[np.ndarray], policy_version: int = 0) -> None:
         """Loads new policy weights; `policy_version` is the learner's `num_grad_updates`."""
@@ -180,6 +242,8 @@ class EnvRunner:
         state_in = self._state
         returns: list[float] = []
         lengths: list[int] = []
+        progress, obs_shape, obs_dtype = self.progress, self._obs_shape, self._obs_dtype
+        num_dropped = 0
 
         for t in range(horizon):
             step = self._next
@@ -195,22 +259,68 @@ class EnvRunner:
             )
             next_obs = np.empty_like(self._obs)
             final_obs = {}
+            dropped: list[int] = []  # Episodes cut at this step for non-finite data.
             for j, env in enumerate(self.envs):
-                obs, reward, terminated, truncated, _ = env.step(env_actions[j])
+                progress.set(self._steps, j, StepProgress.STEP)
+                try:
+                    obs, reward, terminated, truncated, _ = env.step(env_actions[j])
+                except Exception as e:
+                    raise EnvCallError(
+                        f"{self._where(j)}: step() raised {type(e).__name__}: {e}"
+                    ) from e
+                try:
+                    reward = float(reward)
+                except (TypeError, ValueError) as e:
+                    raise EnvSpaceError(
+                        f"{self._where(j)} returned a reward that is not a number: {reward!r}"
+                    ) from e
+                drop = False
+                if reward - reward != 0.0:  # NaN or +-inf, at the cost of one subtraction.
+                    self._nonfinite(j, f"reward ({reward})")
+                    reward, drop = 0.0, True
+                if obs_shape is not None and (
+                    t == 0
+                    or type(obs) is not np.ndarray
+                    or obs.shape != obs_shape
+                    or obs.dtype != obs_dtype
+                ):
+                    obs = check_observation(obs, obs_shape, obs_dtype, self._where(j))
                 rew_buf[t, j] = reward
                 self._episode_return[j] += reward
                 self._episode_length[j] += 1
-                if terminated or truncated:
+                if drop:
+                    trunc_buf[t, j] = True
+                    dropped.append(j)
+                elif terminated or truncated:
                     term_buf[t, j] = terminated
                     trunc_buf[t, j] = truncated and not terminated
                     if trunc_buf[t, j]:
-                        final_obs[j] = np.asarray(obs, dtype=self._obs_dtype)
-                    returns.append(float(self._episode_return[j]))
-                    lengths.append(int(self._episode_length[j]))
+                        final = np.asarray(obs, dtype=obs_dtype)
+                        if self._float_obs and not np.isfinite(final).all():
+                            self._nonfinite(j, "final observation")
+                            dropped.append(j)
+                        else:
+                            final_obs[j] = final
+                    if not dropped or dropped[-1] != j:
+                        returns.append(float(self._episode_return[j]))
+                        lengths.append(int(self._episode_length[j]))
+                if drop or terminated or truncated:
                     self._episode_return[j] = 0.0
                     self._episode_length[j] = 0
-                    obs = self._reset(env)
+                    obs = self._reset(env, None, j)
                 next_obs[j] = obs
+            if self._float_obs and not np.isfinite(next_obs).all():
+                bad = ~np.isfinite(next_obs.reshape(n, -1)).all(axis=1)
+                for j in np.flatnonzero(bad):
+                    self._nonfinite(int(j), "observation")
+                    trunc_buf[t, j] = True
+                    dropped.append(int(j))
+                    self._episode_return[j] = 0.0
+                    self._episode_length[j] = 0
+                    next_obs[j] = self._reset(self.envs[j], None, int(j))
+            self._steps += 1
+            num_dropped += len(dropped)
+            progress.set(self._steps, -1, StepProgress.POLICY)
             state = step.state
             if final_obs:
                 rows = np.fromiter(final_obs, np.int64)
@@ -225,7 +335,11 @@ class EnvRunner:
             vb_buf[t] = np.where(term_buf[t], 0.0, self._next.values)
             if final_obs:
                 vb_buf[t, rows] = final.values
+            if dropped:
+                # Bootstrapping from the non-finite observation would poison the targets.
+                vb_buf[t, dropped] = vf_buf[t, dropped]
 
+        progress.set(self._steps, -1, StepProgress.IDLE)
         if self._clip_rewards is True:
             rew_buf = np.sign(rew_buf)
         elif self._clip_rewards:
@@ -257,6 +371,7 @@ class EnvRunner:
             policy_version=self.policy_version,
             actor_id=self.worker_index - 1,
             sample_time_s=time.perf_counter() - start,
+            num_nonfinite_episodes_dropped=num_dropped,
         )
 
     # Resuming ---------------------------------------------------------------------------------
@@ -270,7 +385,7 @@ class EnvRunner:
         """
         self._obs = np.stack(
             [
-                self._reset(env, env_seed(seed, self.worker_index, j))
+                self._reset(env, env_seed(seed, self.worker_index, j), j)
                 for j, env in enumerate(self.envs)
             ]
         )
