@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 
-__all__ = ["descendants", "fd_count", "rss_bytes", "thread_count", "fd_targets"]
+__all__ = ["cpu_seconds", "descendants", "fd_count", "fd_targets", "rss_bytes", "thread_count"]
 
 
 def _children(pid: int) -> list[int]:
@@ -78,3 +78,14 @@ def thread_count(pid: int) -> int:
         return len(os.listdir(f"/proc/{pid}/task"))
     except OSError:
         return 0
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time `pid` has used, in seconds (0 if it is gone)."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii") as f:
+            # The command name (field 2) may hold spaces: split after its closing parenthesis.
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, IndexError, ValueError):
+        return 0.0

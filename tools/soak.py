@@ -13,7 +13,9 @@ sample. At the end it prints the table and the growth after `--warmup` seconds:
   5 %);
 * step-rate change: median rate of the second half of the post-warm-up samples against the
   first half (threshold `--max-rate-change`, 10 %; medians, because other work on the machine
-  makes single samples noisy);
+  makes single samples noisy). `--rate-basis wall` (the default) judges env steps per wall
+  second; `--rate-basis cpu` judges env steps per CPU second used by the run's processes, which
+  does not move with the load other programs put on a shared machine (both are printed);
 * fd growth: open fds (all processes) of the last sample minus the first after warm-up (must be
   <= 0).
 
@@ -50,6 +52,7 @@ class Sample:
       fds: Summed open file descriptors of those processes.
       steps: `timesteps_total` (env steps sampled) so far.
       rate: Env steps per second since the previous sample.
+      cpu_rate: Env steps per CPU second (all the run's processes) since the previous sample.
     """
 
     t_s: float
@@ -58,6 +61,7 @@ class Sample:
     fds: int
     steps: int
     rate: float
+    cpu_rate: float = 0.0
 
 
 @dataclasses.dataclass
@@ -74,13 +78,15 @@ class Verdict:
         return not self.failures
 
 
-def sample_processes(pid: int | None = None) -> tuple[float, int, int]:
-    """Returns (summed RSS in MiB, process count, summed open fds) of `pid` and descendants."""
+def sample_processes(pid: int | None = None) -> tuple[float, int, int, float]:
+    """Returns (summed RSS in MiB, process count, summed open fds, summed CPU seconds) of `pid`
+    and its descendants."""
     pid = os.getpid() if pid is None else pid
     pids = [pid, *proclib.descendants(pid)]
     rss = sum(proclib.rss_bytes(p) for p in pids) / 2**20
     fds = sum(proclib.fd_count(p) for p in pids)
-    return rss, len(pids), fds
+    cpu = sum(proclib.cpu_seconds(p) for p in pids)
+    return rss, len(pids), fds, cpu
 
 
 def judge(
@@ -88,8 +94,11 @@ def judge(
     warmup_s: float,
     max_rss_growth: float = 5.0,
     max_rate_change: float = 10.0,
+    rate_basis: str = "wall",
 ) -> Verdict:
     """Compares the samples after `warmup_s` against the thresholds (percent).
+
+    `rate_basis` is "wall" (env steps per second) or "cpu" (env steps per CPU second).
 
     Raises:
       ValueError: if fewer than 3 samples fall after the warm-up (nothing to compare).
@@ -103,7 +112,9 @@ def judge(
     base, last = after[0], after[-1]
     rss_growth = 100.0 * (last.rss_mb - base.rss_mb) / base.rss_mb
     # The first post-warm-up rate spans the warm-up boundary; the rates after it are clean.
-    rates = [s.rate for s in after[1:]]
+    if rate_basis not in ("wall", "cpu"):
+        raise ValueError(f"rate_basis must be 'wall' or 'cpu', got {rate_basis!r}")
+    rates = [s.rate if rate_basis == "wall" else s.cpu_rate for s in after[1:]]
     half = len(rates) // 2
     first = statistics.median(rates[: max(1, half)])
     second = statistics.median(rates[half:])
@@ -133,24 +144,28 @@ def run_soak(
     samples: list[Sample] = []
     try:
         start = time.monotonic()
-        last_t, last_steps = 0.0, 0
+        last_t, last_steps, last_cpu = 0.0, 0, sample_processes()[3]
         next_sample = interval_s
-        printer(f"{'t_s':>7} {'rss_mb':>9} {'procs':>5} {'fds':>5} {'steps':>10} {'steps/s':>9}")
+        printer(
+            f"{'t_s':>7} {'rss_mb':>9} {'procs':>5} {'fds':>5} {'steps':>10} {'steps/s':>9} "
+            f"{'steps/cpu_s':>11}"
+        )
         while True:
             result = algo.train()
             now = time.monotonic() - start
             if now < next_sample:
                 continue
             steps = int(result["timesteps_total"])
-            rss, procs, fds = sample_processes()
+            rss, procs, fds, cpu = sample_processes()
             rate = (steps - last_steps) / max(now - last_t, 1e-9)
-            row = Sample(now, rss, procs, fds, steps, rate)
+            cpu_rate = (steps - last_steps) / max(cpu - last_cpu, 1e-9)
+            row = Sample(now, rss, procs, fds, steps, rate, cpu_rate)
             samples.append(row)
             printer(
                 f"{row.t_s:7.0f} {row.rss_mb:9.1f} {row.processes:5d} {row.fds:5d} "
-                f"{row.steps:10d} {row.rate:9.0f}"
+                f"{row.steps:10d} {row.rate:9.0f} {row.cpu_rate:11.0f}"
             )
-            last_t, last_steps = now, steps
+            last_t, last_steps, last_cpu = now, steps, cpu
             next_sample += interval_s
             if now >= duration_s:
                 break
@@ -167,18 +182,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--warmup", type=float, default=300.0, help="seconds before the baseline")
     parser.add_argument("--max-rss-growth", type=float, default=5.0, help="percent")
     parser.add_argument("--max-rate-change", type=float, default=10.0, help="percent")
+    parser.add_argument("--rate-basis", choices=("wall", "cpu"), default="wall")
     args = parser.parse_args(argv)
     if args.interval <= 0 or args.duration <= 0 or args.warmup < 0:
         parser.error("--duration and --interval must be > 0, --warmup >= 0")
     samples = run_soak(args.duration, args.interval, args.config)
     try:
-        verdict = judge(samples, args.warmup, args.max_rss_growth, args.max_rate_change)
+        verdict = judge(
+            samples, args.warmup, args.max_rss_growth, args.max_rate_change, args.rate_basis
+        )
     except ValueError as e:
         print(f"soak: {e}", file=sys.stderr)
         return 2
     print(
         f"after {args.warmup:g} s warm-up: RSS growth {verdict.rss_growth_pct:+.2f}%, "
-        f"step-rate change {verdict.rate_change_pct:+.2f}%, fd growth {verdict.fd_growth:+d}"
+        f"step-rate change ({args.rate_basis}) {verdict.rate_change_pct:+.2f}%, "
+        f"fd growth {verdict.fd_growth:+d}"
     )
     for failure in verdict.failures:
         print(f"FAIL: {failure}")
