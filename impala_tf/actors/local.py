@@ -34,6 +34,7 @@ import numpy as np
 from impala_tf.actors.base import ActorFailure, ActorPool
 from impala_tf.actors.env_runner import Fragment
 from impala_tf.actors.faults import StepProgress, env_name
+from impala_tf.actors.workers import CommandQueue, end_worker
 from impala_tf.config import ImpalaConfig
 
 __all__ = ["LocalActorPool"]
@@ -216,7 +217,7 @@ class LocalActorPool(ActorPool):
 
     def _start(self, actor_id: int, weights, policy_version: int) -> None:
         recv_end, send_end = self._ctx.Pipe(duplex=False)
-        commands = self._ctx.Queue()
+        commands = CommandQueue(self._ctx)
         progress = self._ctx.RawArray("q", 3)
         process = self._ctx.Process(
             target=_actor_main,
@@ -339,15 +340,7 @@ class LocalActorPool(ActorPool):
 
     @staticmethod
     def _terminate(actor: _Actor) -> None:
-        if actor.process.is_alive():
-            actor.process.terminate()
-            actor.process.join(_STOP_JOIN_S)
-        if actor.process.is_alive():
-            actor.process.kill()
-            actor.process.join(_STOP_JOIN_S)
-        actor.commands.cancel_join_thread()
-        actor.commands.close()
-        actor.results.close()
+        end_worker(actor.process, actor.commands, actor.results, _STOP_JOIN_S)
 
     def stop(self) -> None:
         if self._stopped:
