@@ -128,6 +128,7 @@ def run_storm(
                     os.kill(actor.process.pid, signal.SIGKILL)
                     kills += 1
                     trained_at_last_kill = result["num_env_steps_trained"]
+                del actor  # Its process handle would keep its sentinel fd open.
                 victim += 1
                 next_kill = now + kill_every_s
         # Let the last kill be seen and trained past.
