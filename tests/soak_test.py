@@ -51,3 +51,16 @@ def test_sixty_second_soak_keeps_memory_rate_and_fds_flat():
     proc = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, env=env, timeout=300)
     assert "after 20 s warm-up" in proc.stdout, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert proc.returncode == 0, proc.stdout[-2000:]
+
+
+def test_markdown_section_holds_the_table_and_verdict():
+    import argparse
+
+    samples = _samples([800, 900, 901, 902, 903], [10, 100, 101, 99, 100])
+    args = argparse.Namespace(
+        duration=50.0, interval=10.0, warmup=20.0, max_rss_growth=5.0, max_rate_change=10.0,
+        rate_basis="wall",
+    )  # fmt: skip
+    text = soak.markdown(samples, soak.judge(samples, 20), args)
+    assert "| 50 | 903.0 | 4 | 50 | 0 | 100 | 100 |" in text
+    assert "RSS growth +0.33%" in text and "**PASS**" in text

@@ -19,7 +19,8 @@ sample. At the end it prints the table and the growth after `--warmup` seconds:
 * fd growth: open fds (all processes) of the last sample minus the first after warm-up (must be
   <= 0).
 
-It exits 1 when a threshold fails, 0 otherwise. (RLlib users reported IMPALA running out of
+It exits 1 when a threshold fails, 0 otherwise. `--record` also writes the table and the
+verdict to BENCHMARKS.md (section "soak"). (RLlib users reported IMPALA running out of
 memory after long runs: ray issues #3884, #23769, #24329.)
 """
 
@@ -38,7 +39,7 @@ import proclib  # noqa: E402
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEFAULT_CONFIG = os.path.join(ROOT, "configs", "cartpole-impala.yaml")
 
-__all__ = ["Sample", "Verdict", "judge", "main", "run_soak", "sample_processes"]
+__all__ = ["Sample", "Verdict", "judge", "main", "markdown", "run_soak", "sample_processes"]
 
 
 @dataclasses.dataclass
@@ -174,6 +175,35 @@ def run_soak(
     return samples
 
 
+def markdown(samples: list[Sample], verdict: Verdict, args: argparse.Namespace) -> str:
+    """The BENCHMARKS.md section: command, machine, table and verdict."""
+    import benchlib
+
+    lines = [
+        f"## Soak ({args.duration / 60:g} min of CartPole)",
+        "",
+        f"`nice -n 10 .venv/bin/python tools/soak.py --duration {args.duration:g} "
+        f"--interval {args.interval:g} --warmup {args.warmup:g}` on {benchlib.machine_line()}. "
+        "RSS, processes and fds are summed over the driver, the fork server and the actors.",
+        "",
+        "| t (s) | RSS (MiB) | processes | fds | env steps | steps/s | steps/CPU s |",
+        "|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for row in samples:
+        lines.append(
+            f"| {row.t_s:.0f} | {row.rss_mb:.1f} | {row.processes} | {row.fds} | {row.steps} "
+            f"| {row.rate:.0f} | {row.cpu_rate:.0f} |"
+        )
+    lines += [
+        "",
+        f"After the {args.warmup:g} s warm-up: RSS growth {verdict.rss_growth_pct:+.2f}% "
+        f"(limit {args.max_rss_growth:g}%), step-rate change ({args.rate_basis}) "
+        f"{verdict.rate_change_pct:+.2f}% (limit {args.max_rate_change:g}%), fd growth "
+        f"{verdict.fd_growth:+d}: **{'PASS' if verdict.ok else 'FAIL'}**.",
+    ]
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--config", default=DEFAULT_CONFIG)
@@ -183,6 +213,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-rss-growth", type=float, default=5.0, help="percent")
     parser.add_argument("--max-rate-change", type=float, default=10.0, help="percent")
     parser.add_argument("--rate-basis", choices=("wall", "cpu"), default="wall")
+    parser.add_argument("--record", action="store_true", help="write to BENCHMARKS.md")
     args = parser.parse_args(argv)
     if args.interval <= 0 or args.duration <= 0 or args.warmup < 0:
         parser.error("--duration and --interval must be > 0, --warmup >= 0")
@@ -202,6 +233,10 @@ def main(argv: list[str] | None = None) -> int:
     for failure in verdict.failures:
         print(f"FAIL: {failure}")
     print("PASS" if verdict.ok else "FAIL")
+    if args.record:
+        import benchlib
+
+        benchlib.write_section("soak", markdown(samples, verdict, args))
     return 0 if verdict.ok else 1
 
 
