@@ -167,7 +167,7 @@ class EnvRunner:
             self.observation_space, self.action_space, config.model, explore=explore, seed=seed
         )
         self.policy_version = 0
-        self._obs_dtype = self.observation_space.dtype or np.float32
+        self._obs_dtype = np.dtype(self.observation_space.dtype or np.float32)
         self._obs_shape = self.observation_space.shape
         self._float_obs = np.issubdtype(self._obs_dtype, np.floating)
         self._clip_actions = isinstance(self.action_space, gym.spaces.Box)
@@ -260,8 +260,10 @@ class EnvRunner:
             next_obs = np.empty_like(self._obs)
             final_obs = {}
             dropped: list[int] = []  # Episodes cut at this step for non-finite data.
+            progress.set(self._steps, 0, StepProgress.STEP)
+            where_buf = progress.buffer
             for j, env in enumerate(self.envs):
-                progress.set(self._steps, j, StepProgress.STEP)
+                where_buf[1] = j  # One shared-memory write per env step (for hang reports).
                 try:
                     obs, reward, terminated, truncated, _ = env.step(env_actions[j])
                 except Exception as e:
@@ -282,7 +284,7 @@ class EnvRunner:
                     t == 0
                     or type(obs) is not np.ndarray
                     or obs.shape != obs_shape
-                    or obs.dtype != obs_dtype
+                    or obs.dtype is not obs_dtype
                 ):
                     obs = check_observation(obs, obs_shape, obs_dtype, self._where(j))
                 rew_buf[t, j] = reward
@@ -308,7 +310,9 @@ class EnvRunner:
                     self._episode_return[j] = 0.0
                     self._episode_length[j] = 0
                     obs = self._reset(env, None, j)
+                    where_buf[2] = StepProgress.STEP
                 next_obs[j] = obs
+            progress.set(self._steps, -1, StepProgress.POLICY)
             if self._float_obs and not np.isfinite(next_obs).all():
                 bad = ~np.isfinite(next_obs.reshape(n, -1)).all(axis=1)
                 for j in np.flatnonzero(bad):
