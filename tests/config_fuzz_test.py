@@ -14,6 +14,7 @@ import tempfile
 import warnings
 
 import gymnasium as gym
+import pytest
 import yaml
 from absl import app
 from hypothesis import HealthCheck, given, settings
@@ -144,6 +145,8 @@ _VALID = st.fixed_dictionaries(
                 "use_lstm": st.booleans(),
                 "lstm_cell_size": st.integers(1, 8),
                 "max_seq_len": st.integers(1, 30),
+                "lstm_use_prev_action": st.booleans(),
+                "lstm_use_prev_reward": st.booleans(),
             },
         ),
         "evaluation_config": st.fixed_dictionaries({}, optional={"explore": st.booleans()}),
@@ -245,3 +248,18 @@ def test_fuzz_finds_what_it_should():
     assert ImpalaConfig.from_dict(config.to_dict()) == config
     assert ImpalaConfig.from_dict({**config.to_dict(), "lr": 0.2}) != config
     assert math.isnan(float("nan"))
+
+
+@pytest.mark.parametrize(
+    "model, key",
+    [
+        ({"free_log_std": True}, "model.free_log_std"),
+        ({"use_lstm": True, "lstm_use_prev_action": True}, "model.lstm_use_prev_action"),
+        ({"use_lstm": True, "lstm_use_prev_reward": True}, "model.lstm_use_prev_reward"),
+    ],
+)
+def test_model_options_the_catalog_refuses_are_rejected_by_validate(model, key):
+    # Found by test_accepted_configs_build_their_model: validate() accepted these, and the run
+    # failed later, building the model.
+    with pytest.raises(ValueError, match=key):
+        ImpalaConfig(model=model).validate()
