@@ -194,6 +194,8 @@ class EnvRunner:
         self.progress.set(self._steps, j, StepProgress.RESET)
         try:
             obs, _ = env.reset(seed=seed)
+        except gym.error.DependencyNotInstalled:
+            raise  # A missing package (e.g. pygame to render), not an env fault: says so itself.
         except Exception as e:
             raise EnvCallError(f"{self._where(j)}: reset() raised {type(e).__name__}: {e}") from e
         if self._obs_shape is None:  # Dict/Tuple spaces: nothing cheap to check.
@@ -266,6 +268,8 @@ class EnvRunner:
                 where_buf[1] = j  # One shared-memory write per env step (for hang reports).
                 try:
                     obs, reward, terminated, truncated, _ = env.step(env_actions[j])
+                except gym.error.DependencyNotInstalled:
+                    raise
                 except Exception as e:
                     raise EnvCallError(
                         f"{self._where(j)}: step() raised {type(e).__name__}: {e}"
