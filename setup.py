@@ -26,7 +26,7 @@ setup(
         "tensorboard",
     ],
     extras_require={
-        "test": ["pytest", "pytest-xdist", "ruff", "matplotlib"],
+        "test": ["pytest", "pytest-xdist", "ruff", "matplotlib", "hypothesis"],
         "tools": ["matplotlib"],
         # Rendering classic-control envs and writing .mp4 videos in impala-evaluate.
         "video": ["gymnasium[classic-control]", "imageio[ffmpeg]"],

@@ -277,6 +277,8 @@ class Impala:
         for failure in failures:
             self._in_flight[failure.actor_id] = 0
             self._counters["num_env_runner_failures"] += 1
+            if failure.fatal:  # E.g. wrong observation shape, NaN data: a restart cannot help.
+                raise RuntimeError(f"Actor {failure.actor_id} failed: {failure.error}")
             if not self.config.restart_failed_env_runners:
                 raise RuntimeError(
                     f"Actor {failure.actor_id} failed and restart_failed_env_runners=False: "
@@ -287,6 +289,13 @@ class Impala:
                 raise RuntimeError(
                     f"Actor {failure.actor_id} failed {_MAX_CONSECUTIVE_ACTOR_FAILURES} times in a "
                     f"row without producing a sample; giving up. Last error: {failure.error}"
+                )
+            restarts = self._counters["num_env_runner_restarts"]
+            limit = self.config.max_num_env_runner_restarts
+            if restarts >= limit:
+                raise RuntimeError(
+                    f"Actor {failure.actor_id} failed after {restarts} actor restarts "
+                    f"(max_num_env_runner_restarts={limit}): {failure.error}"
                 )
             logger.warning("Restarting actor %d after: %s", failure.actor_id, failure.error)
             self.pool.restart(
@@ -305,6 +314,7 @@ class Impala:
             self.obs_filter.apply_changes(fragment.filter_delta)
         self._counters["num_env_steps_sampled"] += fragment.env_steps
         self._counters["num_agent_steps_sampled"] += fragment.env_steps
+        self._counters["num_nonfinite_episodes_dropped"] += fragment.num_nonfinite_episodes_dropped
         for ret, length in zip(fragment.episode_returns, fragment.episode_lengths):
             self._episodes.append((ret, length))
         self._episodes_total += len(fragment.episode_returns)
@@ -546,6 +556,7 @@ class Impala:
                 "num_training_step_calls",
                 "num_env_runner_failures",
                 "num_env_runner_restarts",
+                "num_nonfinite_episodes_dropped",
                 "num_times_no_aggregation_worker_available",
                 "num_aggregation_worker_restarts",
                 "num_env_steps_lost_in_aggregation",

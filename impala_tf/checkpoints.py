@@ -23,6 +23,7 @@ Evaluation and export only need the weights and the observation filter: they res
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import pickle
@@ -47,6 +48,7 @@ if TYPE_CHECKING:  # TensorFlow is imported by the functions that need it.
 
 __all__ = [
     "CHECKPOINTS_DIR",
+    "CheckpointWriteError",
     "DRIVER_STATE_FILE",
     "LEARNER_PREFIX",
     "RUNTIME_STATE_FILE",
@@ -129,6 +131,47 @@ def _fsync_dir(directory: str) -> None:
         os.close(fd)
 
 
+class CheckpointWriteError(OSError):
+    """A checkpoint could not be written (e.g. no space left on device); nothing was replaced.
+
+    `errno` is the cause's (`errno.ENOSPC` for a full disk, also when TensorFlow reported it
+    as `ResourceExhaustedError`); the message names the checkpoint directory and the previous
+    checkpoint that stays loadable.
+    """
+
+
+def _no_space(error: BaseException) -> bool:
+    if isinstance(error, OSError):
+        return error.errno == errno.ENOSPC
+    # TensorFlow maps ENOSPC to RESOURCE_EXHAUSTED in its file system layer.
+    return type(error).__name__ == "ResourceExhaustedError" or "No space left" in str(error)
+
+
+def _write_failed(checkpoint_dir: str, had_previous: bool, error: BaseException) -> None:
+    """Raises `CheckpointWriteError` for a write of `checkpoint_dir` that failed with `error`."""
+    if had_previous:
+        previous = f"the previous checkpoint {checkpoint_dir} is untouched and still loadable"
+    else:
+        earlier = list_checkpoints(os.path.dirname(checkpoint_dir))
+        previous = (
+            f"the newest earlier checkpoint {earlier[-1]} is untouched and still loadable"
+            if earlier
+            else "there was no earlier checkpoint next to it"
+        )
+    if _no_space(error):
+        raise CheckpointWriteError(
+            errno.ENOSPC,
+            f"No space left on device while writing checkpoint {checkpoint_dir}; nothing was "
+            f"replaced: {previous}. Free disk space (or lower keep_checkpoints_num) and save "
+            "again.",
+        ) from error
+    raise CheckpointWriteError(
+        getattr(error, "errno", None) or errno.EIO,
+        f"Writing checkpoint {checkpoint_dir} failed ({type(error).__name__}: {error}); "
+        f"nothing was replaced: {previous}.",
+    ) from error
+
+
 def write_checkpoint(
     checkpoint_dir: str,
     learner: ImpalaLearner,
@@ -156,11 +199,20 @@ def write_checkpoint(
 
     Returns:
       `checkpoint_dir`.
+
+    Raises:
+      CheckpointWriteError: the write failed (a full disk: `errno.ENOSPC`, "No space left on
+        device"); the previous checkpoint was kept and the message names it.
     """
     checkpoint_dir = os.path.abspath(checkpoint_dir)
     parent = os.path.dirname(checkpoint_dir)
-    os.makedirs(parent, exist_ok=True)
-    tmp = tempfile.mkdtemp(prefix=os.path.basename(checkpoint_dir) + _TMP_MARK, dir=parent)
+    had_previous = _is_checkpoint(checkpoint_dir)
+    old = checkpoint_dir + _OLD_SUFFIX
+    try:
+        os.makedirs(parent, exist_ok=True)
+        tmp = tempfile.mkdtemp(prefix=os.path.basename(checkpoint_dir) + _TMP_MARK, dir=parent)
+    except OSError as e:
+        _write_failed(checkpoint_dir, had_previous, e)
     try:
         learner_checkpoint(learner).write(os.path.join(tmp, LEARNER_PREFIX))
         state = dict(driver_state or {})
@@ -172,13 +224,20 @@ def write_checkpoint(
                 pickle.dump(dict(runtime_state), f, protocol=pickle.HIGHEST_PROTOCOL)
         # Renames are atomic for a killed process; the flush makes them so for a lost machine.
         _fsync_tree(tmp)
-        old = checkpoint_dir + _OLD_SUFFIX
         shutil.rmtree(old, ignore_errors=True)
         if os.path.exists(checkpoint_dir):
             os.replace(checkpoint_dir, old)
         os.replace(tmp, checkpoint_dir)
         _fsync_dir(parent)
         shutil.rmtree(old, ignore_errors=True)
+    except Exception as e:
+        import tensorflow as tf
+
+        if not isinstance(e, (OSError, tf.errors.OpError)):
+            raise
+        if had_previous and not os.path.exists(checkpoint_dir) and os.path.isdir(old):
+            os.replace(old, checkpoint_dir)  # Failed between the two renames: put it back.
+        _write_failed(checkpoint_dir, had_previous, e)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return checkpoint_dir

@@ -366,6 +366,8 @@ class ImpalaConfig:
     compress_observations: bool = _key(False, "env_runners")
     preprocessor_pref: str | None = _key("deepmind", "env_runners")
     observation_filter: str = _key("NoFilter", "env_runners")
+    sample_timeout_s: float | None = _key(60.0, "env_runners")
+    drop_nonfinite_episodes: bool = _key(False, "env_runners")
 
     # training(): general
     gamma: float = _key(0.99, "training")
@@ -420,6 +422,7 @@ class ImpalaConfig:
 
     # fault_tolerance()
     restart_failed_env_runners: bool = _key(True, "fault_tolerance")
+    max_num_env_runner_restarts: int = _key(1000, "fault_tolerance")
 
     # evaluation()
     evaluation_interval: int | None = _key(None, "evaluation")
@@ -475,7 +478,7 @@ class ImpalaConfig:
         return self._apply(kwargs, group="reporting")
 
     def fault_tolerance(self, **kwargs: Any) -> ImpalaConfig:
-        """Sets `restart_failed_env_runners`; returns self."""
+        """Sets `restart_failed_env_runners`, `max_num_env_runner_restarts`; returns self."""
         return self._apply(kwargs, group="fault_tolerance")
 
     def evaluation(self, **kwargs: Any) -> ImpalaConfig:
@@ -764,7 +767,10 @@ class ImpalaConfig:
         self._check_int("num_envs_per_env_runner", minimum=1)
         self._check_int("rollout_fragment_length", minimum=1)
         self._check_int("max_requests_in_flight_per_env_runner", minimum=1)
-        for key in ("explore", "compress_observations", "restart_failed_env_runners"):
+        for key in (
+            "explore", "compress_observations", "restart_failed_env_runners",
+            "drop_nonfinite_episodes",
+        ):  # fmt: skip
             self._check_bool(key)
         if self.preprocessor_pref not in ("deepmind", "rllib", None):
             raise ValueError(
@@ -776,6 +782,8 @@ class ImpalaConfig:
                 f"`observation_filter` must be one of {list(_FILTER_NAMES)} (RLlib's names), "
                 f"got {self.observation_filter!r}."
             )
+        self._check_number("sample_timeout_s", minimum=0.0, strict=True, optional=True)
+        self._check_int("max_num_env_runner_restarts", minimum=0)
         self._check_int("seed", minimum=None, optional=True)
 
     def _validate_learning(self) -> None:
@@ -902,6 +910,17 @@ class ImpalaConfig:
         ):  # fmt: skip
             if not isinstance(model[key], bool):
                 raise ValueError(f"`model.{key}` must be a bool, got {model[key]!r}.")
+        # What the model catalog refuses, refused here, before any process starts.
+        if model["free_log_std"]:
+            raise ValueError(
+                "`model.free_log_std=True` is not supported (the action distribution's log std "
+                "is an output of the model); set it to False."
+            )
+        if model["use_lstm"] and (model["lstm_use_prev_action"] or model["lstm_use_prev_reward"]):
+            raise ValueError(
+                "`model.lstm_use_prev_action` / `model.lstm_use_prev_reward` are not supported "
+                "with `model.use_lstm=True` (the models take no previous actions or rewards)."
+            )
 
     def _validate_multi_device(self) -> None:
         devices = self.num_learner_devices

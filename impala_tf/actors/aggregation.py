@@ -21,6 +21,7 @@ import random
 import traceback
 from multiprocessing import connection
 
+from impala_tf.actors.workers import CommandQueue, end_worker
 from impala_tf.batching import BatchBuilder
 from impala_tf.config import ImpalaConfig
 from impala_tf.replay import MixInReplayBuffer, replay_ratio_from_proportion
@@ -122,7 +123,7 @@ class AggregatorPool:
 
     def _start(self, index: int) -> None:
         recv_end, send_end = self._ctx.Pipe(duplex=False)
-        commands = self._ctx.Queue()
+        commands = CommandQueue(self._ctx)
         process = self._ctx.Process(
             target=_aggregator_main,
             args=(index, self.config, self.rows, send_end, commands),
@@ -183,15 +184,7 @@ class AggregatorPool:
     @staticmethod
     def _terminate(worker: _Worker) -> None:
         worker.healthy = False
-        if worker.process.is_alive():
-            worker.process.terminate()
-            worker.process.join(_JOIN_S)
-        if worker.process.is_alive():
-            worker.process.kill()
-            worker.process.join(_JOIN_S)
-        worker.commands.cancel_join_thread()
-        worker.commands.close()
-        worker.results.close()
+        end_worker(worker.process, worker.commands, worker.results, _JOIN_S)
 
     def stop(self) -> None:
         if self._stopped:

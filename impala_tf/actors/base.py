@@ -29,10 +29,13 @@ class ActorFailure:
     Attributes:
       actor_id: Which actor (0-based).
       error: What happened, with the remote traceback when there is one.
+      fatal: A restart cannot help (e.g. the env returns observations of the wrong shape or
+        non-finite data): the driver raises instead of restarting.
     """
 
     actor_id: int
     error: str
+    fatal: bool = False
 
 
 class ActorPool(abc.ABC):

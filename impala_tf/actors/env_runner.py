@@ -40,6 +40,15 @@ The runner computes each step's action one step ahead (the value of the next obs
 previous step's bootstrap value), so after `set_weights` the first step of the next fragment was
 still chosen by the previous weights; this column says so, and the learner's
 `diff_num_grad_updates_vs_sampler_policy` is computed from it.
+
+Faults (see `impala_tf.envs.faults`): an env that raises in `reset`/`step`, returns an
+observation of the wrong shape or dtype, or a NaN/infinite observation or reward raises an
+`EnvError` naming the env, the actor, the env index and the step. With
+`drop_nonfinite_episodes=True` a non-finite reward or observation instead ends its episode at
+that step: the step trains as a truncation with reward 0 and bootstrap value V(x_t) (never the
+non-finite data), the episode's return is not reported, and the fragment counts it in
+`num_nonfinite_episodes_dropped`. A non-finite first observation (from `reset`) is always an
+error.
 """
 
 from __future__ import annotations
@@ -57,6 +66,7 @@ from impala_tf.actions import ActionAdapter
 from impala_tf.config import ImpalaConfig
 from impala_tf.envs import atari
 from impala_tf.envs.batch import AtariVectorEnvBatch, EnvBatch, GymEnvBatch
+from impala_tf.envs.faults import EnvGuard, StepProgress, env_name
 from impala_tf.filters import Filter, filter_from_state, get_filter
 from impala_tf.numpy_policy import make_policy
 from impala_tf.sample_batch import SampleBatch
@@ -127,18 +137,21 @@ def make_env(config: ImpalaConfig, worker_index: int = 0, vector_index: int = 0)
     return gym.make(env, **(config.env_config or {}))
 
 
-def make_env_batch(config: ImpalaConfig, worker_index: int, num_envs: int) -> EnvBatch:
+def make_env_batch(
+    config: ImpalaConfig, worker_index: int, num_envs: int, guard: EnvGuard | None = None
+) -> EnvBatch:
     """The `num_envs` envs of env runner `worker_index`, as one `EnvBatch`.
 
     Training runners (`worker_index >= 1`) of an Atari config that ale-py's `AtariVectorEnv`
-    covers (`atari.vector_env_kwargs`) get it; everything else gets `make_env` envs.
+    covers (`atari.vector_env_kwargs`) get it; everything else gets `make_env` envs. `guard`
+    calls and checks the envs (`impala_tf.envs.faults.EnvGuard`).
     """
     seeds = [env_seed(config.seed, worker_index, j) for j in range(num_envs)]
     if worker_index >= 1 and all(s is None or s > 0 for s in seeds):
         kwargs = atari.vector_env_kwargs(config, training=True, num_envs=num_envs)
         if kwargs is not None:
-            return AtariVectorEnvBatch(**kwargs)
-    return GymEnvBatch([make_env(config, worker_index, j) for j in range(num_envs)])
+            return AtariVectorEnvBatch(guard=guard, **kwargs)
+    return GymEnvBatch([make_env(config, worker_index, j) for j in range(num_envs)], guard)
 
 
 @dataclasses.dataclass
@@ -156,6 +169,8 @@ class Fragment:
       sample_time_s: Wall time spent producing it.
       filter_delta: The observation filter's changes while sampling it (`Filter.delta()`),
         for the driver to merge; None without a filter.
+      num_nonfinite_episodes_dropped: Episodes cut for a non-finite observation or reward
+        (`drop_nonfinite_episodes`).
     """
 
     batch: SampleBatch
@@ -165,6 +180,7 @@ class Fragment:
     actor_id: int = 0
     sample_time_s: float = 0.0
     filter_delta: Filter | None = None
+    num_nonfinite_episodes_dropped: int = 0
 
     @property
     def env_steps(self) -> int:
@@ -181,6 +197,8 @@ class EnvRunner:
       explore: Overrides `config.explore` (evaluation passes False).
       update_filter: Update the observation filter (`observation_filter`) with the observations
         seen (actors); False applies it unchanged (evaluation).
+      progress: Where the runner is (step, env index, phase), shared with the driver so that
+        a hang can be reported with its place (`impala_tf.envs.faults.StepProgress`).
     """
 
     def __init__(
@@ -189,12 +207,21 @@ class EnvRunner:
         worker_index: int = 1,
         explore: bool | None = None,
         update_filter: bool = True,
+        progress: StepProgress | None = None,
     ):
         self.config = config
         self.worker_index = worker_index
         self.num_envs = int(config.num_envs_per_env_runner)
         self.horizon = int(config.rollout_fragment_length)
-        self.env_batch = make_env_batch(config, worker_index, self.num_envs)
+        self.progress = progress if progress is not None else StepProgress()
+        who = f"actor {worker_index - 1}" if worker_index > 0 else "the driver"
+        self._guard = EnvGuard(
+            env_name(config.env),
+            who,
+            drop_nonfinite=bool(config.drop_nonfinite_episodes),
+            progress=self.progress,
+        )
+        self.env_batch = make_env_batch(config, worker_index, self.num_envs, self._guard)
         self.observation_space = self.env_batch.observation_space
         self.action_space = self.env_batch.action_space
         explore = config.explore if explore is None else explore
@@ -227,6 +254,7 @@ class EnvRunner:
         self._state = self.policy.initial_state(self.num_envs)
         self._episode_return = np.zeros(self.num_envs, np.float64)
         self._episode_length = np.zeros(self.num_envs, np.int64)
+        self._guard.episode_length = self._episode_length  # Updated in place; for messages.
         self._next = None  # The policy step for self._obs, computed ahead.
 
     @property
@@ -287,6 +315,7 @@ class EnvRunner:
         starts: list[tuple[np.ndarray, ...]] = []
         returns: list[float] = []
         lengths: list[int] = []
+        num_dropped = 0
 
         for t in range(horizon):
             if t % seq_len == 0:
@@ -312,6 +341,11 @@ class EnvRunner:
                 lengths.append(int(self._episode_length[j]))
                 self._episode_return[j] = 0.0
                 self._episode_length[j] = 0
+            dropped = np.flatnonzero(stepped.dropped)  # Cut for non-finite data; not reported.
+            if dropped.size:
+                self._episode_return[dropped] = 0.0
+                self._episode_length[dropped] = 0
+                num_dropped += dropped.size
             state = step.state
             if final_obs:
                 rows = np.fromiter(final_obs, np.int64)
@@ -330,7 +364,11 @@ class EnvRunner:
             vb_buf[t] = np.where(term_buf[t], 0.0, self._next.values)
             if final_obs:
                 vb_buf[t, rows] = final.values
+            if dropped.size:
+                # Bootstrapping from the non-finite observation would poison the targets.
+                vb_buf[t, dropped] = vf_buf[t, dropped]
 
+        self.progress.set(self._guard.steps, -1, StepProgress.IDLE)
         if self._clip_rewards is True:
             rew_buf = np.sign(rew_buf)
         elif self._clip_rewards:
@@ -361,6 +399,7 @@ class EnvRunner:
             actor_id=self.worker_index - 1,
             sample_time_s=time.perf_counter() - start,
             filter_delta=self._flush_filter(),
+            num_nonfinite_episodes_dropped=num_dropped,
         )
 
     def _flush_filter(self) -> Filter | None:
@@ -435,9 +474,14 @@ class EnvRunner:
             envs, obs, rnn_state, returns, lengths, next_step = pickle.loads(state["envs"])
             self.close()
             # Snapshots taken before env batches existed hold a list of envs.
-            self.env_batch = GymEnvBatch(envs) if isinstance(envs, list) else envs
+            if isinstance(envs, list):
+                envs = GymEnvBatch(envs, self._guard)
+            else:  # Batches pickle without their guard (it holds the shared progress array).
+                envs.guard = self._guard
+            self.env_batch = envs
             self._obs, self._state, self._next = obs, rnn_state, next_step
             self._episode_return, self._episode_length = returns, lengths
+            self._guard.episode_length = self._episode_length
             self._next_version = int(state.get("next_version", self.policy_version))
             self._obs_filtered = bool(state.get("obs_filtered", next_step is not None))
         elif "seed" in state:

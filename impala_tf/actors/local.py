@@ -10,6 +10,12 @@ Processes are forked from a fork server that has imported what the actors need (
 only for non-MLP policies, and never run it), or spawned where there is no fork server:
 TensorFlow is not fork-safe once it has run. An actor whose parent disappears exits by itself
 within about a second.
+
+An actor that has not answered a sample request for `sample_timeout_s` seconds (an env that
+hangs) is killed and reported as failed, with where it hung (env, env index, step, read from a
+small shared array the actor updates as it steps); the driver then restarts it or raises.
+Errors that a restart cannot cure (`EnvError.fatal`: wrong observation shape or dtype,
+non-finite data) are reported as fatal.
 """
 
 from __future__ import annotations
@@ -29,7 +35,9 @@ import numpy as np
 from impala_tf.actors.base import ActorFailure, ActorPool
 from impala_tf.actors.env_runner import Fragment
 from impala_tf.actors.memory import check_actor_memory
+from impala_tf.actors.workers import CommandQueue, end_worker
 from impala_tf.config import ImpalaConfig
+from impala_tf.envs.faults import StepProgress, env_name
 from impala_tf.filters import Filter
 from impala_tf.frames import encode_observations
 
@@ -48,13 +56,14 @@ def _actor_main(
     commands: Any,
     weights: list[np.ndarray] | None,
     policy_version: int,
+    progress: Any = None,
 ) -> None:
     """The body of one actor process: sample one fragment per credit, apply weights, stop."""
     parent = mp.parent_process()
     try:
         from impala_tf.actors.env_runner import EnvRunner
 
-        runner = EnvRunner(config, worker_index=actor_id + 1)
+        runner = EnvRunner(config, worker_index=actor_id + 1, progress=StepProgress(progress))
         if weights is not None:
             runner.set_weights(weights, policy_version)
         credits = 0
@@ -100,8 +109,9 @@ def _actor_main(
     except (KeyboardInterrupt, BrokenPipeError):
         return
     except BaseException as e:  # noqa: BLE001 - reported to the driver, which decides.
+        kind = "fatal" if getattr(e, "fatal", False) else "error"
         with contextlib.suppress(BrokenPipeError, OSError):
-            results.send(("error", f"{type(e).__name__}: {e}\n{traceback.format_exc()}"))
+            results.send((kind, f"{type(e).__name__}: {e}\n{traceback.format_exc()}"))
         raise SystemExit(1) from e
 
 
@@ -172,11 +182,14 @@ def prestart_fork_server(config: ImpalaConfig) -> None:
 class _Actor:
     """The driver's handle on one actor process."""
 
-    def __init__(self, process, results, commands):
+    def __init__(self, process, results, commands, progress):
         self.process = process
         self.results = results
         self.commands = commands
         self.healthy = True
+        self.progress = StepProgress(progress)
+        self.outstanding = 0  # Sample requests not yet answered.
+        self.waiting_since: float | None = None  # Since when the oldest one is unanswered.
 
 
 class LocalActorPool(ActorPool):
@@ -224,23 +237,27 @@ class LocalActorPool(ActorPool):
 
     def _start(self, actor_id: int, weights, policy_version: int) -> None:
         recv_end, send_end = self._ctx.Pipe(duplex=False)
-        commands = self._ctx.Queue()
+        commands = CommandQueue(self._ctx)
+        progress = self._ctx.RawArray("q", 3)
         process = self._ctx.Process(
             target=_actor_main,
-            args=(actor_id, self.config, send_end, commands, weights, policy_version),
+            args=(actor_id, self.config, send_end, commands, weights, policy_version, progress),
             name=f"impala-actor-{actor_id}",
             daemon=True,
         )
         with _actor_environment():
             process.start()
         send_end.close()
-        self._actors[actor_id] = _Actor(process, recv_end, commands)
+        self._actors[actor_id] = _Actor(process, recv_end, commands, progress)
 
     def request_samples(self, actor_ids: list[int], count: int = 1) -> None:
         for i in actor_ids:
             actor = self._actors[i]
             if actor.healthy:
                 actor.commands.put(("sample", count))
+                if actor.outstanding == 0:
+                    actor.waiting_since = time.monotonic()
+                actor.outstanding += count
 
     def fetch_ready(self, timeout_s: float) -> tuple[list[Fragment], list[ActorFailure]]:
         healthy = [a for a in self._actors.values() if a.healthy]
@@ -256,29 +273,43 @@ class LocalActorPool(ActorPool):
 
     def _read_all(self) -> None:
         """Moves every message waiting in the actors' pipes into the held lists and `_states`."""
+        timeout = self.config.sample_timeout_s
         for actor_id, actor in self._actors.items():
             if not actor.healthy:
                 continue
-            error = None
+            error, fatal = None, False
             try:
                 while actor.results.poll():
                     kind, payload = actor.results.recv()
                     if kind == "fragment":
                         self._held_fragments.append(payload)
+                        actor.outstanding = max(0, actor.outstanding - 1)
+                        actor.waiting_since = time.monotonic() if actor.outstanding else None
                     elif kind == "state":
                         self._states[actor_id] = payload
                     else:
-                        error = payload
+                        error, fatal = payload, kind == "fatal"
                         break
             except (EOFError, OSError):
                 actor.process.join(0.5)
                 error = f"actor process exited (exit code {actor.process.exitcode})"
             if error is None and not actor.process.is_alive():
                 error = f"actor process exited (exit code {actor.process.exitcode})"
+            if (
+                error is None
+                and timeout is not None
+                and actor.waiting_since is not None
+                and time.monotonic() - actor.waiting_since > timeout
+            ):
+                error = (
+                    f"actor {actor_id} did not answer a sample request within "
+                    f"sample_timeout_s={timeout:g} s: env {env_name(self.config.env)} hangs "
+                    f"{actor.progress.describe()} (the actor was killed)"
+                )
             if error is not None:
                 actor.healthy = False
                 self._terminate(actor)
-                self._held_failures.append(ActorFailure(actor_id, error))
+                self._held_failures.append(ActorFailure(actor_id, error, fatal))
 
     def get_actor_states(self, actor_ids: list[int], timeout_s: float) -> dict[int, dict]:
         wanted = [i for i in actor_ids if self._actors[i].healthy]
@@ -333,15 +364,7 @@ class LocalActorPool(ActorPool):
 
     @staticmethod
     def _terminate(actor: _Actor) -> None:
-        if actor.process.is_alive():
-            actor.process.terminate()
-            actor.process.join(_STOP_JOIN_S)
-        if actor.process.is_alive():
-            actor.process.kill()
-            actor.process.join(_STOP_JOIN_S)
-        actor.commands.cancel_join_thread()
-        actor.commands.close()
-        actor.results.close()
+        end_worker(actor.process, actor.commands, actor.results, _STOP_JOIN_S)
 
     def stop(self) -> None:
         if self._stopped:

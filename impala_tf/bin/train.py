@@ -99,7 +99,10 @@ def parse_overrides(pairs: list[str]) -> dict:
         if "=" not in pair:
             raise app.UsageError(f"--set expects KEY=VALUE, got {pair!r}")
         key, raw = pair.split("=", 1)
-        value = yaml.safe_load(raw) if raw.strip() else None
+        try:
+            value = yaml.safe_load(raw) if raw.strip() else None
+        except yaml.YAMLError as e:
+            raise app.UsageError(f"--set {key}: the value {raw!r} is not valid YAML ({e})") from e
         if key.startswith("model."):
             out.setdefault("model", {})[key[len("model.") :]] = value
         else:

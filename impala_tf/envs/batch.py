@@ -13,6 +13,12 @@ truncated envs so the runner can bootstrap from it). Episodes as the learner see
 (`terminateds`/`truncateds`) may be shorter than the episodes the runner reports: with episodic
 life a lost life terminates the training episode while the game, the reported episode, goes on
 (`episode_ends`).
+
+Every env call goes through an `impala_tf.envs.faults.EnvGuard`, which names the env, runner,
+env index and step when an env raises or returns malformed data, and keeps the place of the
+call readable by the driver (a hung env). A non-finite reward or observation raises, or with
+`drop_nonfinite_episodes` ends its episode: the step is marked truncated and `dropped`, its
+reward is 0, no final observation is kept, and the episode is not reported.
 """
 
 from __future__ import annotations
@@ -24,6 +30,8 @@ from typing import Any
 
 import gymnasium as gym
 import numpy as np
+
+from impala_tf.envs.faults import EnvCallError, EnvGuard, StepProgress
 
 __all__ = ["AtariVectorEnvBatch", "BatchStep", "EnvBatch", "GymEnvBatch"]
 
@@ -39,6 +47,8 @@ class BatchStep:
       truncateds: bool [B] the episode was cut by a time limit (and not terminated).
       final_obs: Row -> the observation a truncated episode ended on.
       episode_ends: bool [B] the reported episode (the whole game for Atari) ended.
+      dropped: bool [B] the episode was cut here for a non-finite reward or observation
+        (`drop_nonfinite_episodes`); it is not reported.
     """
 
     obs: np.ndarray
@@ -47,6 +57,7 @@ class BatchStep:
     truncateds: np.ndarray
     final_obs: dict[int, np.ndarray]
     episode_ends: np.ndarray
+    dropped: np.ndarray
 
 
 class EnvBatch(abc.ABC):
@@ -68,6 +79,13 @@ class EnvBatch(abc.ABC):
     def close(self) -> None:
         """Releases the envs."""
 
+    def __getstate__(self) -> dict[str, Any]:
+        # The guard holds the runner's shared progress array, which does not pickle; the
+        # runner that restores a batch gives it its own guard.
+        state = self.__dict__.copy()
+        state.pop("guard", None)
+        return state
+
 
 class GymEnvBatch(EnvBatch):
     """A list of gymnasium envs, stepped in turn.
@@ -78,9 +96,10 @@ class GymEnvBatch(EnvBatch):
 
     Args:
       envs: The envs (same spaces).
+      guard: Calls and checks the envs (a default one naming "an env" when None).
     """
 
-    def __init__(self, envs: Sequence[gym.Env]):
+    def __init__(self, envs: Sequence[gym.Env], guard: EnvGuard | None = None):
         if not envs:
             raise ValueError("GymEnvBatch needs at least one env.")
         self.envs = list(envs)
@@ -88,38 +107,66 @@ class GymEnvBatch(EnvBatch):
         self.observation_space = self.envs[0].observation_space
         self.action_space = self.envs[0].action_space
         self._dtype = self.observation_space.dtype or np.float32
+        self.guard = guard if guard is not None else EnvGuard("(unnamed)", "an env batch")
+        self.guard.bind(self.observation_space)
 
     def reset(self, seeds: Sequence[int | None]) -> np.ndarray:
+        guard = self.guard
         return np.stack(
-            [
-                np.asarray(env.reset(seed=seed)[0], dtype=self._dtype)
-                for env, seed in zip(self.envs, seeds)
-            ]
+            [guard.reset(env, seed, j) for j, (env, seed) in enumerate(zip(self.envs, seeds))]
         )
 
     def step(self, actions: np.ndarray) -> BatchStep:
-        n = self.num_envs
+        n, guard = self.num_envs, self.guard
         rewards = np.empty(n, np.float64)
         terminateds = np.zeros(n, bool)
         truncateds = np.zeros(n, bool)
         ends = np.zeros(n, bool)
+        dropped = np.zeros(n, bool)
         final_obs: dict[int, np.ndarray] = {}
         next_obs = None
+        guard.progress.set(guard.steps, 0, StepProgress.STEP)
+        where = guard.progress.buffer
         for j, env in enumerate(self.envs):
-            obs, reward, terminated, truncated, info = env.step(actions[j])
+            where[1] = j  # One shared-memory write per env step (for hang reports).
+            obs, reward, terminated, truncated, info = guard.step(env, actions[j], j)
+            if reward - reward != 0.0:  # NaN or +-inf, at the cost of one subtraction.
+                guard.nonfinite(j, f"reward ({reward})")
+                reward, dropped[j] = 0.0, True
             rewards[j] = reward
-            if terminated or truncated:
+            if dropped[j]:
+                truncateds[j] = True
+            elif terminated or truncated:
                 terminateds[j] = terminated
                 truncateds[j] = truncated and not terminated
                 if truncateds[j]:
-                    final_obs[j] = np.asarray(obs, dtype=self._dtype)
-                ends[j] = info.get("game_over", True)
-                obs = env.reset()[0]
+                    final = np.asarray(obs, dtype=self._dtype)
+                    if guard.float_obs and not np.isfinite(final).all():
+                        guard.nonfinite(j, "final observation")
+                        dropped[j] = True
+                    else:
+                        final_obs[j] = final
+                ends[j] = info.get("game_over", True) and not dropped[j]
+            if dropped[j] or terminated or truncated:
+                obs = guard.reset(env, None, j)
+                where[2] = StepProgress.STEP
             obs = np.asarray(obs, dtype=self._dtype)
             if next_obs is None:
                 next_obs = np.empty((n, *obs.shape), self._dtype)
             next_obs[j] = obs
-        return BatchStep(next_obs, rewards, terminateds, truncateds, final_obs, ends)
+        guard.progress.set(guard.steps, -1, StepProgress.POLICY)
+        if guard.float_obs and not np.isfinite(next_obs).all():
+            bad = ~np.isfinite(next_obs.reshape(n, -1)).all(axis=1)
+            for j in np.flatnonzero(bad):
+                j = int(j)
+                guard.nonfinite(j, "observation")
+                # The step led to a non-finite observation: cut the episode before it.
+                terminateds[j], truncateds[j], ends[j], dropped[j] = False, True, False, True
+                final_obs.pop(j, None)
+                next_obs[j] = guard.reset(self.envs[j], None, j)
+            guard.progress.set(guard.steps, -1, StepProgress.POLICY)
+        guard.steps += 1
+        return BatchStep(next_obs, rewards, terminateds, truncateds, final_obs, ends, dropped)
 
     def close(self) -> None:
         for env in self.envs:
@@ -141,10 +188,11 @@ class AtariVectorEnvBatch(EnvBatch):
     `FrameStack` (and `DeepMindPreprocessing`) do.
 
     Args:
+      guard: Names the env and step when the vector env raises (a default one when None).
       kwargs: `AtariVectorEnv` arguments (`impala_tf.envs.atari.vector_env_kwargs`).
     """
 
-    def __init__(self, **kwargs: Any):
+    def __init__(self, guard: EnvGuard | None = None, **kwargs: Any):
         from ale_py.vector_env import AtariVectorEnv
         from gymnasium.vector import AutoresetMode
 
@@ -157,6 +205,8 @@ class AtariVectorEnvBatch(EnvBatch):
         self._stack = k
         # Steps since each env's last reset, capped at k - 1 (then no padding is left).
         self._age = np.zeros(self.num_envs, np.int64)
+        self.guard = guard if guard is not None else EnvGuard("(unnamed)", "an env batch")
+        self.guard.bind(self.observation_space)
 
     @staticmethod
     def _channels_last(obs: np.ndarray) -> np.ndarray:
@@ -182,9 +232,19 @@ class AtariVectorEnvBatch(EnvBatch):
         return self._unpad(self._channels_last(obs))
 
     def step(self, actions: np.ndarray) -> BatchStep:
-        obs, rewards, terminated, truncated, info = self.env.step(
-            np.asarray(actions, np.int64).reshape(self.num_envs)
-        )
+        guard = self.guard
+        guard.progress.set(guard.steps, -1, StepProgress.STEP)
+        try:
+            obs, rewards, terminated, truncated, info = self.env.step(
+                np.asarray(actions, np.int64).reshape(self.num_envs)
+            )
+        except Exception as e:
+            raise EnvCallError(
+                f"env {guard.label} ({guard.who}, ale-py vector env) at step {guard.steps}: "
+                f"step() raised {type(e).__name__}: {e}"
+            ) from e
+        guard.progress.set(guard.steps + 1, -1, StepProgress.POLICY)
+        guard.steps += 1
         frame = np.asarray(info["episode_frame_number"], np.int64)
         terminated = np.asarray(terminated, bool)
         truncated = np.asarray(truncated, bool) & ~terminated
@@ -203,6 +263,7 @@ class AtariVectorEnvBatch(EnvBatch):
             truncated,
             final_obs,
             ends,
+            np.zeros(self.num_envs, bool),  # ALE's uint8 frames and integer scores are finite.
         )
 
     def close(self) -> None:
