@@ -55,6 +55,7 @@ from impala_tf.actors.local import LocalActorPool
 from impala_tf.config import ImpalaConfig
 from impala_tf.learner import ImpalaLearner
 from impala_tf.learner_thread import LearnerThread, TrainBatch
+from impala_tf.nonfinite import NonFiniteUpdatesError
 
 __all__ = ["Impala", "check_deterministic", "make_strategy"]
 
@@ -171,6 +172,9 @@ class Impala:
       deterministic: Sample and train in lockstep, for runs that a seed reproduces exactly and
         checkpoints that resume exactly (see the module docstring; `check_deterministic` lists
         what the config needs). Slower: actor and learner never overlap.
+      logdir: The run's directory; the train batches of skipped non-finite updates are saved
+        in `<logdir>/nonfinite/` (`impala_tf.nonfinite`). None: a temporary directory, made
+        when the first one is saved.
     """
 
     def __init__(
@@ -179,8 +183,10 @@ class Impala:
         callbacks: list[keras.callbacks.Callback] | None = None,
         actor_pool_cls: type[ActorPool] = LocalActorPool,
         deterministic: bool = False,
+        logdir: str | None = None,
     ):
         config.validate(require_env=True)
+        self.logdir = logdir
         if deterministic:
             check_deterministic(config)
         self.config = config
@@ -210,6 +216,8 @@ class Impala:
             self.learner_thread = LearnerThread(
                 self.learner, self.strategy, signature, callbacks=callbacks
             )
+            if logdir is not None:
+                self.learner_thread.nonfinite.directory = os.path.join(logdir, "nonfinite")
             self.learner_thread.start()
         except BaseException:
             self.stop()
@@ -338,6 +346,8 @@ class Impala:
     def _check_learner(self) -> None:
         thread = self.learner_thread
         if not thread.is_alive():
+            if isinstance(thread.error, NonFiniteUpdatesError):
+                raise thread.error
             raise RuntimeError("The learner thread died while training!") from thread.error
 
     def _drain_learner_outqueue(self) -> None:
@@ -349,6 +359,9 @@ class Impala:
 
     def _record_learner_output(self, item: tuple[int, int, dict[str, Any]]) -> None:
         env_steps, agent_steps, stats = item
+        stats = dict(stats)
+        if stats.pop("update_skipped", False):
+            self._counters["num_nonfinite_updates_skipped"] += 1
         self._counters["num_env_steps_trained"] += env_steps
         self._counters["num_agent_steps_trained"] += agent_steps
         self._learner_info = stats
@@ -532,6 +545,7 @@ class Impala:
                 "num_times_no_aggregation_worker_available",
                 "num_aggregation_worker_restarts",
                 "num_env_steps_lost_in_aggregation",
+                "num_nonfinite_updates_skipped",
             )
         }
         stats = dict(self._learner_info)

@@ -53,6 +53,7 @@ import tensorflow as tf
 
 from impala_tf import pipeline
 from impala_tf.learner import ImpalaLearner
+from impala_tf.nonfinite import NonFiniteGuard
 from impala_tf.sample_batch import SampleBatch
 from impala_tf.stats import TimerStat, WindowStat, timer_ms
 
@@ -122,6 +123,7 @@ class _UnitInfo(NamedTuple):
     env_steps: int
     policy_version: float
     last: bool  # The last unit of its train batch's pass: the update happens after it.
+    source: TrainBatch | None = None  # Saved if the update turns out non-finite.
 
 
 class LearnerThread(threading.Thread):
@@ -187,6 +189,8 @@ class LearnerThread(threading.Thread):
         self._units: collections.deque[_UnitInfo] = collections.deque()
         self._iterator: Iterator | None = None
         self._accumulated = _Accumulation()
+        # Skipped (non-finite) updates; `nonfinite.directory` is where their batches go.
+        self.nonfinite = NonFiniteGuard(config.max_nonfinite_updates)
         self._callbacks = keras.callbacks.CallbackList(
             callbacks or [], add_history=False, add_progbar=False, model=learner
         )
@@ -241,7 +245,7 @@ class LearnerThread(threading.Thread):
         """The units of one pass over a train batch: the batch itself, or its microbatches."""
         batch = item.batch
         if not self.microbatching:
-            return [(batch, _UnitInfo(batch.env_steps, item.policy_version, True))]
+            return [(batch, _UnitInfo(batch.env_steps, item.policy_version, True, item))]
         batch = pipeline.decompress_if_needed(batch)
         rows = self._micro_rows
         if len(batch) % rows:
@@ -253,7 +257,7 @@ class LearnerThread(threading.Thread):
         for start in range(0, len(batch), rows):
             micro = batch.slice(start, start + rows)
             last = start + rows == len(batch)
-            units.append((micro, _UnitInfo(micro.env_steps, item.policy_version, last)))
+            units.append((micro, _UnitInfo(micro.env_steps, item.policy_version, last, item)))
         return units
 
     def _shards(self) -> Iterator[dict[str, np.ndarray]]:
@@ -285,17 +289,23 @@ class LearnerThread(threading.Thread):
         return data, self._units.popleft()
 
     def _distributed_step(self, data):
-        outputs = self.strategy.run(self.learner.train_step, args=(data,))
-        # Every replica returns the same (all-reduced) stats.
-        return self.strategy.experimental_local_results(outputs)[0]
+        def run():
+            outputs = self.strategy.run(self.learner.train_step, args=(data,))
+            # Every replica returns the same (all-reduced) stats.
+            return self.strategy.experimental_local_results(outputs)[0]
+
+        return self.learner.skip_nonfinite(run)
 
     def _distributed_accumulate(self, data):
         rows = self.strategy.run(self.learner.accumulate_step, args=(data,))
         return self.strategy.experimental_local_results(rows)[0]
 
     def _distributed_apply(self):
-        outputs = self.strategy.run(self.learner.apply_accumulated)
-        return self.strategy.experimental_local_results(outputs)[0]
+        def run():
+            outputs = self.strategy.run(self.learner.apply_accumulated)
+            return self.strategy.experimental_local_results(outputs)[0]
+
+        return self.learner.skip_nonfinite(run)
 
     def _trace(self) -> None:
         """Traces the update functions now (while the actors start), not on the first batch."""
@@ -344,7 +354,7 @@ class LearnerThread(threading.Thread):
         with self.grad_timer, self.lock:
             updates_before = int(self.learner.num_grad_updates.numpy())
             stats = {k: v.numpy().item() for k, v in self._train_fn(data).items()}
-        self._report(stats, info.env_steps, info.policy_version, updates_before)
+        self._report(stats, info, info.env_steps, updates_before)
 
     def _accumulate(self, data, info: _UnitInfo) -> None:
         """Adds one microbatch's gradients; after the train batch's last one, updates."""
@@ -375,13 +385,18 @@ class LearnerThread(threading.Thread):
             sample_peak_throughput=round(self.sample_timer.mean_throughput, 3),
             opt_samples=round(self.microbatch_grad_timer.mean_units_processed, 3),
         )
-        self._report(stats, acc.env_steps, info.policy_version, acc.updates_before)
+        self._report(stats, info, acc.env_steps, acc.updates_before)
         self._accumulated = _Accumulation()
 
     def _report(
-        self, stats: dict[str, Any], env_steps: int, policy_version: float, updates_before: int
+        self, stats: dict[str, Any], info: _UnitInfo, env_steps: int, updates_before: int
     ) -> None:
-        stats["diff_num_grad_updates_vs_sampler_policy"] = float(updates_before - policy_version)
+        stats["diff_num_grad_updates_vs_sampler_policy"] = float(
+            updates_before - info.policy_version
+        )
+        # Raises after `max_nonfinite_updates` skipped in a row; a skipped update trains nothing.
+        if self.nonfinite.observe(stats, info.source.batch if info.source else None):
+            env_steps = 0
         self.stats = stats
         self.num_steps += 1
         self.outqueue.put((env_steps, env_steps, stats))
