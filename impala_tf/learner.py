@@ -385,7 +385,8 @@ class ImpalaLearner(keras.Model):
             / num_valid,
             "num_agent_steps_trained": self.num_agent_steps_trained.read_value(),
             "num_grad_updates_lifetime": self.num_grad_updates.read_value(),
-            "update_skipped": tf.logical_not(finite),
+            # float32 (1.0: skipped), as Keras' `fit` averages every stat over replicas.
+            "update_skipped": 1.0 - tf.cast(finite, tf.float32),
         }
 
     def state_variables(self) -> list[tf.Variable]:
@@ -395,7 +396,9 @@ class ImpalaLearner(keras.Model):
             variables.extend(optimizer.variables)
         return [*variables, self.num_grad_updates, self.num_agent_steps_trained]
 
-    def skip_nonfinite(self, run_update: Callable[[], dict[str, tf.Tensor]]) -> dict[str, tf.Tensor]:
+    def skip_nonfinite(
+        self, run_update: Callable[[], dict[str, tf.Tensor]]
+    ) -> dict[str, tf.Tensor]:
         """Runs `run_update` (cross-replica: e.g. `strategy.run(train_step)`) all or nothing.
 
         Under a `tf.distribute` strategy the update cannot be made conditional inside the replica
@@ -417,7 +420,7 @@ class ImpalaLearner(keras.Model):
         # the runtime copies a variable's buffer on write while this read still holds it.
         snapshot = [tf.identity(v.value if isinstance(v, keras.Variable) else v) for v in variables]
         stats = dict(run_update())
-        skipped = stats["update_skipped"]
+        skipped = stats["update_skipped"] > 0.5
 
         def restore() -> tf.Tensor:
             for variable, old in zip(variables, snapshot):

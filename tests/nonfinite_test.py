@@ -76,9 +76,7 @@ CASES = {
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_a_nan_batch_is_skipped_counted_and_saved(case, tmp_path):
     overrides, strategy = CASES[case]
-    thread = _thread(
-        _config(**overrides), tmp_path, strategies.mirrored() if strategy else None
-    )
+    thread = _thread(_config(**overrides), tmp_path, strategies.mirrored() if strategy else None)
     learner = thread.learner
     before = _state(learner)
     outputs = _run(thread, [_batch(1, nan=True)])
@@ -87,7 +85,7 @@ def test_a_nan_batch_is_skipped_counted_and_saved(case, tmp_path):
     for old, new in zip(before, _state(learner)):
         np.testing.assert_array_equal(old, new)
     env_steps, _, stats = outputs[0]
-    assert env_steps == 0 and stats["update_skipped"]
+    assert env_steps == 0 and stats["update_skipped"] == 1.0
     assert not np.isfinite(stats["total_loss"])
     assert thread.nonfinite.num_skipped == 1
     path = tmp_path / "nonfinite" / "batch_1.npz"
@@ -100,13 +98,11 @@ def test_a_nan_batch_is_skipped_counted_and_saved(case, tmp_path):
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_finite_batches_after_a_skip_train(case, tmp_path):
     overrides, strategy = CASES[case]
-    thread = _thread(
-        _config(**overrides), tmp_path, strategies.mirrored() if strategy else None
-    )
+    thread = _thread(_config(**overrides), tmp_path, strategies.mirrored() if strategy else None)
     before = _state(thread.learner)
     outputs = _run(thread, [_batch(1, nan=True), _batch(2)])
     assert thread.error is None, thread.error
-    assert [o[2]["update_skipped"] for o in outputs] == [True, False]
+    assert [o[2]["update_skipped"] for o in outputs] == [1.0, 0.0]
     assert outputs[1][0] == ROWS * T
     assert int(thread.learner.num_grad_updates.numpy()) == 1
     assert int(thread.learner.num_agent_steps_trained.numpy()) == ROWS * T

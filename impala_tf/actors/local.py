@@ -106,16 +106,19 @@ _ACTOR_ENV = {
     "MKL_NUM_THREADS": "1",
     "TF_NUM_INTRAOP_THREADS": "1",
     "TF_NUM_INTEROP_THREADS": "1",
-    "TF_CPP_MIN_LOG_LEVEL": "2",
     "CUDA_VISIBLE_DEVICES": "",
 }
+#: TensorFlow's C++ log level in the actors unless the user set one (`impala_tf.quiet`).
+_ACTOR_TF_LOG_LEVEL = "3"
 
 
 @contextlib.contextmanager
 def _actor_environment():
     """Sets `_ACTOR_ENV` while child processes (or the fork server) are launched."""
-    saved = {k: os.environ.get(k) for k in _ACTOR_ENV}
-    os.environ.update(_ACTOR_ENV)
+    env = {"TF_CPP_MIN_LOG_LEVEL": os.environ.get("TF_CPP_MIN_LOG_LEVEL", _ACTOR_TF_LOG_LEVEL)}
+    env.update(_ACTOR_ENV)
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
     try:
         yield
     finally:
@@ -137,7 +140,9 @@ def _preload(config: ImpalaConfig) -> list[str]:
         numpy_only = supports(env.observation_space, env.action_space, config.model)
     finally:
         env.close()
-    return ["impala_tf.actors.env_runner"] if numpy_only else ["impala_tf.policy"]
+    if numpy_only:
+        return ["impala_tf.actors.env_runner"]
+    return ["impala_tf.actors._quiet_tf", "impala_tf.policy"]
 
 
 def prestart_fork_server(config: ImpalaConfig) -> None:

@@ -86,6 +86,10 @@ _STORED_FLAGS = (
 )
 
 
+#: The signal handlers of this run (installed by `main`).
+_SHUTDOWN = None
+
+
 class TrainError(Exception):
     """A problem with the flags or the logdir, reported without a traceback."""
 
@@ -246,7 +250,13 @@ def _stored(name: str, stored_flags: dict):
 
 def main(argv: list[str]) -> int:
     del argv
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    from impala_tf.quiet import quiet_start
+
+    quiet_start(FLAGS.verbose)  # Before anything imports TensorFlow.
+    from impala_tf.shutdown import GracefulShutdown, Interrupted
+
+    global _SHUTDOWN
+    _SHUTDOWN = GracefulShutdown("impala-train").install()
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     if not FLAGS["verbosity"].present:  # absl turns INFO on after parsing; TF logs much there.
         absl_logging.set_verbosity(absl_logging.WARNING)
@@ -255,6 +265,9 @@ def main(argv: list[str]) -> int:
     except TrainError as e:
         print(f"impala-train: error: {e}", file=sys.stderr, flush=True)
         return 1
+    except Interrupted as e:  # Before training started: nothing to save.
+        print(f"impala-train: {e}; exiting", file=sys.stderr, flush=True)
+        return e.exit_code
 
 
 def _train() -> int:
@@ -347,10 +360,17 @@ def _train() -> int:
         callbacks.append(stopper)
         try:
             result = fit(algo, callbacks)
-        except KeyboardInterrupt:
-            print("impala-train: interrupted; saving a checkpoint", file=sys.stderr, flush=True)
-            periodic.save_now()
-            return 130
+        except KeyboardInterrupt as e:
+            # SIGINT, SIGTERM or SIGHUP (`impala_tf.shutdown`); a second one exits at once.
+            _SHUTDOWN.shutting_down()
+            print(
+                f"impala-train: interrupted ({e or 'SIGINT'}); saving a checkpoint",
+                file=sys.stderr,
+                flush=True,
+            )
+            path = periodic.save_now()
+            print(f"impala-train: saved {path}", file=sys.stderr, flush=True)
+            return getattr(e, "exit_code", 130)
         reason = stopper.reason or "a callback's request"
         print(
             f"impala-train: stopped at {reason} after {time.time() - _START:.1f} s "
@@ -359,6 +379,8 @@ def _train() -> int:
         )
         return 0
     finally:
+        if _SHUTDOWN is not None:
+            _SHUTDOWN.shutting_down()
         algo.stop()
 
 
