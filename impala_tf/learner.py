@@ -261,6 +261,11 @@ class ImpalaLearner(keras.Model):
         self._accumulators.reset()
         return stats
 
+    def reset_accumulators(self) -> None:
+        """Zeroes the microbatch accumulators (a no-op without `microbatch_size`)."""
+        if self._accumulators is not None:
+            self._accumulators.reset()
+
     def _gradients(
         self, batch: dict[str, tf.Tensor], entropy_coeff: tf.Tensor
     ) -> tuple[list[list[tf.Tensor]], losses.LossSums, tf.Tensor]:
