@@ -25,6 +25,7 @@ from typing import Any
 
 import numpy as np
 
+from impala_tf.actors import main_guard
 from impala_tf.actors.base import ActorFailure, ActorPool
 from impala_tf.actors.env_runner import Fragment
 from impala_tf.config import ImpalaConfig
@@ -204,19 +205,22 @@ class LocalActorPool(ActorPool):
         self._held_fragments: list[Fragment] = []
         self._held_failures: list[ActorFailure] = []
         self._states: dict[int, dict] = {}
+        # A script building at module level without a main guard must not re-run in children.
+        self._unguarded_main = main_guard.unguarded_main_call()
         for i in range(self.num_actors):
             self._start(i, weights, policy_version)
 
     def _start(self, actor_id: int, weights, policy_version: int) -> None:
         recv_end, send_end = self._ctx.Pipe(duplex=False)
         commands = self._ctx.Queue()
+        config = main_guard.by_value(self.config) if self._unguarded_main else self.config
         process = self._ctx.Process(
             target=_actor_main,
-            args=(actor_id, self.config, send_end, commands, weights, policy_version),
+            args=(actor_id, config, send_end, commands, weights, policy_version),
             name=f"impala-actor-{actor_id}",
             daemon=True,
         )
-        with _actor_environment():
+        with _actor_environment(), main_guard.without_main_preparation(self._unguarded_main):
             process.start()
         send_end.close()
         self._actors[actor_id] = _Actor(process, recv_end, commands)
