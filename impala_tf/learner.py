@@ -33,6 +33,13 @@ update (clipping, optimizer state, schedules, counters, stats) equals `train_ste
 batch, while the device only ever holds one microbatch's activations. The accumulators are
 per-replica (`ON_READ`) variables, all-reduced once per update. `train_step` is the same two
 parts (gradients, then the update) without the variables in between.
+
+Non-finite updates: when the all-reduced loss sums or the gradient's global norm are not finite,
+the update is skipped (no variable, optimizer slot or counter changes) and the stats report
+`update_skipped` = 1.0 (`impala_tf.nonfinite` counts and saves them). On one device this is a
+`tf.cond` around the update; under a `tf.distribute` strategy the optimizer's cross-replica
+synchronisation cannot run inside a `tf.cond`, so the update runs and `skip_nonfinite`, wrapped
+around `strategy.run`, restores the state it snapshotted before.
 """
 
 from __future__ import annotations

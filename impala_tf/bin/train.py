@@ -8,7 +8,10 @@ Writes to the logdir: `result.json` (one RLlib result dict per line), TensorBoar
 (tags in `impala_tf.reporting`), `params.json` (the config, stop criteria and these flags) and
 `checkpoints/checkpoint_<iteration>/` every `checkpoint_freq` iterations and at the end, keeping
 the newest `keep_checkpoints_num`. Prints one progress line per iteration (`--verbose`: also the
-whole result) and exits 0 when a stop criterion is met. Flags override the YAML's `stop:`.
+whole result and TensorFlow's C++ start-up log) and exits 0 when a stop criterion is met. Flags
+override the YAML's `stop:`. SIGINT, SIGTERM and SIGHUP save a checkpoint, stop every child
+process and exit with 128 + the signal's number; a second one exits at once
+(`impala_tf.shutdown`).
 
 Resuming: a `--logdir` that holds checkpoints is resumed from the newest one (`--noresume`
 refuses instead). The run's stored config and flags are used; `--set`, `--seed`, `--stop_*` and
