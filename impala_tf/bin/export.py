@@ -23,7 +23,6 @@ Loading needs TensorFlow only (no impala_tf, no Keras):
 from __future__ import annotations
 
 import logging
-import os
 import sys
 
 from absl import app, flags

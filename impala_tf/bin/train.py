@@ -365,7 +365,8 @@ def _train() -> int:
             result = fit(algo, callbacks)
         except KeyboardInterrupt as e:
             # SIGINT, SIGTERM or SIGHUP (`impala_tf.shutdown`); a second one exits at once.
-            _SHUTDOWN.shutting_down()
+            if _SHUTDOWN is not None:
+                _SHUTDOWN.shutting_down()
             print(
                 f"impala-train: interrupted ({e or 'SIGINT'}); saving a checkpoint",
                 file=sys.stderr,
