@@ -84,11 +84,17 @@ def import_tensorflow() -> None:
         import tensorflow  # noqa: F401
 
 
-def quiet_start(verbose: bool = False) -> None:
+def quiet_start(verbose: bool = False, import_now: bool = True) -> None:
     """Silences TensorFlow's C++ log unless `verbose` or the user set `TF_CPP_MIN_LOG_LEVEL`.
 
-    Call it before anything imports TensorFlow (it imports TensorFlow itself, quietly).
+    Call it before anything imports TensorFlow.
+
+    Args:
+      verbose: Leave TensorFlow's log as it is.
+      import_now: Import TensorFlow (quietly) now; else the caller does it later with
+        `import_tensorflow()`.
     """
     if not verbose and _LEVEL not in os.environ:
         os.environ[_LEVEL] = "3"
-    import_tensorflow()
+    if import_now:
+        import_tensorflow()

@@ -171,7 +171,10 @@ def test_flush_drops_queued_loaded_and_buffered_batches(microbatch_size):
             time.sleep(0.5)
             thread.flush()
             assert thread.inqueue.qsize() == 0
-        time.sleep(2.0)
+        deadline = time.monotonic() + 120
+        while thread.num_units_dropped == 0 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(0.5)
         assert thread.outqueue.empty()
         assert int(thread.learner.num_grad_updates.numpy()) == 0
         assert thread.num_units_dropped >= 1

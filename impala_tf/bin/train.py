@@ -255,7 +255,8 @@ def main(argv: list[str]) -> int:
     del argv
     from impala_tf.quiet import quiet_start
 
-    quiet_start(FLAGS.verbose)  # Before anything imports TensorFlow.
+    # Before anything imports TensorFlow; `_train` imports it once the fork server starts.
+    quiet_start(FLAGS.verbose, import_now=False)
     from impala_tf.shutdown import GracefulShutdown, Interrupted
 
     global _SHUTDOWN
@@ -322,6 +323,9 @@ def _train() -> int:
     except ValueError as e:
         raise TrainError(str(e)) from e
     prestart_fork_server(config)  # Its imports overlap TensorFlow's below.
+    from impala_tf.quiet import import_tensorflow
+
+    import_tensorflow()  # Without TensorFlow's C++ start-up lines unless asked for.
     import tensorflow as tf
 
     user_callbacks = load_callbacks(run_flags["callbacks"])
