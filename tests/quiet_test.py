@@ -7,6 +7,8 @@ import re
 import subprocess
 import sys
 
+import pytest
+
 from impala_tf.quiet import is_cpp_log_line
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -44,6 +46,7 @@ def _train(tmp_path, *extra: str) -> subprocess.CompletedProcess:
     )
 
 
+@pytest.mark.slow
 def test_train_hides_tensorflow_cpp_startup_lines_and_verbose_shows_them(tmp_path):
     quiet = _train(tmp_path / "quiet")
     assert quiet.returncode == 0, quiet.stderr
