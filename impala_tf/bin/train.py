@@ -343,7 +343,12 @@ def _train() -> int:
         tf.config.experimental.enable_op_determinism()
 
     print(f"impala-train: {name} on {config.env}, logdir {logdir}, stop {stop}", flush=True)
-    algo = Impala(config, callbacks=learner_callbacks, deterministic=run_flags["deterministic"])
+    algo = Impala(
+        config,
+        callbacks=learner_callbacks,
+        deterministic=run_flags["deterministic"],
+        logdir=logdir,  # Batches of skipped non-finite updates go to <logdir>/nonfinite.
+    )
     try:
         if resume_from:
             algo.restore(resume_from)
