@@ -55,6 +55,7 @@ from impala_tf.actors.local import LocalActorPool
 from impala_tf.config import ImpalaConfig
 from impala_tf.learner import ImpalaLearner
 from impala_tf.learner_thread import LearnerThread, TrainBatch
+from impala_tf.nonfinite import NonFiniteUpdatesError
 
 __all__ = ["Impala", "check_deterministic", "make_strategy"]
 
@@ -171,6 +172,9 @@ class Impala:
       deterministic: Sample and train in lockstep, for runs that a seed reproduces exactly and
         checkpoints that resume exactly (see the module docstring; `check_deterministic` lists
         what the config needs). Slower: actor and learner never overlap.
+      logdir: The run's directory; the train batches of skipped non-finite updates are saved
+        in `<logdir>/nonfinite/` (`impala_tf.nonfinite`). None: a temporary directory, made
+        when the first one is saved.
     """
 
     def __init__(
@@ -179,8 +183,10 @@ class Impala:
         callbacks: list[keras.callbacks.Callback] | None = None,
         actor_pool_cls: type[ActorPool] = LocalActorPool,
         deterministic: bool = False,
+        logdir: str | None = None,
     ):
         config.validate(require_env=True)
+        self.logdir = logdir
         if deterministic:
             check_deterministic(config)
         self.config = config
@@ -218,6 +224,8 @@ class Impala:
             self.learner_thread = LearnerThread(
                 self.learner, self.strategy, signature, callbacks=callbacks
             )
+            if logdir is not None:
+                self.learner_thread.nonfinite.directory = os.path.join(logdir, "nonfinite")
             self.learner_thread.start()
         except BaseException:
             self.stop()
@@ -261,11 +269,19 @@ class Impala:
                 self.pool.request_samples([actor_id], missing)
                 self._in_flight[actor_id] += missing
 
+    def _policy_snapshot(self) -> tuple[list[np.ndarray], int]:
+        """The policy weights and their `num_grad_updates`, read between two updates.
+
+        Under the learner lock, which every update (and each microbatch of one) holds: all
+        variables come from the same update. Every weight read for actors, evaluation and
+        checkpoints goes through this lock.
+        """
+        with self.learner_thread.lock:
+            return self.learner.get_policy_weights(), int(self.learner.num_grad_updates.numpy())
+
     def _broadcast(self, actor_ids: list[int]) -> None:
-        version = int(self.learner.num_grad_updates.numpy())
-        self.pool.broadcast_weights(
-            self.learner.get_policy_weights(), version, actor_ids, self._filter_to_send()
-        )
+        weights, version = self._policy_snapshot()
+        self.pool.broadcast_weights(weights, version, actor_ids, self._filter_to_send())
         self._broadcast_version = version
 
     def _filter_to_send(self) -> filters.Filter | None:
@@ -298,12 +314,24 @@ class Impala:
                     f"(max_num_env_runner_restarts={limit}): {failure.error}"
                 )
             logger.warning("Restarting actor %d after: %s", failure.actor_id, failure.error)
-            self.pool.restart(
-                failure.actor_id,
-                self.learner.get_policy_weights(),
-                int(self.learner.num_grad_updates.numpy()),
-            )
+            self.pool.restart(failure.actor_id, *self._policy_snapshot())
             self._counters["num_env_runner_restarts"] += 1
+            self._reseed_restarted(failure.actor_id)
+
+    def _reseed_restarted(self, actor_id: int) -> None:
+        """Gives a restarted actor env and sampler seeds of its own (a seeded run only).
+
+        A new actor process derives its seeds from `seed` and its index, as the one it
+        replaces did: without this it would replay the same episodes and actions.
+        """
+        if self.config.seed is None:  # Unseeded: the new process draws fresh randomness.
+            return
+        restarts = int(self._counters["num_env_runner_restarts"])
+        seed = _derived_seed(self.config.seed, restarts, 4, actor_id)
+        try:
+            self.pool.set_actor_states({actor_id: {"seed": seed}})
+        except ActorStateUnsupported as e:
+            logger.warning("Restarted actor %d keeps its original seeds (%s).", actor_id, e)
 
     def _process_fragment(self, fragment: Fragment) -> list[TrainBatch]:
         self._in_flight[fragment.actor_id] = max(0, self._in_flight[fragment.actor_id] - 1)
@@ -365,6 +393,8 @@ class Impala:
     def _check_learner(self) -> None:
         thread = self.learner_thread
         if not thread.is_alive():
+            if isinstance(thread.error, NonFiniteUpdatesError):
+                raise thread.error
             raise RuntimeError("The learner thread died while training!") from thread.error
 
     def _drain_learner_outqueue(self) -> None:
@@ -376,6 +406,9 @@ class Impala:
 
     def _record_learner_output(self, item: tuple[int, int, dict[str, Any]]) -> None:
         env_steps, agent_steps, stats = item
+        stats = dict(stats)
+        if stats.pop("update_skipped", False):
+            self._counters["num_nonfinite_updates_skipped"] += 1
         self._counters["num_env_steps_trained"] += env_steps
         self._counters["num_agent_steps_trained"] += agent_steps
         self._learner_info = stats
@@ -471,10 +504,7 @@ class Impala:
             eval_config.env_runners(num_envs_per_env_runner=1)
             self._eval_runner = EnvRunner(eval_config, worker_index=0, update_filter=False)
         runner = self._eval_runner
-        with self.learner_thread.lock:
-            weights = self.learner.get_policy_weights()
-            version = int(self.learner.num_grad_updates.numpy())
-        runner.set_weights(weights, version, self._filter_to_send())
+        runner.set_weights(*self._policy_snapshot(), self._filter_to_send())
         runner.reset(_derived_seed(self.config.seed, self._iteration, 1))
         episodes = runner.run_episodes(int(self.config.evaluation_duration))
         returns = [r for r, _ in episodes]
@@ -560,6 +590,7 @@ class Impala:
                 "num_times_no_aggregation_worker_available",
                 "num_aggregation_worker_restarts",
                 "num_env_steps_lost_in_aggregation",
+                "num_nonfinite_updates_skipped",
             )
         }
         stats = dict(self._learner_info)
@@ -670,13 +701,23 @@ class Impala:
         mode); otherwise they get the restored weights and start new episodes, with env and
         sampler seeds derived from `seed` and the restored step count (so a resumed run does
         not replay the random streams of its beginning). A replay buffer not in the
-        checkpoint starts empty. Fragments sampled before the restore are dropped.
+        checkpoint starts empty. Fragments sampled before the restore are dropped, and so are
+        the train batches on the learner queue, those loaded or buffered for the learner, and
+        gradients accumulated from microbatches (`LearnerThread.flush`): nothing sampled before
+        the restore trains after it.
         """
         checkpoint_dir = checkpoints.resolve_checkpoint_dir(checkpoint_dir)
         with self.learner_thread.lock:
+            # No batch taken before the restore trains after it; accumulators start empty.
+            self.learner_thread.flush()
             checkpoints.learner_checkpoint(self.learner).read(
                 os.path.join(checkpoint_dir, checkpoints.LEARNER_PREFIX)
             ).assert_consumed()
+        while True:  # Outputs of updates before the restore would count twice.
+            try:
+                self.learner_thread.outqueue.get_nowait()
+            except queue.Empty:
+                break
         state = checkpoints.read_driver_state(checkpoint_dir)
         runtime = checkpoints.read_runtime_state(checkpoint_dir)
         self._iteration = int(state["iteration"])

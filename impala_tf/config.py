@@ -407,6 +407,9 @@ class ImpalaConfig:
     entropy_coeff_schedule: list | float | None = _key(None, "training")
     _separate_vf_optimizer: bool = _key(False, "training")
     _lr_vf: float = _key(0.0005, "training")
+    # Not an RLlib key: updates with a non-finite loss or gradient are skipped; this many in a
+    # row raise (`impala_tf.nonfinite`).
+    max_nonfinite_updates: int = _key(10, "training")
 
     # resources()
     num_gpus: float = _key(1, "resources")
@@ -844,6 +847,7 @@ class ImpalaConfig:
         self._check_int("minibatch_buffer_size", minimum=1)
         self._check_int("learner_queue_size", minimum=1)
         self._check_number("learner_queue_timeout", minimum=0.0, strict=True)
+        self._check_int("max_nonfinite_updates", minimum=1)
         self._check_number("timeout_s_sampler_manager", minimum=0.0)
         self._check_number("timeout_s_aggregator_manager", minimum=0.0)
         self._check_int("max_requests_in_flight_per_aggregator_worker", minimum=1)

@@ -43,10 +43,18 @@ update (clipping, optimizer state, schedules, counters, stats) equals `train_ste
 batch, while the device only ever holds one microbatch's activations. The accumulators are
 per-replica (`ON_READ`) variables, all-reduced once per update. `train_step` is the same two
 parts (gradients, then the update) without the variables in between.
+
+Non-finite updates: when the all-reduced loss sums or the gradient's global norm are not finite,
+the update is skipped (no variable, optimizer slot or counter changes) and the stats report
+`update_skipped` = 1.0 (`impala_tf.nonfinite` counts and saves them). On one device this is a
+`tf.cond` around the update; under a `tf.distribute` strategy the optimizer's cross-replica
+synchronisation cannot run inside a `tf.cond`, so the update runs and `skip_nonfinite`, wrapped
+around `strategy.run`, restores the state it snapshotted before.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import gymnasium as gym
@@ -142,6 +150,9 @@ class ImpalaLearner(keras.Model):
         self._lr_points = config.lr_schedule_points()
         self._entropy_points = config.entropy_coeff_schedule_points()
         self._separate_vf = bool(config._separate_vf_optimizer)
+        # Built inside a `tf.distribute` strategy's scope: updates are reverted, not skipped in
+        # place, when non-finite (see `skip_nonfinite`).
+        self._distributed = tf.distribute.has_strategy()
 
         self.policy_optimizer = self._make_optimizer(config.lr)
         self.value_optimizer = (
@@ -268,6 +279,11 @@ class ImpalaLearner(keras.Model):
         self._accumulators.reset()
         return stats
 
+    def reset_accumulators(self) -> None:
+        """Zeroes the microbatch accumulators (a no-op without `microbatch_size`)."""
+        if self._accumulators is not None:
+            self._accumulators.reset()
+
     def _gradients(
         self, batch: dict[str, tf.Tensor], entropy_coeff: tf.Tensor
     ) -> tuple[list[list[tf.Tensor]], losses.LossSums, tf.Tensor]:
@@ -358,22 +374,42 @@ class ImpalaLearner(keras.Model):
         all_grads = ctx.all_reduce(
             tf.distribute.ReduceOp.SUM, [g for group in grads for g in group]
         )
+        sums = losses.LossSums(*ctx.all_reduce(tf.distribute.ReduceOp.SUM, list(sums)))
+        num_valid = tf.maximum(sums.num_valid, 1.0)
+        rows = ctx.all_reduce(tf.distribute.ReduceOp.SUM, rows)
+        grad_gnorm_unclipped = tf.linalg.global_norm(all_grads)
+        # Each optimizer clips its own group by global norm (RLlib clips each tensor alone).
+        clipped_groups = []
         offset = 0
-        clipped = []
-        for optimizer, variables in self._groups:
+        for _, variables in self._groups:
             group = all_grads[offset : offset + len(variables)]
             offset += len(variables)
             if config.grad_clip is not None:
                 group, _ = tf.clip_by_global_norm(group, config.grad_clip)
-            clipped.extend(group)
-            # Keras' optimizer sums the gradients over replicas once more; hand it 1/n of each.
-            optimizer.apply_gradients([(g / num_replicas, v) for g, v in zip(group, variables)])
+            clipped_groups.append(group)
+        # A non-finite loss or gradient skips the whole update (weights, optimizer state,
+        # counters); `update_skipped` tells the caller.
+        finite = tf.logical_and(
+            tf.math.is_finite(grad_gnorm_unclipped),
+            tf.reduce_all(tf.math.is_finite(tf.stack(list(sums)))),
+        )
 
-        sums = losses.LossSums(*ctx.all_reduce(tf.distribute.ReduceOp.SUM, list(sums)))
-        num_valid = tf.maximum(sums.num_valid, 1.0)
-        rows = ctx.all_reduce(tf.distribute.ReduceOp.SUM, rows)
-        self.num_grad_updates.assign_add(1)
-        self.num_agent_steps_trained.assign_add(rows)
+        def update() -> tf.Tensor:
+            for (optimizer, variables), group in zip(self._groups, clipped_groups):
+                # Keras' optimizer sums the gradients over replicas once more; hand it 1/n.
+                optimizer.apply_gradients(
+                    [(g / num_replicas, v) for g, v in zip(group, variables)]
+                )
+            self.num_grad_updates.assign_add(1)
+            self.num_agent_steps_trained.assign_add(rows)
+            return tf.constant(True)
+
+        if tf.distribute.has_strategy():
+            # The optimizer's cross-replica sync (`merge_call`) cannot run inside `tf.cond`: it
+            # updates, and `skip_nonfinite` (around `strategy.run`) reverts a non-finite one.
+            update()
+        else:
+            tf.cond(finite, update, lambda: tf.constant(False))
         return {
             "cur_lr": cur_lr,
             "policy_loss": sums.pi_loss / num_valid,
@@ -382,15 +418,62 @@ class ImpalaLearner(keras.Model):
             "var_gnorm": tf.linalg.global_norm(self.model.trainable_variables),
             "vf_loss": sums.vf_loss / num_valid,
             "vf_explained_var": losses.explained_variance(sums),
-            "grad_gnorm": tf.linalg.global_norm(clipped),
-            "grad_gnorm_unclipped": tf.linalg.global_norm(all_grads),
+            # RLlib reports the norm after clipping (its grad_stats_fn sees clipped gradients).
+            "grad_gnorm": tf.linalg.global_norm([g for group in clipped_groups for g in group]),
+            "grad_gnorm_unclipped": grad_gnorm_unclipped,
             "total_loss": (
                 sums.pi_loss + config.vf_loss_coeff * sums.vf_loss - entropy_coeff * sums.entropy
             )
             / num_valid,
             "num_agent_steps_trained": self.num_agent_steps_trained.read_value(),
             "num_grad_updates_lifetime": self.num_grad_updates.read_value(),
+            # float32 (1.0: skipped), as Keras' `fit` averages every stat over replicas.
+            "update_skipped": 1.0 - tf.cast(finite, tf.float32),
         }
+
+    def state_variables(self) -> list[tf.Variable]:
+        """The variables one update changes: model, optimizer state, step counters."""
+        variables = list(self.model.variables)
+        for optimizer, _ in self._groups:
+            variables.extend(optimizer.variables)
+        return [*variables, self.num_grad_updates, self.num_agent_steps_trained]
+
+    def skip_nonfinite(
+        self, run_update: Callable[[], dict[str, tf.Tensor]]
+    ) -> dict[str, tf.Tensor]:
+        """Runs `run_update` (cross-replica: e.g. `strategy.run(train_step)`) all or nothing.
+
+        Under a `tf.distribute` strategy the update cannot be made conditional inside the replica
+        function, so the state is snapshotted first and restored when the update reports
+        `update_skipped`; without one, `_apply` skips in place and this only calls `run_update`.
+        Call it in a `tf.function`.
+
+        Args:
+          run_update: Returns one replica's (all-reduced) stats of `train_step` or
+            `apply_accumulated`.
+
+        Returns:
+          The stats, with the step counters read after any restore.
+        """
+        if not self._distributed:
+            return run_update()
+        variables = self.state_variables()
+        # Reads before the update's writes (automatic control dependencies keep the order);
+        # the runtime copies a variable's buffer on write while this read still holds it.
+        snapshot = [tf.identity(v.value if isinstance(v, keras.Variable) else v) for v in variables]
+        stats = dict(run_update())
+        skipped = stats["update_skipped"] > 0.5
+
+        def restore() -> tf.Tensor:
+            for variable, old in zip(variables, snapshot):
+                variable.assign(old)
+            return tf.constant(True)
+
+        restored = tf.cond(skipped, restore, lambda: tf.constant(False))
+        with tf.control_dependencies([restored]):
+            stats["num_agent_steps_trained"] = self.num_agent_steps_trained.read_value()
+            stats["num_grad_updates_lifetime"] = self.num_grad_updates.read_value()
+        return stats
 
     # Convenience for non-Keras callers ------------------------------------------------------
 

@@ -53,6 +53,7 @@ import tensorflow as tf
 
 from impala_tf import pipeline
 from impala_tf.learner import ImpalaLearner
+from impala_tf.nonfinite import NonFiniteGuard
 from impala_tf.sample_batch import SampleBatch, decompress
 from impala_tf.stats import TimerStat, WindowStat, timer_ms
 
@@ -74,11 +75,13 @@ class TrainBatch:
       policy_version: Mean `num_grad_updates` of the weights that sampled it.
     """
 
-    __slots__ = ("batch", "policy_version")
+    __slots__ = ("batch", "policy_version", "generation")
 
     def __init__(self, batch: SampleBatch, policy_version: float = 0.0):
         self.batch = batch
         self.policy_version = policy_version
+        # The learner thread's `generation` when it took the batch (see `LearnerThread.flush`).
+        self.generation = 0
 
     @property
     def env_steps(self) -> int:
@@ -122,6 +125,8 @@ class _UnitInfo(NamedTuple):
     env_steps: int
     policy_version: float
     last: bool  # The last unit of its train batch's pass: the update happens after it.
+    source: TrainBatch | None = None  # Saved if the update turns out non-finite.
+    generation: int = 0  # Units of an older generation than the thread's are dropped.
 
 
 class LearnerThread(threading.Thread):
@@ -187,6 +192,13 @@ class LearnerThread(threading.Thread):
         self._units: collections.deque[_UnitInfo] = collections.deque()
         self._iterator: Iterator | None = None
         self._accumulated = _Accumulation()
+        # Bumped by `flush`: batches taken before it (queued, loaded, in the minibatch buffer or
+        # half accumulated) are dropped, never trained.
+        self.generation = 0
+        self._generation_lock = threading.Lock()
+        self.num_units_dropped = 0
+        # Skipped (non-finite) updates; `nonfinite.directory` is where their batches go.
+        self.nonfinite = NonFiniteGuard(config.max_nonfinite_updates)
         self._callbacks = keras.callbacks.CallbackList(
             callbacks or [], add_history=False, add_progbar=False, model=learner
         )
@@ -197,6 +209,7 @@ class LearnerThread(threading.Thread):
         self._train_fn = tf.function(self._distributed_step, autograph=False)
         self._accumulate_fn = tf.function(self._distributed_accumulate, autograph=False)
         self._apply_fn = tf.function(self._distributed_apply, autograph=False)
+        self._reset_fn = tf.function(self._distributed_reset, autograph=False)
 
     @property
     def stopped(self) -> bool:
@@ -209,7 +222,13 @@ class LearnerThread(threading.Thread):
         deadline = time.monotonic() + self._timeout
         while not self._stopped.is_set():
             try:
-                return self.inqueue.get(timeout=min(_POLL_S, max(0.0, deadline - time.monotonic())))
+                # Taking a batch and stamping it are one step for `flush`.
+                with self._generation_lock:
+                    item = self.inqueue.get(
+                        timeout=min(_POLL_S, max(0.0, deadline - time.monotonic()))
+                    )
+                    item.generation = self.generation
+                return item
             except queue.Empty:
                 if time.monotonic() >= deadline:
                     raise LearnerQueueTimeout(
@@ -241,7 +260,8 @@ class LearnerThread(threading.Thread):
         """The units of one pass over a train batch: the batch itself, or its microbatches."""
         batch = item.batch
         if not self.microbatching:
-            return [(batch, _UnitInfo(batch.env_steps, item.policy_version, True))]
+            info = _UnitInfo(batch.env_steps, item.policy_version, True, item, item.generation)
+            return [(batch, info)]
         batch = decompress(batch)
         rows = self._micro_rows
         if len(batch) % rows:
@@ -253,7 +273,8 @@ class LearnerThread(threading.Thread):
         for start in range(0, len(batch), rows):
             micro = batch.slice(start, start + rows)
             last = start + rows == len(batch)
-            units.append((micro, _UnitInfo(micro.env_steps, item.policy_version, last)))
+            info = _UnitInfo(micro.env_steps, item.policy_version, last, item, item.generation)
+            units.append((micro, info))
         return units
 
     def _shards(self) -> Iterator[dict[str, np.ndarray]]:
@@ -285,17 +306,26 @@ class LearnerThread(threading.Thread):
         return data, self._units.popleft()
 
     def _distributed_step(self, data):
-        outputs = self.strategy.run(self.learner.train_step, args=(data,))
-        # Every replica returns the same (all-reduced) stats.
-        return self.strategy.experimental_local_results(outputs)[0]
+        def run():
+            outputs = self.strategy.run(self.learner.train_step, args=(data,))
+            # Every replica returns the same (all-reduced) stats.
+            return self.strategy.experimental_local_results(outputs)[0]
+
+        return self.learner.skip_nonfinite(run)
 
     def _distributed_accumulate(self, data):
         rows = self.strategy.run(self.learner.accumulate_step, args=(data,))
         return self.strategy.experimental_local_results(rows)[0]
 
     def _distributed_apply(self):
-        outputs = self.strategy.run(self.learner.apply_accumulated)
-        return self.strategy.experimental_local_results(outputs)[0]
+        def run():
+            outputs = self.strategy.run(self.learner.apply_accumulated)
+            return self.strategy.experimental_local_results(outputs)[0]
+
+        return self.learner.skip_nonfinite(run)
+
+    def _distributed_reset(self):
+        self.strategy.run(self.learner.reset_accumulators)
 
     def _trace(self) -> None:
         """Traces the update functions now (while the actors start), not on the first batch."""
@@ -340,20 +370,36 @@ class LearnerThread(threading.Thread):
 
     def step(self, data, info: _UnitInfo) -> None:
         """Runs one update on a distributed train batch and reports it."""
+        with self.lock:
+            if info.generation != self.generation:
+                self.num_units_dropped += 1
+                return
         self._callbacks.on_train_batch_begin(self.num_steps)
         with self.grad_timer, self.lock:
+            if info.generation != self.generation:  # Flushed meanwhile.
+                self.num_units_dropped += 1
+                return
             updates_before = int(self.learner.num_grad_updates.numpy())
             stats = {k: v.numpy().item() for k, v in self._train_fn(data).items()}
-        self._report(stats, info.env_steps, info.policy_version, updates_before)
+        self._report(stats, info, info.env_steps, updates_before)
 
     def _accumulate(self, data, info: _UnitInfo) -> None:
         """Adds one microbatch's gradients; after the train batch's last one, updates."""
+        with self.lock:
+            if info.generation != self.generation:
+                self.num_units_dropped += 1
+                return
+            if self._accumulated.generation != self.generation:  # `flush` zeroed the sums.
+                self._accumulated = _Accumulation(self.generation)
         acc = self._accumulated
         if acc.microbatches == 0:
             self._callbacks.on_train_batch_begin(self.num_steps)
             acc.updates_before = int(self.learner.num_grad_updates.numpy())
         start = time.perf_counter()
         with self.lock:
+            if info.generation != self.generation:  # Flushed meanwhile.
+                self.num_units_dropped += 1
+                return
             self._accumulate_fn(data).numpy()  # .numpy() waits for the device.
         seconds = time.perf_counter() - start
         self.microbatch_grad_timer.push(seconds)
@@ -363,6 +409,9 @@ class LearnerThread(threading.Thread):
             return
         start = time.perf_counter()
         with self.lock:
+            if info.generation != self.generation:  # Flushed: the sums were zeroed.
+                self.num_units_dropped += 1
+                return
             stats = {k: v.numpy().item() for k, v in self._apply_fn().items()}
         seconds = time.perf_counter() - start
         self.update_timer.push(seconds)
@@ -375,18 +424,46 @@ class LearnerThread(threading.Thread):
             sample_peak_throughput=round(self.sample_timer.mean_throughput, 3),
             opt_samples=round(self.microbatch_grad_timer.mean_units_processed, 3),
         )
-        self._report(stats, acc.env_steps, info.policy_version, acc.updates_before)
-        self._accumulated = _Accumulation()
+        self._report(stats, info, acc.env_steps, acc.updates_before)
+        self._accumulated = _Accumulation(self.generation)
 
     def _report(
-        self, stats: dict[str, Any], env_steps: int, policy_version: float, updates_before: int
+        self, stats: dict[str, Any], info: _UnitInfo, env_steps: int, updates_before: int
     ) -> None:
-        stats["diff_num_grad_updates_vs_sampler_policy"] = float(updates_before - policy_version)
+        stats["diff_num_grad_updates_vs_sampler_policy"] = float(
+            updates_before - info.policy_version
+        )
+        # Raises after `max_nonfinite_updates` skipped in a row; a skipped update trains nothing.
+        if self.nonfinite.observe(stats, info.source.batch if info.source else None):
+            env_steps = 0
         self.stats = stats
         self.num_steps += 1
         self.outqueue.put((env_steps, env_steps, stats))
         self.learner_queue_size.push(self.inqueue.qsize())
         self._callbacks.on_train_batch_end(self.num_steps - 1, logs=stats)
+
+    def flush(self) -> int:
+        """Drops every batch taken so far: queued, loaded, buffered or half accumulated.
+
+        Call it with `lock` held (as `Impala.restore` does around loading the weights): no
+        update that started before returns after it, and none of those batches trains later.
+        The gradient accumulators are zeroed.
+
+        Returns:
+          The number of train batches removed from the inqueue.
+        """
+        with self._generation_lock:
+            self.generation += 1
+            removed = 0
+            while True:
+                try:
+                    self.inqueue.get_nowait()
+                    removed += 1
+                except queue.Empty:
+                    break
+        if self.microbatching:
+            self._reset_fn()
+        return removed
 
     def stop(self, timeout: float = 10.0) -> None:
         """Asks the thread to finish its current step and exit; waits up to `timeout`."""
@@ -413,7 +490,8 @@ class LearnerThread(threading.Thread):
 class _Accumulation:
     """The learner thread's tally of the microbatches accumulated towards the next update."""
 
-    def __init__(self):
+    def __init__(self, generation: int = 0):
+        self.generation = generation
         self.microbatches = 0
         self.env_steps = 0
         self.grad_seconds = 0.0

@@ -231,11 +231,12 @@ class ResultWriter:
 
 
 def _fmt(value: Any, spec: str = ".1f") -> str:
+    """`value` formatted with `spec`; `nan`/`inf` as such (never hidden), missing as `-`."""
     try:
         value = float(value)
     except (TypeError, ValueError):
         return "-"
-    return format(value, spec) if math.isfinite(value) else "-"
+    return format(value, spec) if math.isfinite(value) else str(value)
 
 
 def progress_line(result: Mapping[str, Any], timestep_budget: float | None = None) -> str:

@@ -232,6 +232,10 @@ def test_progress_line_eta_only_while_the_budget_is_ahead(budget, suffix):
     assert progress_line(make_result(3, 1200), timestep_budget=budget).endswith(suffix)
 
 
-def test_progress_line_shows_missing_values_as_dashes():
+def test_progress_line_shows_missing_values_as_dashes_and_nan_as_nan():
     line = progress_line({"training_iteration": 1, "episode_reward_mean": float("nan")})
-    assert "return - [-, -]" in line and "pi - vf - H -" in line
+    assert "return nan [-, -]" in line and "pi - vf - H -" in line
+    result = make_result(3, 1200)
+    stats = result["info"]["learner"]["default_policy"]["learner_stats"]
+    stats.update(policy_loss=float("nan"), vf_loss=float("inf"))
+    assert "pi nan vf inf H 0.690" in progress_line(result)

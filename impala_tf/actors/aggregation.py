@@ -21,6 +21,7 @@ import random
 import traceback
 from multiprocessing import connection
 
+from impala_tf.actors import main_guard
 from impala_tf.actors.workers import CommandQueue, end_worker
 from impala_tf.batching import BatchBuilder
 from impala_tf.config import ImpalaConfig
@@ -118,6 +119,8 @@ class AggregatorPool:
         self._workers: dict[int, _Worker] = {}
         self._rng = random.Random(config.seed)
         self._stopped = False
+        # A script building at module level without a main guard must not re-run in children.
+        self._unguarded_main = main_guard.unguarded_main_call()
         for i in range(self.num_workers):
             self._start(i)
 
@@ -126,13 +129,17 @@ class AggregatorPool:
         commands = CommandQueue(self._ctx)
         process = self._ctx.Process(
             target=_aggregator_main,
-            args=(index, self.config, self.rows, send_end, commands),
+            args=(index, self._config_arg(), self.rows, send_end, commands),
             name=f"impala-aggregator-{index}",
             daemon=True,
         )
-        process.start()
+        with main_guard.without_main_preparation(self._unguarded_main):
+            process.start()
         send_end.close()
         self._workers[index] = _Worker(process, recv_end, commands)
+
+    def _config_arg(self):
+        return main_guard.by_value(self.config) if self._unguarded_main else self.config
 
     def healthy_ids(self) -> list[int]:
         return [i for i, w in self._workers.items() if w.healthy]

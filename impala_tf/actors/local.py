@@ -32,6 +32,7 @@ from typing import Any
 
 import numpy as np
 
+from impala_tf.actors import main_guard
 from impala_tf.actors.base import ActorFailure, ActorPool
 from impala_tf.actors.env_runner import Fragment
 from impala_tf.actors.memory import check_actor_memory
@@ -124,16 +125,19 @@ _ACTOR_ENV = {
     "MKL_NUM_THREADS": "1",
     "TF_NUM_INTRAOP_THREADS": "1",
     "TF_NUM_INTEROP_THREADS": "1",
-    "TF_CPP_MIN_LOG_LEVEL": "2",
     "CUDA_VISIBLE_DEVICES": "",
 }
+#: TensorFlow's C++ log level in the actors unless the user set one (`impala_tf.quiet`).
+_ACTOR_TF_LOG_LEVEL = "3"
 
 
 @contextlib.contextmanager
 def _actor_environment():
     """Sets `_ACTOR_ENV` while child processes (or the fork server) are launched."""
-    saved = {k: os.environ.get(k) for k in _ACTOR_ENV}
-    os.environ.update(_ACTOR_ENV)
+    env = {"TF_CPP_MIN_LOG_LEVEL": os.environ.get("TF_CPP_MIN_LOG_LEVEL", _ACTOR_TF_LOG_LEVEL)}
+    env.update(_ACTOR_ENV)
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
     try:
         yield
     finally:
@@ -159,9 +163,11 @@ def _policy_kind(config: ImpalaConfig) -> tuple[bool, Any]:
 
 def _preload(config: ImpalaConfig) -> list[str]:
     """Modules the fork server imports once for every actor: TensorFlow only if the policy
-    needs it (MLP policies act in numpy, see `impala_tf.numpy_policy`)."""
+    needs it (MLP policies act in numpy, see `impala_tf.numpy_policy`), imported quietly."""
     numpy_only, _ = _policy_kind(config)
-    return ["impala_tf.actors.env_runner"] if numpy_only else ["impala_tf.policy"]
+    if numpy_only:
+        return ["impala_tf.actors.env_runner"]
+    return ["impala_tf.actors._quiet_tf", "impala_tf.policy"]
 
 
 def prestart_fork_server(config: ImpalaConfig) -> None:
@@ -232,6 +238,8 @@ class LocalActorPool(ActorPool):
         self._held_fragments: list[Fragment] = []
         self._held_failures: list[ActorFailure] = []
         self._states: dict[int, dict] = {}
+        # A script building at module level without a main guard must not re-run in children.
+        self._unguarded_main = main_guard.unguarded_main_call()
         for i in range(self.num_actors):
             self._start(i, weights, policy_version)
 
@@ -239,13 +247,14 @@ class LocalActorPool(ActorPool):
         recv_end, send_end = self._ctx.Pipe(duplex=False)
         commands = CommandQueue(self._ctx)
         progress = self._ctx.RawArray("q", 3)
+        config = main_guard.by_value(self.config) if self._unguarded_main else self.config
         process = self._ctx.Process(
             target=_actor_main,
-            args=(actor_id, self.config, send_end, commands, weights, policy_version, progress),
+            args=(actor_id, config, send_end, commands, weights, policy_version, progress),
             name=f"impala-actor-{actor_id}",
             daemon=True,
         )
-        with _actor_environment():
+        with _actor_environment(), main_guard.without_main_preparation(self._unguarded_main):
             process.start()
         send_end.close()
         self._actors[actor_id] = _Actor(process, recv_end, commands, progress)

@@ -56,6 +56,7 @@ flags.DEFINE_integer("video_episodes", 1, "Episodes recorded with --video.", low
 flags.DEFINE_integer("video_max_frames", 5000, "Frames recorded at most.", lower_bound=1)
 flags.DEFINE_float("fps", None, "Video frame rate; default: the env's render_fps (else 30).")
 flags.DEFINE_integer("seed", None, "Seeds the env and the action sampling (config key `seed`).")
+flags.DEFINE_bool("verbose", False, "Show TensorFlow's C++ start-up log.")
 
 _VIDEO_FORMATS = (".gif", ".mp4")
 _DEFAULT_FPS = 30.0
@@ -304,7 +305,9 @@ def _error(message: str) -> int:
 
 def main(argv: list[str]) -> int:
     del argv
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    from impala_tf.quiet import quiet_start
+
+    quiet_start(FLAGS.verbose)  # Before anything imports TensorFlow.
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     if not FLAGS["verbosity"].present:  # absl turns INFO on after parsing; TF logs much there.
         absl_logging.set_verbosity(absl_logging.WARNING)

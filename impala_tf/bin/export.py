@@ -28,7 +28,6 @@ Loading needs TensorFlow only (no impala_tf, no Keras):
 from __future__ import annotations
 
 import logging
-import os
 import sys
 
 from absl import app, flags
@@ -40,6 +39,7 @@ FLAGS = flags.FLAGS
 
 flags.DEFINE_string("checkpoint", None, "Checkpoint directory, or a training logdir.")
 flags.DEFINE_string("out", None, "Directory to write the SavedModel to.")
+flags.DEFINE_bool("verbose", False, "Show TensorFlow's C++ start-up log.")
 
 
 def serving_module(model, action_space, obs_filter=None):
@@ -128,7 +128,9 @@ def export_saved_model(model, action_space, out_dir: str, obs_filter=None) -> di
 
 def main(argv: list[str]) -> int:
     del argv
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    from impala_tf.quiet import quiet_start
+
+    quiet_start(FLAGS.verbose)  # Before anything imports TensorFlow.
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     if not FLAGS["verbosity"].present:  # absl turns INFO on after parsing; TF logs much there.
         absl_logging.set_verbosity(absl_logging.WARNING)

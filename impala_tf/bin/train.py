@@ -8,7 +8,10 @@ Writes to the logdir: `result.json` (one RLlib result dict per line), TensorBoar
 (tags in `impala_tf.reporting`), `params.json` (the config, stop criteria and these flags) and
 `checkpoints/checkpoint_<iteration>/` every `checkpoint_freq` iterations and at the end, keeping
 the newest `keep_checkpoints_num`. Prints one progress line per iteration (`--verbose`: also the
-whole result) and exits 0 when a stop criterion is met. Flags override the YAML's `stop:`.
+whole result and TensorFlow's C++ start-up log) and exits 0 when a stop criterion is met. Flags
+override the YAML's `stop:`. SIGINT, SIGTERM and SIGHUP save a checkpoint, stop every child
+process and exit with 128 + the signal's number; a second one exits at once
+(`impala_tf.shutdown`).
 
 Resuming: a `--logdir` that holds checkpoints is resumed from the newest one (`--noresume`
 refuses instead). The run's stored config and flags are used; `--set`, `--seed`, `--stop_*` and
@@ -84,6 +87,10 @@ _STORED_FLAGS = (
     "histogram_freq",
     "save_best",
 )
+
+
+#: The signal handlers of this run (installed by `main`).
+_SHUTDOWN = None
 
 
 class TrainError(Exception):
@@ -249,7 +256,14 @@ def _stored(name: str, stored_flags: dict):
 
 def main(argv: list[str]) -> int:
     del argv
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    from impala_tf.quiet import quiet_start
+
+    # Before anything imports TensorFlow; `_train` imports it once the fork server starts.
+    quiet_start(FLAGS.verbose, import_now=False)
+    from impala_tf.shutdown import GracefulShutdown, Interrupted
+
+    global _SHUTDOWN
+    _SHUTDOWN = GracefulShutdown("impala-train").install()
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     if not FLAGS["verbosity"].present:  # absl turns INFO on after parsing; TF logs much there.
         absl_logging.set_verbosity(absl_logging.WARNING)
@@ -258,6 +272,9 @@ def main(argv: list[str]) -> int:
     except TrainError as e:
         print(f"impala-train: error: {e}", file=sys.stderr, flush=True)
         return 1
+    except Interrupted as e:  # Before training started: nothing to save.
+        print(f"impala-train: {e}; exiting", file=sys.stderr, flush=True)
+        return e.exit_code
 
 
 def _train() -> int:
@@ -309,6 +326,9 @@ def _train() -> int:
     except ValueError as e:
         raise TrainError(str(e)) from e
     prestart_fork_server(config)  # Its imports overlap TensorFlow's below.
+    from impala_tf.quiet import import_tensorflow
+
+    import_tensorflow()  # Without TensorFlow's C++ start-up lines unless asked for.
     import tensorflow as tf
 
     user_callbacks = load_callbacks(run_flags["callbacks"])
@@ -329,7 +349,12 @@ def _train() -> int:
     from impala_tf.actors.memory import ActorMemoryError
 
     try:
-        algo = Impala(config, callbacks=learner_callbacks, deterministic=run_flags["deterministic"])
+        algo = Impala(
+            config,
+            callbacks=learner_callbacks,
+            deterministic=run_flags["deterministic"],
+            logdir=logdir,  # Batches of skipped non-finite updates go to <logdir>/nonfinite.
+        )
     except ActorMemoryError as e:  # The pool would not fit: refused before any actor started.
         raise TrainError(str(e)) from e
     try:
@@ -355,10 +380,18 @@ def _train() -> int:
         callbacks.append(stopper)
         try:
             result = fit(algo, callbacks)
-        except KeyboardInterrupt:
-            print("impala-train: interrupted; saving a checkpoint", file=sys.stderr, flush=True)
-            periodic.save_now()
-            return 130
+        except KeyboardInterrupt as e:
+            # SIGINT, SIGTERM or SIGHUP (`impala_tf.shutdown`); a second one exits at once.
+            if _SHUTDOWN is not None:
+                _SHUTDOWN.shutting_down()
+            print(
+                f"impala-train: interrupted ({e or 'SIGINT'}); saving a checkpoint",
+                file=sys.stderr,
+                flush=True,
+            )
+            path = periodic.save_now()
+            print(f"impala-train: saved {path}", file=sys.stderr, flush=True)
+            return getattr(e, "exit_code", 130)
         reason = stopper.reason or "a callback's request"
         print(
             f"impala-train: stopped at {reason} after {time.time() - _START:.1f} s "
@@ -367,6 +400,8 @@ def _train() -> int:
         )
         return 0
     finally:
+        if _SHUTDOWN is not None:
+            _SHUTDOWN.shutting_down()
         algo.stop()
 
 

@@ -1,0 +1,73 @@
+"""Tests of the quiet start: the binaries hide TensorFlow's C++ start-up log unless asked."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+from impala_tf.quiet import is_cpp_log_line
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_NOISE = ("cuInit", "oneDNN", "Could not find cuda drivers", "absl::InitializeLog")
+_CPP = re.compile(r"^[IWEF]\d{4} ", re.M)
+ARGS = [
+    "--stop_iters=1",
+    "--set=num_env_runners=1",
+    "--set=rollout_fragment_length=10",
+    "--set=train_batch_size=20",
+    "--set=min_time_s_per_iteration=0",
+    "--set=model.fcnet_hiddens=[8]",
+    "--set=num_gpus=0",
+]
+
+
+def _train(tmp_path, *extra: str) -> subprocess.CompletedProcess:
+    tmp_path.mkdir()
+    env = {k: v for k, v in os.environ.items() if k != "TF_CPP_MIN_LOG_LEVEL"}
+    env["PYTHONPATH"] = REPO
+    return subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "impala_tf.bin.train",
+            f"--logdir={tmp_path / 'run'}",
+            *ARGS,
+            *extra,
+        ],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+
+
+@pytest.mark.slow
+def test_train_hides_tensorflow_cpp_startup_lines_and_verbose_shows_them(tmp_path):
+    quiet = _train(tmp_path / "quiet")
+    assert quiet.returncode == 0, quiet.stderr
+    for noise in _NOISE:
+        assert noise not in quiet.stderr, quiet.stderr
+    assert not _CPP.search(quiet.stderr), quiet.stderr
+    assert "impala-train: stopped at" in quiet.stdout
+    verbose = _train(tmp_path / "verbose", "--verbose")
+    assert verbose.returncode == 0, verbose.stderr
+    assert _CPP.search(verbose.stderr), verbose.stderr  # TensorFlow's own lines, on this machine.
+
+
+def test_cpp_log_lines_are_told_apart_from_ours():
+    assert is_cpp_log_line(
+        "I0000 00:00:1795449521.722541    5367 cudart_stub.cc:31] Could not find cuda drivers"
+    )
+    assert is_cpp_log_line(
+        "E0000 00:00:1795449540.981297    5638 cuda_platform.cc:52] failed call to cuInit: x"
+    )
+    assert is_cpp_log_line(
+        "WARNING: All log messages before absl::InitializeLog() is called are written to STDERR"
+    )
+    assert not is_cpp_log_line("WARNING impala_tf.algorithm: Restarting actor 0 after: boom")
+    assert not is_cpp_log_line("impala-train: error: bad flag")
