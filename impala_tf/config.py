@@ -915,11 +915,6 @@ class ImpalaConfig:
             if not isinstance(model[key], bool):
                 raise ValueError(f"`model.{key}` must be a bool, got {model[key]!r}.")
         # What the model catalog refuses, refused here, before any process starts.
-        if model["free_log_std"]:
-            raise ValueError(
-                "`model.free_log_std=True` is not supported (the action distribution's log std "
-                "is an output of the model); set it to False."
-            )
         if model["use_lstm"] and (model["lstm_use_prev_action"] or model["lstm_use_prev_reward"]):
             raise ValueError(
                 "`model.lstm_use_prev_action` / `model.lstm_use_prev_reward` are not supported "

@@ -77,9 +77,9 @@ def test_weight_reads_for_actors_restarts_evaluation_and_checkpoints_see_one_upd
     algo.learner_thread.stop()  # Only the writer below changes the weights.
     algo.evaluate()  # Builds the evaluation runner.
     seen: list[list[np.ndarray]] = []
-    monkeypatch.setattr(algo.pool, "broadcast_weights", lambda w, v, ids: seen.append(w))
+    monkeypatch.setattr(algo.pool, "broadcast_weights", lambda w, v, ids, *filt: seen.append(w))
     monkeypatch.setattr(algo.pool, "restart", lambda i, w, v: seen.append(w))
-    monkeypatch.setattr(algo._eval_runner, "set_weights", lambda w, v: seen.append(w))
+    monkeypatch.setattr(algo._eval_runner, "set_weights", lambda w, v, *filt: seen.append(w))
     monkeypatch.setattr(algo._eval_runner, "run_episodes", lambda n: [(1.0, 1)])
     saved = []
     writer = _TearingWriter(algo)

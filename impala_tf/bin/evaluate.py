@@ -31,6 +31,8 @@ import numpy as np
 from absl import app, flags
 from absl import logging as absl_logging
 
+from impala_tf.bin import _common  # noqa: F401 - defines --verbose.
+
 if TYPE_CHECKING:
     from impala_tf.config import ImpalaConfig
 
@@ -56,7 +58,6 @@ flags.DEFINE_integer("video_episodes", 1, "Episodes recorded with --video.", low
 flags.DEFINE_integer("video_max_frames", 5000, "Frames recorded at most.", lower_bound=1)
 flags.DEFINE_float("fps", None, "Video frame rate; default: the env's render_fps (else 30).")
 flags.DEFINE_integer("seed", None, "Seeds the env and the action sampling (config key `seed`).")
-flags.DEFINE_bool("verbose", False, "Show TensorFlow's C++ start-up log.")
 
 _VIDEO_FORMATS = (".gif", ".mp4")
 _DEFAULT_FPS = 30.0

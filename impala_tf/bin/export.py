@@ -33,13 +33,14 @@ import sys
 from absl import app, flags
 from absl import logging as absl_logging
 
+from impala_tf.bin import _common  # noqa: F401 - defines --verbose.
+
 __all__ = ["export_saved_model", "serving_module", "run"]
 
 FLAGS = flags.FLAGS
 
 flags.DEFINE_string("checkpoint", None, "Checkpoint directory, or a training logdir.")
 flags.DEFINE_string("out", None, "Directory to write the SavedModel to.")
-flags.DEFINE_bool("verbose", False, "Show TensorFlow's C++ start-up log.")
 
 
 def serving_module(model, action_space, obs_filter=None):

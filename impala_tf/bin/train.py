@@ -39,6 +39,8 @@ _START = time.time()
 from absl import app, flags  # noqa: E402
 from absl import logging as absl_logging  # noqa: E402
 
+from impala_tf.bin import _common  # noqa: E402, F401 - defines --verbose.
+
 FLAGS = flags.FLAGS
 
 flags.DEFINE_string("config", None, "RLlib tuned-example YAML; default: CartPole-v1 defaults.")
@@ -52,7 +54,6 @@ flags.DEFINE_integer("stop_iters", None, "Stop after this many iterations.")
 flags.DEFINE_float("stop_time_s", None, "Stop after this many seconds of training.")
 flags.DEFINE_integer("seed", None, "Random seed (config key `seed`).")
 flags.DEFINE_integer("checkpoint_freq", None, "Iterations between checkpoints (0: only at end).")
-flags.DEFINE_bool("verbose", False, "Print the full result dict each iteration.")
 flags.DEFINE_bool("resume", True, "Continue from the newest checkpoint in --logdir if it has one.")
 flags.DEFINE_bool(
     "deterministic",
