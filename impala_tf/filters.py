@@ -22,6 +22,7 @@ sample variance S / (n - 1), and mean^2 while fewer than two observations were s
 
 from __future__ import annotations
 
+import abc
 from typing import Any
 
 import numpy as np
@@ -118,36 +119,38 @@ class RunningStat:
         return stat
 
 
-class Filter:
+class Filter(abc.ABC):
     """What every observation filter offers (RLlib's `Filter` interface)."""
 
     name = "Filter"
 
+    @abc.abstractmethod
     def __call__(self, x: np.ndarray, update: bool = True) -> np.ndarray:
-        raise NotImplementedError
+        """Filters a batch of observations [N, *shape]; `update` also updates the statistics."""
 
+    @abc.abstractmethod
     def apply_changes(self, other: Filter, with_buffer: bool = False) -> None:
         """Merges the buffer (the changes since its last flush) of `other` into this filter."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def sync(self, other: Filter) -> None:
         """Copies all of `other`'s state into this filter."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def copy(self) -> Filter:
-        raise NotImplementedError
+        """An independent copy."""
 
+    @abc.abstractmethod
     def reset_buffer(self) -> None:
         """Forgets the changes gathered since the last flush."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def delta(self) -> Filter | None:
         """A copy holding the changes since the last flush (what a fragment carries), or None."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def get_state(self) -> dict[str, Any]:
         """JSON-serialisable state; `filter_from_state` rebuilds the filter."""
-        raise NotImplementedError
 
     def as_serializable(self) -> Filter:
         return self.copy()

@@ -397,9 +397,7 @@ class ImpalaLearner(keras.Model):
         def update() -> tf.Tensor:
             for (optimizer, variables), group in zip(self._groups, clipped_groups):
                 # Keras' optimizer sums the gradients over replicas once more; hand it 1/n.
-                optimizer.apply_gradients(
-                    [(g / num_replicas, v) for g, v in zip(group, variables)]
-                )
+                optimizer.apply_gradients([(g / num_replicas, v) for g, v in zip(group, variables)])
             self.num_grad_updates.assign_add(1)
             self.num_agent_steps_trained.assign_add(rows)
             return tf.constant(True)

@@ -239,4 +239,3 @@ def _input_strategy(strategy: tf.distribute.Strategy) -> tf.distribute.Strategy:
     if tf.distribute.has_strategy() or strategy is not tf.distribute.get_strategy():
         return strategy
     return tf.distribute.OneDeviceStrategy("/gpu:0")
-
