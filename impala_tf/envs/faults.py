@@ -11,9 +11,8 @@ runner and the step (env steps this runner has taken per env, and the step withi
 * `NonFiniteEnvError`: the env returned a NaN or infinite observation or reward, and
   `drop_nonfinite_episodes` is False. Fatal.
 
-The checks are cheap: observation shape and dtype are checked at every reset and at the first
-step of each fragment (later steps write into the same preallocated [B, ...] array, which a
-wrong shape cannot fit), and finiteness costs one `np.isfinite` over the B rewards and, for
+The checks are cheap: every observation's type, shape and dtype are compared by identity with
+the space's (`EnvGuard.step`), with the full check only when one differs, and finiteness costs one `np.isfinite` over the B rewards and, for
 float observations, the [B, ...] observations per vector step.
 """
 
