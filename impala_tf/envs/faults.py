@@ -12,8 +12,9 @@ runner and the step (env steps this runner has taken per env, and the step withi
   `drop_nonfinite_episodes` is False. Fatal.
 
 The checks are cheap: every observation's type, shape and dtype are compared by identity with
-the space's (`EnvGuard.step`), with the full check only when one differs, and finiteness costs one `np.isfinite` over the B rewards and, for
-float observations, the [B, ...] observations per vector step.
+the space's (`EnvGuard.step`), with the full check only when one differs; finiteness costs one
+subtraction per reward and, for float observations, one `np.isfinite` over the [B, ...]
+observations per vector step.
 """
 
 from __future__ import annotations
