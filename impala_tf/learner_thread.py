@@ -470,6 +470,10 @@ class LearnerThread(threading.Thread):
         self._stopped.set()
         if self.is_alive() and threading.current_thread() is not self:
             self.join(timeout)
+        if not self.is_alive():
+            # Deleting the iterator ends its prefetch threads (native threads that otherwise
+            # outlive the run, 2 per algorithm built and stopped in one process).
+            self._iterator = None
 
     def add_learner_metrics(self, result: dict[str, Any]) -> dict[str, Any]:
         """Adds `info.learner_queue` and `info.timing_breakdown` to a result dict (RLlib's)."""
