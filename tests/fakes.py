@@ -6,6 +6,20 @@ import gymnasium as gym
 import numpy as np
 
 from impala_tf import distributions
+from impala_tf.config import ImpalaConfig
+
+#: Spaces, fragment length and rows of the small learner tests (`learner_config`).
+OBS = gym.spaces.Box(-1.0, 1.0, (4,), np.float32)
+ACT = gym.spaces.Discrete(3)
+T, ROWS = 5, 4
+
+
+def learner_config(**overrides) -> ImpalaConfig:
+    """A CartPole config with a [16] MLP and train batches of ROWS fragments of T steps."""
+    config = ImpalaConfig().environment("CartPole-v1")
+    config.training(model={"fcnet_hiddens": [16]}, train_batch_size=ROWS * T, lr=0.01)
+    config.env_runners(rollout_fragment_length=T)
+    return config.update_from_dict(overrides)
 
 
 def sequence_batch(

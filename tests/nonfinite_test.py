@@ -8,30 +8,20 @@ from __future__ import annotations
 
 import os
 
-import gymnasium as gym
 import keras
 import numpy as np
 import pytest
 import tensorflow as tf
 
 from impala_tf import pipeline
-from impala_tf.config import ImpalaConfig
 from impala_tf.learner import ImpalaLearner
 from impala_tf.learner_thread import LearnerThread, TrainBatch
 from impala_tf.nonfinite import NonFiniteGuard, NonFiniteUpdatesError
 from impala_tf.sample_batch import SampleBatch
 from tests import fakes, strategies
 
-OBS = gym.spaces.Box(-1.0, 1.0, (4,), np.float32)
-ACT = gym.spaces.Discrete(3)
-T, ROWS = 5, 4
-
-
-def _config(**overrides) -> ImpalaConfig:
-    config = ImpalaConfig().environment("CartPole-v1")
-    config.training(model={"fcnet_hiddens": [16]}, train_batch_size=ROWS * T, lr=0.01)
-    config.env_runners(rollout_fragment_length=T)
-    return config.update_from_dict(overrides)
+OBS, ACT, T, ROWS = fakes.OBS, fakes.ACT, fakes.T, fakes.ROWS
+_config = fakes.learner_config
 
 
 def _batch(seed: int, nan: bool = False) -> SampleBatch:
