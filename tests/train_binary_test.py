@@ -171,7 +171,10 @@ def check_resume(logdir, first_results, results):
     assert results[:3] == first_results  # Appended, nothing rewritten.
     for key in ("timesteps_total", "num_env_steps_trained", "episodes_total", "time_total_s"):
         values = [r[key] for r in results]
-        assert values == sorted(values) and values[3] > values[2], key
+        assert values == sorted(values), key
+        # A short resumed iteration may end before its fresh episodes do (CI saw 204, 204).
+        assert values[3] > values[2] or key == "episodes_total", key
+    assert results[3]["episodes_total"] >= first_results[2]["episodes_total"]  # Carried over.
     stats = [r["info"]["learner"]["default_policy"]["learner_stats"] for r in results]
     trained = [s["num_agent_steps_trained"] for s in stats]
     assert trained[3] > trained[2]  # The learner's counter continued from the checkpoint.
