@@ -80,6 +80,7 @@ def ray_local(tmp_path_factory):
     home = tmp_path_factory.mktemp("home")
     with raylib.ray_environment(str(home)):
         ray.init(
+            address="local",
             num_cpus=2,
             include_dashboard=False,
             object_store_memory=100 * 2**20,
@@ -159,6 +160,7 @@ def test_weights_put_once_requests_bounded_and_cpus_per_actor(ray_local, monkeyp
     from impala_tf.actors.ray_pool import RayActorPool
 
     config = small_config(num_cpus_per_env_runner=0.5, max_requests_in_flight_per_env_runner=2)
+    config.training(model={"fcnet_hiddens": [16], "vf_share_layers": True})
     pool = RayActorPool(config)
     try:
         pool.pids()  # Both actors are up.
@@ -167,7 +169,8 @@ def test_weights_put_once_requests_bounded_and_cpus_per_actor(ray_local, monkeyp
         puts = []
         real_put = ray_local.put
         monkeypatch.setattr(ray_local, "put", lambda value: puts.append(1) or real_put(value))
-        weights = [np.ones((4, 16), np.float32), np.zeros(16, np.float32)]
+        shapes = [(4, 16), (16,), (16, 2), (2,), (16, 1), (1,)]  # Hidden, logits, value.
+        weights = [np.full(shape, 0.1, np.float32) for shape in shapes]
         pool.broadcast_weights(weights, 7, [0, 1])
         assert len(puts) == 1
         pool.request_samples([0, 1], 2)
@@ -251,6 +254,7 @@ def _driver(tmp_path, address: str, token: bool, *args: str) -> subprocess.Compl
     )
 
 
+@pytest.mark.slow
 def test_impala_train_joins_with_the_token_and_is_refused_without(ray_local, tmp_path):
     address = ray_local.get_runtime_context().gcs_address
     refused = _driver(tmp_path / "a", address, token=False)

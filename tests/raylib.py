@@ -26,7 +26,20 @@ def ray_environment(home: str) -> Iterator[None]:
         mp.delenv("RAY_AUTH_TOKEN_PATH", raising=False)
         mp.delenv("RAY_ADDRESS", raising=False)
         mp.setenv("RAY_USAGE_STATS_ENABLED", "0")
-        yield
+        _reload_auth()
+        try:
+            yield
+        finally:
+            mp.undo()
+            _reload_auth()
+
+
+def _reload_auth() -> None:
+    """Makes Ray re-read RAY_AUTH_* (it caches them when first imported)."""
+    from ray._raylet import AuthenticationTokenLoader, Config
+
+    Config.initialize("")
+    AuthenticationTokenLoader.instance().reset_cache()
 
 
 def small_config(**overrides) -> ImpalaConfig:

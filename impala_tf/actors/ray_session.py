@@ -123,6 +123,7 @@ def acquire(config: ImpalaConfig) -> Any:
             if address is None:
                 num_cpus, custom = _local_resources(config)
                 ray.init(
+                    address="local",  # A new Ray, never one `ray start` left on this machine.
                     num_cpus=num_cpus,
                     resources=custom or None,
                     object_store_memory=LOCAL_OBJECT_STORE_BYTES,
