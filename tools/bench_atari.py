@@ -4,6 +4,7 @@
     .venv/bin/python tools/bench_atari.py --train_time 60 --env_time 10 --no-write
     .venv/bin/python tools/bench_atari.py --profile               # + cProfile of the driver
     .venv/bin/python tools/bench_atari.py --rllib-python /path/to/rllib-venv/bin/python
+    .venv/bin/python tools/bench_atari.py --backend=both --rounds 2 --train_time 60
 
 All parts run in one invocation, each in a fresh process (TensorFlow's thread pools are fixed at
 start-up), against the public entry points only: the config from the YAML
@@ -43,6 +44,12 @@ processes are not in it.
 
 Results go to BENCHMARKS.md (section "bench_atari"), with the load average before and after the
 run; on a loaded machine (load above half the cores) the section says it was measured under load.
+
+`--backend=ray` or `--backend=both` runs only part (d), `impala-train` with `--set
+actor_backend=ray` (a Ray started by the driver on this machine) and/or the local pool, for
+`--rounds` rounds, alternating which pool goes first, and prints the median env steps/s of each
+and the Ray pool's as a ratio of the local pool's (the issue's target for Pong is >= 0.90). Those
+figures go to the section "bench_atari_backends", with the load average before and after.
 """
 
 from __future__ import annotations
@@ -69,6 +76,8 @@ DEFAULT_CONFIG = os.path.join(ROOT, "configs", "pong-impala-small.yaml")
 RLLIB_PLATFORM_STEPS_PER_S = 384.0
 FRAME_SKIP = 4
 TARGET_RATIO = 0.70
+TARGET_RAY_RATIO = 0.90
+BACKENDS = ("local", "ray")
 
 RLLIB_SCRIPT = r"""
 import json, sys, time
@@ -462,9 +471,9 @@ def _split(total: int, parts: int) -> list[int]:
     return [total // parts + (i < total % parts) for i in range(parts)]
 
 
-def run_train(path: str, seconds: float, profile: bool, top: int) -> dict:
-    """Runs impala-train for `seconds` of training, sampling the tree's memory every second."""
-    logdir = tempfile.mkdtemp(prefix="bench-atari-")
+def run_train(path: str, seconds: float, profile: bool, top: int, backend: str = "local") -> dict:
+    """Runs impala-train on `backend` for `seconds` of training, sampling the tree's memory."""
+    logdir = tempfile.mkdtemp(prefix=f"bench-atari-{backend}-")
     prof = os.path.join(logdir, "driver.prof")
     cmd = [sys.executable]
     if profile:
@@ -476,6 +485,7 @@ def run_train(path: str, seconds: float, profile: bool, top: int) -> dict:
         f"--logdir={logdir}",
         f"--stop_time_s={seconds}",
         "--checkpoint_freq=0",
+        f"--set=actor_backend={backend}",
     ]
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", PYTHONUNBUFFERED="1")
     log_path = os.path.join(logdir, "stdout.txt")
@@ -586,6 +596,13 @@ def main() -> None:
     parser.add_argument("--profile", action="store_true", help="cProfile the driver")
     parser.add_argument("--profile_top", type=int, default=25)
     parser.add_argument("--rllib-python", default=None)
+    parser.add_argument(
+        "--backend",
+        choices=(*BACKENDS, "both"),
+        default="local",
+        help="actor pool(s); ray or both run only the training part, side by side",
+    )
+    parser.add_argument("--rounds", type=int, default=1, help="training runs per backend")
     parser.add_argument("--no-write", action="store_true", help="do not update BENCHMARKS.md")
     parser.add_argument("--case", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -597,6 +614,9 @@ def main() -> None:
         return
 
     path = os.path.abspath(args.config)
+    if args.backend != "local":
+        backend_comparison(args, path)
+        return
     config = _load_config(path)
     cores = os.cpu_count() or 1
     load_before = os.getloadavg()
@@ -634,6 +654,66 @@ def main() -> None:
     print(text)
     if not args.no_write:
         benchlib.write_section("bench_atari", text)
+
+
+def backend_comparison(args: argparse.Namespace, path: str) -> None:
+    """Part (d) on the chosen backend(s), alternating, with the Ray/local ratio of env steps/s."""
+    backends = BACKENDS if args.backend == "both" else (args.backend,)
+    cores = os.cpu_count() or 1
+    load_before = os.getloadavg()
+    runs = []
+    for i in range(args.rounds):
+        for backend in backends if i % 2 == 0 else tuple(reversed(backends)):
+            train = run_train(path, args.train_time, False, 0, backend)
+            train["backend"] = backend
+            runs.append(train)
+            print(json.dumps({"train": train}), flush=True)
+    load_after = os.getloadavg()
+    name = os.path.relpath(path, ROOT)
+    lines = [
+        f"## Atari: Ray pool vs local pool, Pong with `{name}`",
+        "",
+        f"`tools/bench_atari.py --backend={args.backend} --rounds={args.rounds} "
+        f"--train_time={args.train_time:g}` ({benchlib.machine_line()}). Load average (1 min) "
+        f"{load_before[0]:.1f} before, {load_after[0]:.1f} after, on {cores} cores. Rates "
+        "between the first and the last iteration (start-up and the first iteration excluded).",
+        "",
+        "| round | backend | iterations | measured s | env steps/s sampled | trained | "
+        "peak PSS MB |",
+        "|---:|---|---:|---:|---:|---:|---:|",
+    ]
+    for i, r in enumerate(runs):
+        lines.append(
+            f"| {i // len(backends)} | {r['backend']} | {r['iterations']} | "
+            f"{r['measured_s']:.0f} | {r['sampled_per_s']:,.0f} | {r['trained_per_s']:,.0f} | "
+            f"{r['peak_pss_mb']:,.0f} |"
+        )
+    medians = {
+        b: statistics.median(r["sampled_per_s"] for r in runs if r["backend"] == b)
+        for b in backends
+    }
+    lines += [
+        "",
+        "Median env steps/s sampled: "
+        + ", ".join(f"{b} **{m:,.0f}**" for b, m in medians.items())
+        + ".",
+    ]
+    if len(backends) == 2:
+        ratio = medians["ray"] / max(medians["local"], 1e-9)
+        lines.append(
+            f"Ray / local = **{ratio:.2f}** (target >= {TARGET_RAY_RATIO:.2f}: "
+            f"{'met' if ratio >= TARGET_RAY_RATIO else 'not met'})."
+        )
+    if max(load_before[0], load_after[0]) > cores / 2:
+        lines += [
+            "",
+            "**Measured under load (other jobs running): these figures are not clean; re-run on "
+            "an idle machine before quoting them.**",
+        ]
+    text = "\n".join(lines)
+    print(text)
+    if not args.no_write:
+        benchlib.write_section("bench_atari_backends", text)
 
 
 def report(

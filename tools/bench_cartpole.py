@@ -4,6 +4,7 @@
     .venv/bin/python tools/bench_cartpole.py --seeds 0 1 --timeout 120
     .venv/bin/python tools/bench_cartpole.py --rllib-python /path/to/rllib-venv/bin/python
     .venv/bin/python tools/bench_cartpole.py --make-rllib-venv /tmp/rllib-venv
+    .venv/bin/python tools/bench_cartpole.py --backend=both --seeds 0 1 --timeout 90
 
 Each seed runs the real binary (`python -m impala_tf.bin.train --config=...`) in a fresh process;
 the wall time is measured from launching the process to the moment it prints the iteration whose
@@ -14,6 +15,14 @@ time_total_s` (trained) of that last iteration, i.e. while learning, excluding s
 With `--rllib-python` (a Python that has `ray[rllib]`; `--make-rllib-venv DIR` creates one as
 PLATFORM.md describes), RLlib's IMPALA runs the same task in the same run, and the ratios are
 printed. Results go to BENCHMARKS.md (section "bench_cartpole").
+
+`--backend` picks the actor pool: `local` (processes, the default), `ray` (`--set
+actor_backend=ray`: a Ray started by the driver on this machine) or `both`, which runs every
+seed on both pools in the same invocation, alternating which goes first, and prints the Ray
+pool's env steps/s sampled as a ratio of the local pool's (the issue's target is >= 0.70). The
+rate compared is the steady one, between the first and the last iteration (start-up, Ray's
+included, and the first iteration excluded). With `ray` or `both` the figures go to the section
+"bench_cartpole_backends" instead, with the load average before and after.
 """
 
 from __future__ import annotations
@@ -60,9 +69,29 @@ algo.stop()
 """
 
 
-def run_impala(config: str, seed: int, target: float, timeout: float) -> dict:
-    """Runs the binary once; returns wall time to target, steps and throughputs."""
-    logdir = tempfile.mkdtemp(prefix=f"bench-cartpole-{seed}-")
+TARGET_RAY_RATIO = 0.70
+BACKENDS = ("local", "ray")
+
+
+def steady_rate(results: list[dict]) -> float:
+    """Env steps/s sampled between the first and the last result (the first iteration excluded).
+
+    With a single result, the rate over that result's `time_total_s`.
+    """
+    if not results:
+        return 0.0
+    first, last = results[0], results[-1]
+    if len(results) < 2:
+        first = {"time_total_s": 0.0, "timesteps_total": 0}
+    dt = max(float(last["time_total_s"]) - float(first["time_total_s"]), 1e-9)
+    return (last["timesteps_total"] - first["timesteps_total"]) / dt
+
+
+def run_impala(
+    config: str, seed: int, target: float, timeout: float, backend: str = "local"
+) -> dict:
+    """Runs the binary once on `backend`; returns wall time to target, steps and throughputs."""
+    logdir = tempfile.mkdtemp(prefix=f"bench-cartpole-{backend}-{seed}-")
     cmd = [
         sys.executable,
         "-m",
@@ -72,6 +101,7 @@ def run_impala(config: str, seed: int, target: float, timeout: float) -> dict:
         f"--logdir={logdir}",
         f"--stop_reward={target}",
         "--checkpoint_freq=0",
+        f"--set=actor_backend={backend}",
     ]
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", PYTHONUNBUFFERED="1")
     start = time.perf_counter()
@@ -97,11 +127,13 @@ def run_impala(config: str, seed: int, target: float, timeout: float) -> dict:
     total_s = max(last.get("time_total_s", 0.0), 1e-9)
     return {
         "seed": seed,
+        "backend": backend,
         "reached": reached_s is not None,
         "wall_s": reached_s,
         "steps": last.get("timesteps_total", 0),
         "sampled_per_s": last.get("timesteps_total", 0) / total_s,
         "trained_per_s": last.get("num_env_steps_trained", 0) / total_s,
+        "steady_sampled_per_s": steady_rate(results),
         "iterations": len(results),
     }
 
@@ -148,8 +180,14 @@ def main() -> None:
     parser.add_argument("--rllib-python", default=None)
     parser.add_argument("--make-rllib-venv", default=None)
     parser.add_argument("--rllib-budget-s", type=float, default=600.0)
+    parser.add_argument(
+        "--backend", choices=(*BACKENDS, "both"), default="local", help="actor pool(s) to run"
+    )
     parser.add_argument("--no-write", action="store_true", help="do not update BENCHMARKS.md")
     args = parser.parse_args()
+    if args.backend != "local":
+        backend_comparison(args)
+        return
 
     runs = []
     for seed in args.seeds:
@@ -208,6 +246,64 @@ def main() -> None:
     print(text)
     if not args.no_write:
         benchlib.write_section("bench_cartpole", "## CartPole wall clock\n\n" + text)
+
+
+def backend_comparison(args: argparse.Namespace) -> None:
+    """Runs every seed on the chosen backend(s), alternating, and reports the Ray/local ratio."""
+    backends = BACKENDS if args.backend == "both" else (args.backend,)
+    load_before = os.getloadavg()
+    runs = []
+    for i, seed in enumerate(args.seeds):
+        order = backends if i % 2 == 0 else tuple(reversed(backends))
+        for backend in order:
+            run = run_impala(args.config, seed, args.target, args.timeout, backend)
+            runs.append(run)
+            print(json.dumps(run), flush=True)
+    load_after = os.getloadavg()
+    lines = [
+        "## CartPole: Ray pool vs local pool",
+        "",
+        f"`tools/bench_cartpole.py --backend={args.backend}` with "
+        f"`{os.path.relpath(args.config, ROOT)}`, target {args.target:g}, at most "
+        f"{args.timeout:g} s per run ({benchlib.machine_line()}). Load average (1 min) "
+        f"{load_before[0]:.1f} before, {load_after[0]:.1f} after, on {os.cpu_count()} cores.",
+        "",
+        "| seed | backend | reached | wall s (process start to result) | env steps | "
+        "sampled/s (steady) | sampled/s (all iterations) |",
+        "|---:|---|:---:|---:|---:|---:|---:|",
+    ]
+    for r in runs:
+        wall = f"{r['wall_s']:.1f}" if r["wall_s"] is not None else "-"
+        lines.append(
+            f"| {r['seed']} | {r['backend']} | {'yes' if r['reached'] else 'no'} | {wall} | "
+            f"{r['steps']:,} | {r['steady_sampled_per_s']:,.0f} | {r['sampled_per_s']:,.0f} |"
+        )
+    medians = {
+        b: statistics.median(r["steady_sampled_per_s"] for r in runs if r["backend"] == b)
+        for b in backends
+    }
+    lines += [
+        "",
+        "Median steady env steps/s sampled: "
+        + ", ".join(f"{b} **{m:,.0f}**" for b, m in medians.items())
+        + ".",
+    ]
+    if len(backends) == 2:
+        ratio = medians["ray"] / max(medians["local"], 1e-9)
+        lines.append(
+            f"Ray / local = **{ratio:.2f}** (target >= {TARGET_RAY_RATIO:.2f}: "
+            f"{'met' if ratio >= TARGET_RAY_RATIO else 'not met'})."
+        )
+    if max(load_before[0], load_after[0]) > (os.cpu_count() or 1) / 2:
+        lines += [
+            "",
+            "**Measured under load (other jobs running): these figures are not clean; re-run on "
+            "an idle machine before quoting them.**",
+        ]
+    text = "\n".join(lines)
+    print(text)
+    if not args.no_write:
+        benchlib.write_section("bench_cartpole_backends", text)
 
 
 if __name__ == "__main__":
