@@ -4,7 +4,7 @@
     .venv/bin/python tools/bench_cartpole.py --seeds 0 1 --timeout 120
     .venv/bin/python tools/bench_cartpole.py --rllib-python /path/to/rllib-venv/bin/python
     .venv/bin/python tools/bench_cartpole.py --make-rllib-venv /tmp/rllib-venv
-    .venv/bin/python tools/bench_cartpole.py --backend=both --seeds 0 1 --timeout 90
+    .venv/bin/python tools/bench_cartpole.py --backend=both --seeds 0 1 2 --duration 60
 
 Each seed runs the real binary (`python -m impala_tf.bin.train --config=...`) in a fresh process;
 the wall time is measured from launching the process to the moment it prints the iteration whose
@@ -21,8 +21,10 @@ actor_backend=ray`: a Ray started by the driver on this machine) or `both`, whic
 seed on both pools in the same invocation, alternating which goes first, and prints the Ray
 pool's env steps/s sampled as a ratio of the local pool's (the issue's target is >= 0.70). The
 rate compared is the steady one, between the first and the last iteration (start-up, Ray's
-included, and the first iteration excluded). With `ray` or `both` the figures go to the section
-"bench_cartpole_backends" instead, with the load average before and after.
+included, and the first iteration excluded). Those runs train for `--duration` seconds each
+(`--stop_time_s`), or until the target return; `--timeout` is added as a safety margin. With
+`ray` or `both` the figures go to the section "bench_cartpole_backends" instead, with the load
+average before and after.
 """
 
 from __future__ import annotations
@@ -88,9 +90,17 @@ def steady_rate(results: list[dict]) -> float:
 
 
 def run_impala(
-    config: str, seed: int, target: float, timeout: float, backend: str = "local"
+    config: str,
+    seed: int,
+    target: float,
+    timeout: float,
+    backend: str = "local",
+    stop_time_s: float | None = None,
 ) -> dict:
-    """Runs the binary once on `backend`; returns wall time to target, steps and throughputs."""
+    """Runs the binary once on `backend`; returns wall time to target, steps and throughputs.
+
+    With `stop_time_s` the run also stops by itself after that many seconds of training.
+    """
     logdir = tempfile.mkdtemp(prefix=f"bench-cartpole-{backend}-{seed}-")
     cmd = [
         sys.executable,
@@ -103,6 +113,8 @@ def run_impala(
         "--checkpoint_freq=0",
         f"--set=actor_backend={backend}",
     ]
+    if stop_time_s is not None:
+        cmd.append(f"--stop_time_s={stop_time_s}")
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", PYTHONUNBUFFERED="1")
     start = time.perf_counter()
     proc = subprocess.Popen(
@@ -119,7 +131,11 @@ def run_impala(
     finally:
         if proc.poll() is None:
             proc.terminate()
-        proc.wait(30)
+        try:
+            proc.wait(120)  # A loaded machine can take a while to stop the actors.
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(30)
     results = []
     with open(os.path.join(logdir, "result.json"), encoding="utf-8") as f:
         results = [json.loads(line) for line in f]
@@ -182,6 +198,12 @@ def main() -> None:
     parser.add_argument("--rllib-budget-s", type=float, default=600.0)
     parser.add_argument(
         "--backend", choices=(*BACKENDS, "both"), default="local", help="actor pool(s) to run"
+    )
+    parser.add_argument(
+        "--duration",
+        type=float,
+        default=60.0,
+        help="with --backend ray or both: seconds of training per run (--stop_time_s)",
     )
     parser.add_argument("--no-write", action="store_true", help="do not update BENCHMARKS.md")
     args = parser.parse_args()
@@ -256,7 +278,14 @@ def backend_comparison(args: argparse.Namespace) -> None:
     for i, seed in enumerate(args.seeds):
         order = backends if i % 2 == 0 else tuple(reversed(backends))
         for backend in order:
-            run = run_impala(args.config, seed, args.target, args.timeout, backend)
+            run = run_impala(
+                args.config,
+                seed,
+                args.target,
+                args.duration + args.timeout,
+                backend,
+                stop_time_s=args.duration,
+            )
             runs.append(run)
             print(json.dumps(run), flush=True)
     load_after = os.getloadavg()
@@ -264,8 +293,9 @@ def backend_comparison(args: argparse.Namespace) -> None:
         "## CartPole: Ray pool vs local pool",
         "",
         f"`tools/bench_cartpole.py --backend={args.backend}` with "
-        f"`{os.path.relpath(args.config, ROOT)}`, target {args.target:g}, at most "
-        f"{args.timeout:g} s per run ({benchlib.machine_line()}). Load average (1 min) "
+        f"`{os.path.relpath(args.config, ROOT)}`, {args.duration:g} s of training per run "
+        f"(`--stop_time_s`; stopped earlier at return {args.target:g}) "
+        f"({benchlib.machine_line()}). Load average (1 min) "
         f"{load_before[0]:.1f} before, {load_after[0]:.1f} after, on {os.cpu_count()} cores.",
         "",
         "| seed | backend | reached | wall s (process start to result) | env steps | "

@@ -1,0 +1,71 @@
+"""Tests of the pure-logic parts of tools/bench_scaling.py and tools/bench_cartpole.py."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import pickle
+import sys
+
+import numpy as np
+import pytest
+
+_TOOLS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tools")
+
+
+def _load(name: str):
+    spec = importlib.util.spec_from_file_location(name, os.path.join(_TOOLS, f"{name}.py"))
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+bench_scaling = _load("bench_scaling")
+bench_cartpole = _load("bench_cartpole")
+
+
+def test_pickled_size_counts_out_of_band_buffers():
+    array = np.zeros((1000, 100), np.uint8)
+    size = bench_scaling.pickled_size({"obs": array})
+    assert array.nbytes <= size < array.nbytes + 1000
+    # The in-band pickle is the same size: protocol 5 only moves the bytes out of band.
+    assert abs(size - len(pickle.dumps({"obs": array}, protocol=5))) < 100
+
+
+def _actor(**overrides) -> dict:
+    actor = {
+        "env_steps_per_fragment": 800,
+        "steps_per_cpu_s": 2000.0,
+        "pickled_bytes": 1_600_000.0,
+        "decode_s": 0.01,
+    }
+    actor.update(overrides)
+    return actor
+
+
+def test_estimate_arithmetic():
+    est = bench_scaling.estimate(_actor(), learner_per_s=10_000.0, counts=(1, 10))
+    assert est["actors_at_learner_limit"] == pytest.approx(5.0)
+    assert est["bytes_per_env_step"] == pytest.approx(2000.0)
+    assert est["fragments_per_s_per_actor"] == pytest.approx(2.5)
+    assert est["traffic"][1] == pytest.approx(4e6)  # 2,000 steps/s x 2,000 bytes.
+    assert est["traffic"][10] == pytest.approx(4e7)
+    assert est["traffic_at_limit"] == pytest.approx(2e7)
+    assert est["driver_decode_fragments_per_s"] == pytest.approx(100.0)
+
+
+def test_estimate_follows_the_actor_rate():
+    slow = bench_scaling.estimate(_actor(steps_per_cpu_s=1000.0), learner_per_s=10_000.0)
+    assert slow["actors_at_learner_limit"] == pytest.approx(10.0)
+
+
+def test_cartpole_steady_rate_excludes_the_first_iteration():
+    results = [
+        {"time_total_s": 10.0, "timesteps_total": 1000},
+        {"time_total_s": 12.0, "timesteps_total": 5000},
+        {"time_total_s": 14.0, "timesteps_total": 9000},
+    ]
+    assert bench_cartpole.steady_rate(results) == pytest.approx(2000.0)
+    assert bench_cartpole.steady_rate(results[:1]) == pytest.approx(100.0)
+    assert bench_cartpole.steady_rate([]) == 0.0
