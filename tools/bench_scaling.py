@@ -11,8 +11,8 @@ Measured here, each part in a fresh process:
   give; on a shared machine the first is lower), and the size of one fragment as the actor sends
   it: the raw columns, frame-stack coded (what goes into the object store by default), coded and
   zlib-compressed (`compress_observations`), and the pickle (protocol 5) of the coded fragment,
-  which is what Ray serialises. Also the driver's cost to decode a fragment
-  (`sample_batch.decompress`) and the bytes of the policy weights.
+  which is what Ray serialises. Also the CPU time to encode a fragment (actor) and to decode it
+  (`sample_batch.decompress`, driver), and the bytes of the policy weights.
 * **learner** - `ImpalaLearner.train_step` samples/s at `train_batch_size` on this machine's
   CPU, all cores (`tools/bench_atari.py`'s learner case). No GPU here: the GPU figure is not
   measured.
@@ -85,10 +85,10 @@ def case_actor(path: str, seconds: float) -> dict:
     last = fragments[-1]
     tail = [f.batch for f in fragments[-5:]]
 
-    def timed(fn, items):
-        start = time.perf_counter()
+    def timed(fn, items):  # CPU seconds per item: a loaded machine stretches wall time.
+        start = time.process_time()
         out = [fn(x) for x in items]
-        return out, (time.perf_counter() - start) / len(items)
+        return out, (time.process_time() - start) / len(items)
 
     coded, encode_s = timed(lambda b: encode_observations(b, compress_observations=False), tail)
     zipped, encode_zlib_s = timed(
@@ -210,7 +210,7 @@ def report(args, actor, learner, learner_per_s, est, load_before, load_after) ->
         f"{_mb(actor['coded_bytes'])}, coded + zlib {_mb(actor['zlib_bytes'])}; pickled as Ray "
         f"sends it (coded, the default) **{_mb(actor['pickled_bytes'])}**, i.e. "
         f"{est['bytes_per_env_step']:,.0f} bytes per env step.",
-        f"- Per fragment: actor encode {actor['encode_s'] * 1e3:.1f} ms coded, "
+        f"- Per fragment, CPU time: actor encode {actor['encode_s'] * 1e3:.1f} ms coded, "
         f"{actor['encode_zlib_s'] * 1e3:.1f} ms coded + zlib; driver decode "
         f"(`sample_batch.decompress`) {actor['decode_s'] * 1e3:.1f} ms coded, "
         f"{actor['decode_zlib_s'] * 1e3:.1f} ms coded + zlib.",
@@ -236,9 +236,10 @@ def report(args, actor, learner, learner_per_s, est, load_before, load_after) ->
         "pulled to the head node: a 10 Gbit/s link (about 1,250 MB/s) carries "
         f"{1.25e9 / est['bytes_per_env_step']:,.0f} env steps/s, "
         f"{1.25e9 / est['bytes_per_env_step'] / est['actor_steps_per_s']:,.0f} actors' worth.",
-        f"- The driver's main thread decodes {est['driver_decode_fragments_per_s']:,.0f} "
-        f"fragments/s ({est['driver_decode_fragments_per_s'] * n:,.0f} env steps/s) if it does "
-        "nothing else; it also copies fragments out of the object store, batches them and "
+        f"- The driver's main thread, given a core, decodes "
+        f"{est['driver_decode_fragments_per_s']:,.0f} fragments/s "
+        f"({est['driver_decode_fragments_per_s'] * n:,.0f} env steps/s) if it does nothing "
+        "else; it also copies fragments out of the object store, batches them and "
         "broadcasts weights, so the real ceiling is lower. With `compress_observations` the "
         f"traffic shrinks {actor['coded_bytes'] / max(actor['zlib_bytes'], 1):.0f}x but the "
         f"driver decodes {1.0 / max(actor['decode_zlib_s'], 1e-12):,.0f} fragments/s.",
