@@ -193,6 +193,8 @@ def report(args, actor, learner, learner_per_s, est, load_before, load_after) ->
     name = os.path.relpath(os.path.abspath(args.config), ROOT)
     cores = os.cpu_count() or 1
     n = actor["env_steps_per_fragment"]
+    wall = min(est["driver_decode_fragments_per_s"] * n, 1.25e9 / est["bytes_per_env_step"])
+    through = (2 * actor["coded_bytes"] + actor["raw_bytes"]) / actor["coded_bytes"]
     lines = [
         f"## Where the Ray design stops scaling (Pong, `{name}`)",
         "",
@@ -243,10 +245,21 @@ def report(args, actor, learner, learner_per_s, est, load_before, load_after) ->
         "broadcasts weights, so the real ceiling is lower. With `compress_observations` the "
         f"traffic shrinks {actor['coded_bytes'] / max(actor['zlib_bytes'], 1):.0f}x but the "
         f"driver decodes {1.0 / max(actor['decode_zlib_s'], 1e-12):,.0f} fragments/s.",
+        "- Which wall comes first: the learner's ingest ("
+        f"{learner_per_s:,.0f} env steps/s on this CPU), the driver's decode "
+        f"({est['driver_decode_fragments_per_s'] * n:,.0f} env steps/s per core) or the head's "
+        f"10 Gbit/s link ({1.25e9 / est['bytes_per_env_step']:,.0f} env steps/s). A GPU learner "
+        "moves the first wall up to its own rate; the design stops scaling at whichever of the "
+        f"three is lowest, so past about {wall:,.0f} env steps/s ({wall * FRAME_SKIP:,.0f} "
+        "frames/s) a faster learner does not help. `num_aggregation_workers` takes the decode "
+        "off the driver's thread, but fragments still pass through the driver (in coded, out to "
+        "an aggregator, back decoded at the raw size), which multiplies its traffic per env "
+        f"step by about {through:.0f}.",
         "- Weights traffic: at most one broadcast per learner update "
         f"({learner_per_s / learner['batch']:,.1f} updates/s on this CPU), "
         f"{_mb(actor['weights_bytes'])} x nodes holding actors per broadcast, out of the head "
-        "node.",
+        "node (Ray may serve later nodes from earlier copies); it grows with the learner's "
+        "update rate, so a fast GPU learner with many nodes should raise `broadcast_interval`.",
     ]
     if max(load_before[0], load_after[0]) > cores / 2:
         lines += [
