@@ -368,6 +368,9 @@ class ImpalaConfig:
     observation_filter: str = _key("NoFilter", "env_runners")
     sample_timeout_s: float | None = _key(60.0, "env_runners")
     drop_nonfinite_episodes: bool = _key(False, "env_runners")
+    # Where the acting policy runs (impala_tf.inference): in each actor, or in the driver for all
+    # ("central", SEED RL style); "auto" picks central for TensorFlow policies on local actors.
+    inference: str = _key("auto", "env_runners")
 
     # training(): general
     gamma: float = _key(0.99, "training")
@@ -786,6 +789,11 @@ class ImpalaConfig:
                 f"got {self.observation_filter!r}."
             )
         self._check_number("sample_timeout_s", minimum=0.0, strict=True, optional=True)
+        if self.inference not in ("auto", "actor", "central"):
+            raise ValueError(
+                "`inference` must be 'auto', 'actor' (each actor runs the policy) or 'central' "
+                f"(the driver runs it for every actor), got {self.inference!r}."
+            )
         self._check_int("max_num_env_runner_restarts", minimum=0)
         self._check_int("seed", minimum=None, optional=True)
 
