@@ -26,7 +26,9 @@ setup(
         "tensorboard",
     ],
     extras_require={
-        "test": ["pytest", "pytest-xdist", "ruff", "matplotlib", "hypothesis"],
+        "test": ["pytest", "pytest-xdist", "ruff", "matplotlib", "hypothesis", "ray==2.60.0"],
+        # Actors and aggregation workers on Ray (`actor_backend: ray`).
+        "ray": ["ray==2.60.0"],
         "tools": ["matplotlib"],
         # Rendering classic-control envs and writing .mp4 videos in impala-evaluate.
         "video": ["gymnasium[classic-control]", "imageio[ffmpeg]"],

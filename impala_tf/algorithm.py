@@ -48,7 +48,7 @@ import numpy as np
 import tensorflow as tf
 
 from impala_tf import checkpoints, filters, pipeline, sequences
-from impala_tf.actors.aggregation import Aggregator, AggregatorPool
+from impala_tf.actors.aggregation import Aggregator, AggregatorPoolBase, make_aggregator_pool
 from impala_tf.actors.base import ActorFailure, ActorPool, ActorStateUnsupported
 from impala_tf.actors.env_runner import EnvRunner, Fragment, make_env
 from impala_tf.actors.local import LocalActorPool
@@ -161,14 +161,23 @@ def _derived_seed(seed: int | None, *keys: int) -> int | None:
     return int(np.random.SeedSequence(entropy).generate_state(1)[0])
 
 
+def _actor_pool_class(config: ImpalaConfig) -> type[ActorPool]:
+    """The `ActorPool` of `config.actor_backend`."""
+    if config.actor_backend == "ray":
+        from impala_tf.actors.ray_pool import RayActorPool
+
+        return RayActorPool
+    return LocalActorPool
+
+
 class Impala:
     """The IMPALA algorithm: actors sample asynchronously, a learner thread trains with V-trace.
 
     Args:
       config: A validated (or validatable) `ImpalaConfig` with `env` set.
       callbacks: Keras callbacks for the learner thread (called around each update).
-      actor_pool_cls: The `ActorPool` implementation; `LocalActorPool` (local processes) is the
-        embedded default.
+      actor_pool_cls: The `ActorPool` implementation; None picks it from `actor_backend`:
+        `LocalActorPool` (local processes, the default) or `RayActorPool` ("ray").
       deterministic: Sample and train in lockstep, for runs that a seed reproduces exactly and
         checkpoints that resume exactly (see the module docstring; `check_deterministic` lists
         what the config needs). Slower: actor and learner never overlap.
@@ -181,7 +190,7 @@ class Impala:
         self,
         config: ImpalaConfig,
         callbacks: list[keras.callbacks.Callback] | None = None,
-        actor_pool_cls: type[ActorPool] = LocalActorPool,
+        actor_pool_cls: type[ActorPool] | None = None,
         deterministic: bool = False,
         logdir: str | None = None,
     ):
@@ -207,6 +216,8 @@ class Impala:
         )
         try:
             # Actors import TensorFlow and build their envs while the learner is built here.
+            if actor_pool_cls is None:
+                actor_pool_cls = _actor_pool_class(config)
             self.pool = actor_pool_cls(config)
             _live_algorithms.add(self)
             with self.strategy.scope():
@@ -233,10 +244,10 @@ class Impala:
         # Decompression, mix-in replay and batch cutting: in aggregation worker processes when
         # `num_aggregation_workers` > 0, else here (the same `Aggregator`, in-process).
         self._local_aggregator = Aggregator(config, self._rows)
-        self.aggregators: AggregatorPool | None = None
+        self.aggregators: AggregatorPoolBase | None = None
         if config.num_aggregation_workers > 0:
             try:
-                self.aggregators = AggregatorPool(config, self._rows)
+                self.aggregators = make_aggregator_pool(config, self._rows)
             except BaseException:
                 self.stop()
                 raise

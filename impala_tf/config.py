@@ -89,6 +89,9 @@ MODEL_DEFAULTS: dict[str, Any] = {
 }
 
 _ACTIVATIONS = ("relu", "tanh", "elu", "swish", "linear")
+_ACTOR_BACKENDS = ("local", "ray")
+#: A Ray GCS address, HOST:PORT (a host name, IPv4 address or bracketed IPv6 address).
+_RAY_ADDRESS = re.compile(r"^(?:\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_.-]+):(?:[1-9][0-9]{0,4})$")
 _CUSTOM_MODELS = (None, "nature_cnn", "impala_resnet")
 _OPTIMIZERS = ("adam", "rmsprop")
 
@@ -101,6 +104,8 @@ _ALIASES: dict[str, str] = {
     "num_epochs": "num_sgd_iter",
     "num_data_loader_buffers": "num_multi_gpu_tower_stacks",
     "max_sample_requests_in_flight_per_worker": "max_requests_in_flight_per_env_runner",
+    "num_cpus_per_worker": "num_cpus_per_env_runner",
+    "custom_resources_per_worker": "custom_resources_per_env_runner",
     "ignore_worker_failures": "restart_failed_env_runners",
     "ignore_env_runner_failures": "restart_failed_env_runners",
     "recreate_failed_workers": "restart_failed_env_runners",
@@ -142,14 +147,10 @@ _IGNORED: dict[str, str] = {
     "num_learners": "there is one learner process; `num_gpus` sets its devices",
     "num_gpus_per_learner": "there is one learner process; `num_gpus` sets its devices",
     "num_cpus_per_learner": "there is no resource scheduler",
-    "num_cpus_per_worker": "there is no resource scheduler",
-    "num_cpus_per_env_runner": "there is no resource scheduler",
     "num_gpus_per_worker": "env runners always run on CPU",
     "num_gpus_per_env_runner": "env runners always run on CPU",
     "num_cpus_for_driver": "there is no resource scheduler",
     "num_cpus_for_main_process": "there is no resource scheduler",
-    "custom_resources_per_worker": "there is no resource scheduler",
-    "custom_resources_per_env_runner": "there is no resource scheduler",
     "placement_strategy": "there is no resource scheduler",
     "create_env_on_driver": "the driver never steps an environment",
     "callbacks": "use Keras callbacks on the algorithm instead",
@@ -222,6 +223,15 @@ def _key(default: Any, group: str) -> Any:
 def _suggest(key: str, candidates: Iterable[str]) -> str:
     matches = difflib.get_close_matches(key, list(candidates), n=1, cutoff=0.6)
     return f" Did you mean '{matches[0]}'?" if matches else ""
+
+
+def _module_available(name: str) -> bool:
+    """Whether `name` can be imported (without importing it)."""
+    if name in sys.modules:
+        return sys.modules[name] is not None
+    import importlib.util
+
+    return importlib.util.find_spec(name) is not None
 
 
 def _is_number(value: Any) -> bool:
@@ -369,8 +379,12 @@ class ImpalaConfig:
     sample_timeout_s: float | None = _key(60.0, "env_runners")
     drop_nonfinite_episodes: bool = _key(False, "env_runners")
     # Where the acting policy runs (impala_tf.inference): in each actor, or in the driver for all
-    # ("central", SEED RL style); "auto" picks central for TensorFlow policies on local actors.
+    # ("central", SEED RL style); "auto" picks central for TensorFlow policies on local actors
+    # and per-actor inference on Ray actors.
     inference: str = _key("auto", "env_runners")
+    # Ray resources of each actor (`actor_backend="ray"` only; see impala_tf.actors.ray_pool).
+    num_cpus_per_env_runner: float = _key(1, "env_runners")
+    custom_resources_per_env_runner: dict = _key({}, "env_runners")
 
     # training(): general
     gamma: float = _key(0.99, "training")
@@ -417,6 +431,11 @@ class ImpalaConfig:
     # resources()
     num_gpus: float = _key(1, "resources")
     _fake_gpus: bool = _key(False, "resources")
+    # Not RLlib keys: where the actors and aggregation workers run. "local": local processes
+    # (the default); "ray": Ray actors, on a Ray started here (`ray_address=None`) or on the
+    # running cluster at `ray_address` ("auto" or "HOST:PORT").
+    actor_backend: str = _key("local", "resources")
+    ray_address: str | None = _key(None, "resources")
 
     # debugging()
     seed: int | None = _key(None, "debugging")
@@ -875,6 +894,7 @@ class ImpalaConfig:
             )
         self._check_number("num_gpus", minimum=0.0)
         self._check_bool("_fake_gpus")
+        self._validate_backend()
         self._check_number("min_time_s_per_iteration", minimum=0.0, optional=True)
         self._check_int("min_sample_timesteps_per_iteration", minimum=0, optional=True)
         self._check_int("metrics_num_episodes_for_smoothing", minimum=1)
@@ -882,6 +902,55 @@ class ImpalaConfig:
         self._check_int("evaluation_duration", minimum=1)
         self._check_int("keep_checkpoints_num", minimum=1, optional=True)
         self._check_int("checkpoint_freq", minimum=0)
+
+    def _validate_backend(self) -> None:
+        if self.actor_backend not in _ACTOR_BACKENDS:
+            raise ValueError(
+                f"`actor_backend` must be one of {list(_ACTOR_BACKENDS)} (local processes, or "
+                f"Ray actors), got {self.actor_backend!r}."
+            )
+        if self.actor_backend == "ray" and self.inference == "central":
+            raise ValueError(
+                "`inference='central'` runs the policy in the driver for local actor processes; "
+                "with `actor_backend='ray'` each actor runs it: set `inference` to 'actor' or "
+                "'auto'."
+            )
+        address = self.ray_address
+        if address is not None and (
+            not isinstance(address, str)
+            or (address != "auto" and not _RAY_ADDRESS.match(address))
+            or (address != "auto" and int(address.rsplit(":", 1)[1]) > 65535)
+        ):
+            raise ValueError(
+                "`ray_address` must be None (start a local Ray), 'auto' (the cluster running on "
+                f"this machine) or 'HOST:PORT' (the head node's GCS address), got {address!r}."
+            )
+        self._check_number("num_cpus_per_env_runner", minimum=0.0)
+        resources = self.custom_resources_per_env_runner
+        if not isinstance(resources, Mapping) or not all(
+            isinstance(k, str) and _is_number(v) and math.isfinite(v) and v > 0
+            for k, v in resources.items()
+        ):
+            raise ValueError(
+                "`custom_resources_per_env_runner` must be a dict of Ray resource names to "
+                f"amounts > 0 (e.g. {{'node2': 1}}), got {resources!r}."
+            )
+        if self.actor_backend == "local":
+            unused = [k for k in ("ray_address",) if getattr(self, k) is not None]
+            if resources:
+                unused.append("custom_resources_per_env_runner")
+            if unused:
+                _warn(
+                    f"{', '.join(f'`{k}`' for k in unused)} only apply with "
+                    "`actor_backend='ray'`; ignored with local actor processes.",
+                    ConfigWarning,
+                )
+        elif not _module_available("ray"):
+            raise ValueError(
+                "`actor_backend='ray'` needs Ray, which is not installed here: run "
+                "`pip install -e '.[ray]'` (or `pip install ray==2.60.0`), or set "
+                "`actor_backend='local'`."
+            )
 
     def _validate_model(self) -> None:
         model = self.model
@@ -1011,7 +1080,8 @@ class ImpalaConfig:
         # Start the actors' fork server first, so that its TensorFlow import overlaps ours.
         from impala_tf.actors.local import prestart_fork_server
 
-        prestart_fork_server(self)
+        if self.actor_backend == "local":
+            prestart_fork_server(self)
         # Lazy: the algorithm pulls in TensorFlow, which config users should not pay for.
         from impala_tf.algorithm import Impala
 

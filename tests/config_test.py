@@ -308,8 +308,6 @@ def test_alias_and_new_name_with_different_values_conflict():
     [
         ("framework", "tf2"),
         ("_disable_execution_plan_api", True),
-        ("num_cpus_per_worker", 1),
-        ("num_cpus_per_env_runner", 1),
         ("num_gpus_per_worker", 0),
         ("num_cpus_for_driver", 1),
         ("eager_tracing", True),
@@ -338,13 +336,13 @@ def test_ignored_keys_accepted_by_any_builder():
         warnings.simplefilter("always")
         config = ImpalaConfig().framework("tf2", eager_tracing=True)
         config.api_stack(enable_rl_module_and_learner=False)
-        config.env_runners(num_cpus_per_env_runner=1)
+        config.env_runners(num_gpus_per_env_runner=0)
     named = [str(w.message).split("`")[1] for w in caught]
     assert named == [
         "framework",
         "eager_tracing",
         "enable_rl_module_and_learner",
-        "num_cpus_per_env_runner",
+        "num_gpus_per_env_runner",
     ]
     assert all(issubclass(w.category, ConfigWarning) for w in caught)
     assert config == ImpalaConfig()

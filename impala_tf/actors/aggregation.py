@@ -9,10 +9,16 @@ moves decompression, replay and concatenation out of the driver process, whose s
 serves the learner thread. A dead aggregator is restarted; fragments it held are lost (counted).
 
 Aggregators need numpy only: no TensorFlow is imported in them.
+
+`AggregatorPoolBase` is the driver's interface to a set of aggregation workers;
+`AggregatorPool` (local processes) and `impala_tf.actors.ray_aggregation.RayAggregatorPool`
+(Ray actors, `actor_backend="ray"`) implement it, both running the same `Aggregator`.
+`make_aggregator_pool` picks one from the config.
 """
 
 from __future__ import annotations
 
+import abc
 import contextlib
 import logging
 import multiprocessing as mp
@@ -28,7 +34,7 @@ from impala_tf.config import ImpalaConfig
 from impala_tf.replay import MixInReplayBuffer, replay_ratio_from_proportion
 from impala_tf.sample_batch import SampleBatch, decompress
 
-__all__ = ["AggregatorPool", "Aggregator"]
+__all__ = ["AggregatorPool", "AggregatorPoolBase", "Aggregator", "make_aggregator_pool"]
 
 logger = logging.getLogger(__name__)
 
@@ -101,7 +107,47 @@ class _Worker:
         self.in_flight_steps = 0
 
 
-class AggregatorPool:
+class AggregatorPoolBase(abc.ABC):
+    """`num_aggregation_workers` aggregation workers, each running an `Aggregator`."""
+
+    num_workers: int
+
+    @abc.abstractmethod
+    def healthy_ids(self) -> list[int]:
+        """The workers currently alive."""
+
+    @abc.abstractmethod
+    def submit(self, batch: SampleBatch, version: float) -> bool:
+        """Sends a fragment's batch to a random healthy worker; False if none is healthy."""
+
+    @abc.abstractmethod
+    def fetch_ready(self) -> tuple[list[tuple[SampleBatch, float]], list[tuple[int, str, int]]]:
+        """Returns the train batches ready now, and (index, error, lost env steps) of the
+        workers found dead, which are restarted."""
+
+    @abc.abstractmethod
+    def wait(self, timeout_s: float) -> None:
+        """Waits up to `timeout_s` for any worker to have output."""
+
+    @abc.abstractmethod
+    def pids(self) -> list[int]:
+        """Process ids of the live workers (for tests and monitoring)."""
+
+    @abc.abstractmethod
+    def stop(self) -> None:
+        """Ends every worker. Safe to call twice."""
+
+
+def make_aggregator_pool(config: ImpalaConfig, rows: int) -> AggregatorPoolBase:
+    """The aggregation workers of `config.actor_backend`: local processes or Ray actors."""
+    if config.actor_backend == "ray":
+        from impala_tf.actors.ray_aggregation import RayAggregatorPool
+
+        return RayAggregatorPool(config, rows)
+    return AggregatorPool(config, rows)
+
+
+class AggregatorPool(AggregatorPoolBase):
     """`num_aggregation_workers` local aggregation processes.
 
     Args:

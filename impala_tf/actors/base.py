@@ -1,8 +1,8 @@
 """The one interface through which the driver talks to its actors.
 
 Actors and the learner meet only through data: fragments come in (`fetch_ready`), weights go out
-(`broadcast_weights`). The embedded default, and today the only pool, is `LocalActorPool` (local
-processes); a pool on another engine (Ray) would implement the same methods.
+(`broadcast_weights`). Two pools implement it: `LocalActorPool` (local processes, the embedded
+default) and `RayActorPool` (Ray actors, `actor_backend="ray"`, `impala_tf.actors.ray_pool`).
 """
 
 from __future__ import annotations

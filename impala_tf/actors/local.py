@@ -173,10 +173,13 @@ def central_inference(config: ImpalaConfig, observation_space: Any, action_space
     "auto" picks central inference for policies that need TensorFlow (CNNs, LSTMs): batched over
     every actor in the driver they act faster than in each actor at a batch of
     `num_envs_per_env_runner` (BENCHMARKS.md), and the actors stay light. MLP policies act in
-    numpy in each actor, which costs microseconds per step.
+    numpy in each actor, which costs microseconds per step. Ray actors (`actor_backend: ray`)
+    always run the policy themselves.
     """
     from impala_tf.numpy_policy import supports
 
+    if config.actor_backend == "ray":
+        return False
     if config.inference == "auto":
         return not supports(observation_space, action_space, config.model)
     return config.inference == "central"

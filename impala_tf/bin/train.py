@@ -358,6 +358,8 @@ def _train() -> int:
         )
     except ActorMemoryError as e:  # The pool would not fit: refused before any actor started.
         raise TrainError(str(e)) from e
+    except ConnectionError as e:  # actor_backend=ray: no cluster at ray_address, or refused.
+        raise TrainError(f"{type(e).__name__}: {e}") from e
     try:
         if resume_from:
             algo.restore(resume_from)
