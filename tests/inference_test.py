@@ -167,3 +167,10 @@ def test_a_central_pool_samples_versions_restarts_and_keeps_tensorflow_out_of_ac
     finally:
         pool.stop()
     assert not pool.inference_server._thread.is_alive()
+
+
+def test_ray_actors_run_the_policy_themselves():
+    ray_config = _image_config(actor_backend="ray")
+    assert not central_inference(ray_config, IMAGE, ACTIONS)  # "auto" on Ray: per actor.
+    with pytest.raises(ValueError, match="inference='central'.*actor_backend='ray'"):
+        _image_config(actor_backend="ray", inference="central").validate()
