@@ -378,6 +378,10 @@ class ImpalaConfig:
     observation_filter: str = _key("NoFilter", "env_runners")
     sample_timeout_s: float | None = _key(60.0, "env_runners")
     drop_nonfinite_episodes: bool = _key(False, "env_runners")
+    # Where the acting policy runs (impala_tf.inference): in each actor, or in the driver for all
+    # ("central", SEED RL style); "auto" picks central for TensorFlow policies on local actors
+    # and per-actor inference on Ray actors.
+    inference: str = _key("auto", "env_runners")
     # Ray resources of each actor (`actor_backend="ray"` only; see impala_tf.actors.ray_pool).
     num_cpus_per_env_runner: float = _key(1, "env_runners")
     custom_resources_per_env_runner: dict = _key({}, "env_runners")
@@ -804,6 +808,11 @@ class ImpalaConfig:
                 f"got {self.observation_filter!r}."
             )
         self._check_number("sample_timeout_s", minimum=0.0, strict=True, optional=True)
+        if self.inference not in ("auto", "actor", "central"):
+            raise ValueError(
+                "`inference` must be 'auto', 'actor' (each actor runs the policy) or 'central' "
+                f"(the driver runs it for every actor), got {self.inference!r}."
+            )
         self._check_int("max_num_env_runner_restarts", minimum=0)
         self._check_int("seed", minimum=None, optional=True)
 
@@ -899,6 +908,12 @@ class ImpalaConfig:
             raise ValueError(
                 f"`actor_backend` must be one of {list(_ACTOR_BACKENDS)} (local processes, or "
                 f"Ray actors), got {self.actor_backend!r}."
+            )
+        if self.actor_backend == "ray" and self.inference == "central":
+            raise ValueError(
+                "`inference='central'` runs the policy in the driver for local actor processes; "
+                "with `actor_backend='ray'` each actor runs it: set `inference` to 'actor' or "
+                "'auto'."
             )
         address = self.ray_address
         if address is not None and (

@@ -22,6 +22,7 @@ import math
 import gymnasium as gym
 import numpy as np
 
+from impala_tf.action_sampler import SUPPORTED_ACTION_SPACES, ActionSampler
 from impala_tf.policy_step import PolicyStep
 
 __all__ = ["NumpyPolicy", "make_policy", "supports"]
@@ -41,7 +42,6 @@ _OBS_SPACES = (
     gym.spaces.MultiDiscrete,
     gym.spaces.MultiBinary,
 )
-_ACTION_SPACES = (gym.spaces.Discrete, gym.spaces.MultiDiscrete, gym.spaces.Box)
 
 
 def _model_value(model_config: dict | None, key: str, default):
@@ -53,7 +53,7 @@ def supports(
 ) -> bool:
     """True when the model for these spaces and RLlib model keys is a feed-forward MLP."""
     if not isinstance(observation_space, _OBS_SPACES) or not isinstance(
-        action_space, _ACTION_SPACES
+        action_space, SUPPORTED_ACTION_SPACES
     ):
         return False
     if isinstance(observation_space, gym.spaces.Box) and len(observation_space.shape) == 3:
@@ -98,15 +98,12 @@ class NumpyPolicy:
         self.observation_space = observation_space
         self.action_space = action_space
         self.explore = explore
-        self._rng = np.random.default_rng(seed)
+        self.sampler = ActionSampler(action_space, explore, seed)
         self._hiddens = [int(h) for h in _model_value(model_config, "fcnet_hiddens", [256, 256])]
         self._act = _ACTIVATIONS[_model_value(model_config, "fcnet_activation", "tanh")]
         self._shared = bool(_model_value(model_config, "vf_share_layers", False))
         self._free_log_std = bool(_model_value(model_config, "free_log_std", False))
         self._weights: list[np.ndarray] | None = None
-        if isinstance(action_space, gym.spaces.MultiDiscrete):
-            self._nvec = [int(n) for n in action_space.nvec]
-            self._offsets = np.cumsum([0, *self._nvec])
         if isinstance(observation_space, gym.spaces.MultiDiscrete):
             self._obs_nvec = [int(n) for n in np.asarray(observation_space.nvec).reshape(-1)]
 
@@ -136,15 +133,15 @@ class NumpyPolicy:
 
     def get_rng_state(self) -> dict:
         """The action sampler's state (a plain dict), for checkpoints."""
-        return self._rng.bit_generator.state
+        return self.sampler.get_state()
 
     def set_rng_state(self, state: dict) -> None:
         """Continues the action sampler from a `get_rng_state()` value."""
-        self._rng.bit_generator.state = state
+        self.sampler.set_state(state)
 
     def reseed(self, seed: int | None) -> None:
         """Restarts the action sampler as if built with `seed`."""
-        self._rng = np.random.default_rng(seed)
+        self.sampler.reseed(seed)
 
     # Forward ----------------------------------------------------------------------------------
 
@@ -186,49 +183,10 @@ class NumpyPolicy:
 
     # Acting -----------------------------------------------------------------------------------
 
-    @staticmethod
-    def _log_softmax(logits: np.ndarray) -> np.ndarray:
-        z = logits - logits.max(axis=-1, keepdims=True)
-        return z - np.log(np.exp(z).sum(axis=-1, keepdims=True))
-
-    def _categorical(self, logits: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        logp_all = self._log_softmax(logits)
-        if self.explore:  # Gumbel-max sampling
-            gumbel = -np.log(-np.log(self._rng.uniform(1e-12, 1.0, logits.shape)))
-            actions = np.argmax(logp_all + gumbel, axis=-1)
-        else:
-            actions = np.argmax(logp_all, axis=-1)
-        return actions, np.take_along_axis(logp_all, actions[:, None], axis=-1)[:, 0]
-
-    def distribution_step(self, logits: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Samples (or takes the mode of) actions from logits; returns (actions, logp)."""
-        space = self.action_space
-        if isinstance(space, gym.spaces.Discrete):
-            actions, logp = self._categorical(logits)
-            return actions + int(space.start), logp.astype(np.float32)
-        if isinstance(space, gym.spaces.MultiDiscrete):
-            parts = [
-                self._categorical(logits[:, a:b])
-                for a, b in zip(self._offsets[:-1], self._offsets[1:])
-            ]
-            actions = np.stack([p[0] for p in parts], axis=-1)
-            return actions, np.sum([p[1] for p in parts], axis=0).astype(np.float32)
-        mean, log_std = np.split(logits, 2, axis=-1)
-        noise = (
-            self._rng.standard_normal(mean.shape).astype(np.float32)
-            if self.explore
-            else np.zeros_like(mean)
-        )
-        actions = mean + np.exp(log_std) * noise
-        # From the noise itself: (actions - mean) / std would cancel catastrophically.
-        logp = -0.5 * np.sum(noise**2 + 2.0 * log_std + np.log(2.0 * np.pi), axis=-1)
-        shape = (actions.shape[0], *space.shape)
-        return actions.reshape(shape).astype(np.float32), logp.astype(np.float32)
-
     def step(self, obs: np.ndarray, state: tuple = ()) -> PolicyStep:
         """Acts on a batch of observations [B, ...] (no recurrent state)."""
         logits, values = self.forward(obs)
-        actions, logp = self.distribution_step(logits)
+        actions, logp = self.sampler(logits)
         return PolicyStep(actions=actions, logits=logits, logp=logp, values=values, state=())
 
 

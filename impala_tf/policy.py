@@ -1,9 +1,11 @@
 """`ActorPolicy`: the acting side of the policy, as used by actors and by evaluation.
 
 It wraps an `impala_tf.models.ActorCritic` with one compiled `tf.function` that, for a batch of
-observations [B, ...], returns the actions, the behaviour logits (RLlib's `action_dist_inputs`),
-their log-probabilities (`action_logp`), the values (`vf_preds`) and the next recurrent state.
-Sampling is stateless and seeded, so an actor with a fixed seed acts reproducibly.
+observations [B, ...], returns the behaviour logits (RLlib's `action_dist_inputs`), the values
+(`vf_preds`) and the next recurrent state; `impala_tf.action_sampler.ActionSampler` then draws the
+actions and their log-probabilities (`action_logp`) in numpy, seeded, as every acting policy
+does, so an actor with a fixed seed acts reproducibly and takes the same actions whether it runs
+the model itself or the driver runs it for it (central inference, `impala_tf.inference`).
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ import gymnasium as gym
 import numpy as np
 import tensorflow as tf
 
-from impala_tf import distributions
+from impala_tf.action_sampler import ActionSampler
 from impala_tf.models import build_model
 from impala_tf.policy_step import PolicyStep
 
@@ -43,9 +45,8 @@ class ActorPolicy:
         self.action_space = action_space
         self.explore = explore
         self.model = build_model(observation_space, action_space, model_config)
-        self._seed = int(np.random.SeedSequence(seed).generate_state(1)[0] % (2**31 - 1))
-        self._calls = 0
-        self._step = tf.function(self._step_fn, reduce_retracing=True, autograph=False)
+        self.sampler = ActionSampler(action_space, explore, seed)
+        self._forward = tf.function(self.model.step, reduce_retracing=True, autograph=False)
 
     @property
     def is_recurrent(self) -> bool:
@@ -55,37 +56,31 @@ class ActorPolicy:
         """The zero recurrent state for `batch_size` envs, as numpy arrays (() if none)."""
         return tuple(s.numpy() for s in self.model.initial_state(batch_size))
 
-    def _step_fn(self, obs, state, seed):
-        logits, values, new_state = self.model.step(obs, state)
-        dist = distributions.make_distribution(self.action_space, logits)
-        actions = dist.sample(seed=seed) if self.explore else dist.mode()
-        return actions, logits, dist.log_prob(actions), values, new_state
+    def forward(self, obs: np.ndarray, state: tuple = ()) -> tuple:
+        """Returns (logits float32 [B, L], values float32 [B], next state) as numpy arrays."""
+        logits, values, new_state = self._forward(obs, tuple(state))
+        return logits.numpy(), values.numpy(), tuple(s.numpy() for s in new_state)
 
     def step(self, obs: np.ndarray, state: tuple = ()) -> PolicyStep:
         """Acts on a batch of observations [B, ...] with recurrent state `state`."""
-        self._calls += 1
-        seed = tf.constant([self._seed, self._calls], tf.int32)
-        actions, logits, logp, values, new_state = self._step(obs, tuple(state), seed)
-        return PolicyStep(
-            actions=actions.numpy(),
-            logits=logits.numpy(),
-            logp=logp.numpy(),
-            values=values.numpy(),
-            state=tuple(s.numpy() for s in new_state),
-        )
+        logits, values, new_state = self.forward(obs, state)
+        actions, logp = self.sampler(logits)
+        return PolicyStep(actions, logits, logp, values, new_state)
 
     def get_rng_state(self) -> dict:
-        """The action sampler's state (seed and call count), for checkpoints."""
-        return {"seed": self._seed, "calls": self._calls}
+        """The action sampler's state, for checkpoints."""
+        return self.sampler.get_state()
 
     def set_rng_state(self, state: dict) -> None:
         """Continues the action sampler from a `get_rng_state()` value."""
-        self._seed, self._calls = int(state["seed"]), int(state["calls"])
+        if "calls" in state:  # Checkpoints from before numpy sampling: start over from the seed.
+            self.sampler.reseed(int(state["seed"]))
+        else:
+            self.sampler.set_state(state)
 
     def reseed(self, seed: int | None) -> None:
         """Restarts the action sampler as if built with `seed`."""
-        self._seed = int(np.random.SeedSequence(seed).generate_state(1)[0] % (2**31 - 1))
-        self._calls = 0
+        self.sampler.reseed(seed)
 
     def get_weights(self) -> list[np.ndarray]:
         return self.model.get_weights()

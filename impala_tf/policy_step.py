@@ -18,6 +18,8 @@ class PolicyStep(NamedTuple):
       logp: float32 [B], log mu(a|x) of the actions.
       values: float32 [B], V(x) of the behaviour value function.
       state: tuple of [B, ...] arrays, the recurrent state after this step (() if none).
+      version: `num_grad_updates` of the weights that computed the step when the policy knows
+        it (central inference); None means the version of the weights the actor last loaded.
     """
 
     actions: np.ndarray
@@ -25,3 +27,4 @@ class PolicyStep(NamedTuple):
     logp: np.ndarray
     values: np.ndarray
     state: tuple
+    version: int | None = None

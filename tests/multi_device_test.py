@@ -123,7 +123,7 @@ def test_loader_holds_at_most_the_tower_stacks(stacks):
         assert thread.load_timer.count == stacks
         gate.release.set()
         for _ in range(6):
-            thread.outqueue.get(timeout=30)
+            thread.outqueue.get(timeout=120)
     finally:
         gate.release.set()
         thread.stop()
@@ -139,7 +139,7 @@ def test_timers_measure_loading_and_waiting():
             time.sleep(0.01)
         time.sleep(2.0)  # the loader and the learner wait for data meanwhile
         thread.inqueue.put(TrainBatch(_batch(0)))
-        thread.outqueue.get(timeout=30)
+        thread.outqueue.get(timeout=120)
     finally:
         thread.stop()
     metrics = thread.add_learner_metrics({})["info"]["timing_breakdown"]
@@ -167,7 +167,7 @@ def test_a_malformed_batch_ends_the_thread_with_an_error_naming_the_column(corru
         corrupt(bad)
         thread.inqueue.put(TrainBatch(good))
         thread.inqueue.put(TrainBatch(SampleBatch(bad)))
-        thread.outqueue.get(timeout=30)  # the good batch trains
+        thread.outqueue.get(timeout=120)  # the good batch trains
         thread.join(30)
         assert not thread.is_alive(), "a failed loader must end the thread, not hang it"
     finally:

@@ -38,6 +38,12 @@ Ratios printed: trained / min(env rate, learner bound) (the issue's target is >=
 rate used is the best of the (a) rows) and trained vs RLlib: (f) when it ran, else the 384 env
 steps/s sampled PLATFORM.md records for RLlib on this machine (said so in the output).
 
+`--compare_inference SECONDS` runs only the train case, with `inference: actor` (each actor runs
+the model at a batch of its envs) and `inference: central` (the driver's server batches every
+actor's step, `impala_tf.inference`) alternately for `--rounds` rounds of SECONDS each, and prints
+the medians and the ratio (section "bench_atari_inference" of BENCHMARKS.md). `inference: auto`
+picks central for CNN policies because of this comparison.
+
 `--profile` runs the driver under cProfile and prints its top functions by own time and by
 cumulative time. cProfile sees the driver's main thread only: the learner thread and the actor
 processes are not in it.
@@ -521,6 +527,62 @@ def run_train(path: str, seconds: float, profile: bool, top: int, backend: str =
     return out
 
 
+def _with_key(path: str, key: str, value) -> str:
+    """A copy of the tuned-example YAML at `path` with `config.<key>` set; returns its path."""
+    import yaml
+
+    with open(path, encoding="utf-8") as f:
+        doc = yaml.safe_load(f)
+    (spec,) = doc.values()
+    spec.setdefault("config", {})[key] = value
+    fd, out = tempfile.mkstemp(prefix="bench-atari-", suffix=".yaml")
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        yaml.safe_dump(doc, f)
+    return out
+
+
+def compare_inference(path: str, seconds: float, rounds: int) -> str:
+    """impala-train with per-actor and central inference, alternately; markdown of the medians."""
+    load_before = os.getloadavg()
+    modes = ("actor", "central")
+    runs: dict[str, list[dict]] = {m: [] for m in modes}
+    for r in range(rounds):
+        for mode in modes if r % 2 == 0 else modes[::-1]:
+            out = run_train(_with_key(path, "inference", mode), seconds, False, 0)
+            print(json.dumps({mode: {k: out[k] for k in ("trained_per_s", "sampled_per_s")}}))
+            runs[mode].append(out)
+    load_after = os.getloadavg()
+    med = {
+        m: {
+            k: statistics.median(x[k] for x in runs[m])
+            for k in ("trained_per_s", "sampled_per_s", "peak_pss_mb")
+        }
+        for m in modes
+    }
+    cores = os.cpu_count() or 1
+    name = os.path.relpath(path, ROOT)
+    lines = [
+        f"## Atari: per-actor vs central inference, `{name}`",
+        "",
+        f"Machine: {benchlib.machine_line()}. Load average (1 min) {load_before[0]:.1f} before, "
+        f"{load_after[0]:.1f} after, on {cores} cores. {rounds} alternating rounds of "
+        f"{seconds:.0f} s of training per mode; medians.",
+        "",
+        "| inference | env steps/s trained | env steps/s sampled | peak PSS (MiB) |",
+        "|---|---:|---:|---:|",
+    ]
+    for m in modes:
+        lines.append(
+            f"| {m} | {med[m]['trained_per_s']:,.0f} | {med[m]['sampled_per_s']:,.0f} | "
+            f"{med[m]['peak_pss_mb']:,.0f} |"
+        )
+    ratio = med["central"]["trained_per_s"] / max(med["actor"]["trained_per_s"], 1e-9)
+    lines += ["", f"Central / per-actor, env steps/s trained: **{ratio:.2f}x**."]
+    if max(load_before[0], load_after[0]) > cores / 2:
+        lines += ["", "**Measured under load (other jobs running): the ratio is indicative.**"]
+    return "\n".join(lines)
+
+
 def throughput(results: list[dict]) -> dict:
     """Env steps/s sampled and trained between the first and the last result (start-up excluded).
 
@@ -604,8 +666,16 @@ def main() -> None:
     )
     parser.add_argument("--rounds", type=int, default=1, help="training runs per backend")
     parser.add_argument("--no-write", action="store_true", help="do not update BENCHMARKS.md")
+    parser.add_argument("--compare_inference", type=float, default=None, metavar="SECONDS")
+    parser.add_argument("--rounds", type=int, default=2, help="rounds of --compare_inference")
     parser.add_argument("--case", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.compare_inference:
+        text = compare_inference(os.path.abspath(args.config), args.compare_inference, args.rounds)
+        print(text)
+        if not args.no_write:
+            benchlib.write_section("bench_atari_inference", text)
+        return
     if args.case:
         case = json.loads(args.case)
         name = case.pop("name")

@@ -199,6 +199,9 @@ class EnvRunner:
         seen (actors); False applies it unchanged (evaluation).
       progress: Where the runner is (step, env index, phase), shared with the driver so that
         a hang can be reported with its place (`impala_tf.envs.faults.StepProgress`).
+      remote: With central inference (`impala_tf.inference`): this actor's pipe to the driver's
+        inference server and the per-env shapes of the model's recurrent state. The runner then
+        acts through a `RemotePolicy` and never imports TensorFlow.
     """
 
     def __init__(
@@ -208,6 +211,7 @@ class EnvRunner:
         explore: bool | None = None,
         update_filter: bool = True,
         progress: StepProgress | None = None,
+        remote: tuple[Any, list[tuple[int, ...]]] | None = None,
     ):
         self.config = config
         self.worker_index = worker_index
@@ -226,9 +230,15 @@ class EnvRunner:
         self.action_space = self.env_batch.action_space
         explore = config.explore if explore is None else explore
         seed = env_seed(config.seed, worker_index, 0)
-        self.policy = make_policy(
-            self.observation_space, self.action_space, config.model, explore=explore, seed=seed
-        )
+        if remote is not None:
+            from impala_tf.inference import RemotePolicy
+
+            conn, state_shapes = remote
+            self.policy = RemotePolicy(conn, self.action_space, state_shapes, explore, seed)
+        else:
+            self.policy = make_policy(
+                self.observation_space, self.action_space, config.model, explore=explore, seed=seed
+            )
         self.policy_version = 0
         self.obs_filter = get_filter(config.observation_filter, self.observation_space.shape)
         self._update_filter = bool(update_filter)
@@ -272,16 +282,18 @@ class EnvRunner:
 
     def set_weights(
         self,
-        weights: list[np.ndarray],
+        weights: list[np.ndarray] | None,
         policy_version: int = 0,
         obs_filter: Filter | None = None,
     ) -> None:
         """Loads new policy weights; `policy_version` is the learner's `num_grad_updates`.
 
+        `weights` is None with central inference (the driver's server holds them).
         `obs_filter`, when given, is the driver's merged observation filter: this runner's
         filter is synced to it (RLlib's `sync_filters`).
         """
-        self.policy.set_weights(weights)
+        if weights is not None:
+            self.policy.set_weights(weights)
         self.policy_version = int(policy_version)
         if obs_filter is not None:
             self.obs_filter.sync(obs_filter)
@@ -297,10 +309,9 @@ class EnvRunner:
             if not self._obs_filtered:
                 self._obs, self._obs_filtered = self._filter(self._obs), True
             self._next = self.policy.step(self._obs, self._state)
-            self._next_version = self.policy_version
+            self._next_version = self._version_of(self._next)
         first = self._next
-        version_buf = np.full((horizon, n), self.policy_version, np.int64)
-        version_buf[0] = self._next_version
+        version_buf = np.empty((horizon, n), np.int64)
         obs_buf = np.empty((horizon, n, *self._obs.shape[1:]), self._obs.dtype)
         act_buf = np.empty((horizon, n, *first.actions.shape[1:]), first.actions.dtype)
         logits_buf = np.empty((horizon, n, first.logits.shape[-1]), np.float32)
@@ -321,6 +332,7 @@ class EnvRunner:
             if t % seq_len == 0:
                 starts.append(self._state)
             step = self._next
+            version_buf[t] = self._next_version
             obs_buf[t] = self._obs
             act_buf[t] = step.actions
             logits_buf[t] = step.logits
@@ -360,7 +372,7 @@ class EnvRunner:
                 state = tuple(np.where(dones[:, None], 0.0, s).astype(s.dtype) for s in state)
             self._obs, self._state = next_obs, state
             self._next = self.policy.step(next_obs, state)
-            self._next_version = self.policy_version
+            self._next_version = self._version_of(self._next)
             vb_buf[t] = np.where(term_buf[t], 0.0, self._next.values)
             if final_obs:
                 vb_buf[t, rows] = final.values
@@ -395,12 +407,17 @@ class EnvRunner:
             batch=SampleBatch(columns),
             episode_returns=returns,
             episode_lengths=lengths,
-            policy_version=self.policy_version,
+            policy_version=max(self.policy_version, int(version_buf.max())),
             actor_id=self.worker_index - 1,
             sample_time_s=time.perf_counter() - start,
             filter_delta=self._flush_filter(),
             num_nonfinite_episodes_dropped=num_dropped,
         )
+
+    def _version_of(self, step) -> int:
+        """The weights' version that computed `step` (the server's, with central inference)."""
+        version = getattr(step, "version", None)  # Steps pickled before versions: None.
+        return self.policy_version if version is None else int(version)
 
     def _flush_filter(self) -> Filter | None:
         """The filter's changes since the last fragment (for the driver); resets its buffer."""

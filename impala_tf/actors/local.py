@@ -6,8 +6,13 @@ driver, and the actor sends fragments back through its own pipe; the driver wait
 and process sentinels at once, so a dead actor is noticed immediately (its pipe closes). Actors
 pack observations before sending (`impala_tf.frames.encode_observations`).
 
+With central inference (`inference`, see `impala_tf.inference`) the pool also runs the driver's
+`InferenceServer`: each actor gets a second, duplex pipe to it, weight broadcasts load the
+server once (actors get only the version and the filter), and the actors never import
+TensorFlow.
+
 Processes are forked from a fork server that has imported what the actors need (TensorFlow
-only for non-MLP policies, and never run it), or spawned where there is no fork server:
+only for per-actor inference of non-MLP policies, and never run it), or spawned where there is no fork server:
 TensorFlow is not fork-safe once it has run. An actor whose parent disappears exits by itself
 within about a second.
 
@@ -58,13 +63,16 @@ def _actor_main(
     weights: list[np.ndarray] | None,
     policy_version: int,
     progress: Any = None,
+    remote: Any = None,
 ) -> None:
     """The body of one actor process: sample one fragment per credit, apply weights, stop."""
     parent = mp.parent_process()
     try:
         from impala_tf.actors.env_runner import EnvRunner
 
-        runner = EnvRunner(config, worker_index=actor_id + 1, progress=StepProgress(progress))
+        runner = EnvRunner(
+            config, worker_index=actor_id + 1, progress=StepProgress(progress), remote=remote
+        )
         if weights is not None:
             runner.set_weights(weights, policy_version)
         credits = 0
@@ -107,7 +115,7 @@ def _actor_main(
             )
             results.send(("fragment", fragment))
             credits -= 1
-    except (KeyboardInterrupt, BrokenPipeError):
+    except (KeyboardInterrupt, BrokenPipeError, EOFError):  # EOF: the inference server left.
         return
     except BaseException as e:  # noqa: BLE001 - reported to the driver, which decides.
         kind = "fatal" if getattr(e, "fatal", False) else "error"
@@ -148,24 +156,51 @@ def _actor_environment():
                 os.environ[key] = value
 
 
-def _policy_kind(config: ImpalaConfig) -> tuple[bool, Any]:
-    """(whether actors act in numpy, the env's observation space), from one env built here."""
+def _spaces(config: ImpalaConfig) -> tuple[Any, Any]:
+    """The env's (observation space, action space), from one env built here."""
     from impala_tf.actors.env_runner import make_env
-    from impala_tf.numpy_policy import supports
 
     env = make_env(config, 0, 0)
     try:
-        numpy_only = supports(env.observation_space, env.action_space, config.model)
-        return numpy_only, env.observation_space
+        return env.observation_space, env.action_space
     finally:
         env.close()
 
 
+def central_inference(config: ImpalaConfig, observation_space: Any, action_space: Any) -> bool:
+    """Whether the driver runs the policy for the actors (`inference`, `impala_tf.inference`).
+
+    "auto" picks central inference for policies that need TensorFlow (CNNs, LSTMs): batched over
+    every actor in the driver they act faster than in each actor at a batch of
+    `num_envs_per_env_runner` (BENCHMARKS.md), and the actors stay light. MLP policies act in
+    numpy in each actor, which costs microseconds per step. Ray actors (`actor_backend: ray`)
+    always run the policy themselves.
+    """
+    from impala_tf.numpy_policy import supports
+
+    if config.actor_backend == "ray":
+        return False
+    if config.inference == "auto":
+        return not supports(observation_space, action_space, config.model)
+    return config.inference == "central"
+
+
+def _tensorflow_free(config: ImpalaConfig) -> tuple[bool, bool, Any, Any]:
+    """(whether actors act without TensorFlow, whether inference is central, the spaces)."""
+    from impala_tf.numpy_policy import supports
+
+    observation_space, action_space = _spaces(config)
+    central = central_inference(config, observation_space, action_space)
+    light = central or supports(observation_space, action_space, config.model)
+    return light, central, observation_space, action_space
+
+
 def _preload(config: ImpalaConfig) -> list[str]:
-    """Modules the fork server imports once for every actor: TensorFlow only if the policy
-    needs it (MLP policies act in numpy, see `impala_tf.numpy_policy`), imported quietly."""
-    numpy_only, _ = _policy_kind(config)
-    if numpy_only:
+    """Modules the fork server imports once for every actor: TensorFlow only if the actors run
+    it (MLP policies act in numpy, see `impala_tf.numpy_policy`; central inference runs it in
+    the driver), imported quietly."""
+    light, _, _, _ = _tensorflow_free(config)
+    if light:
         return ["impala_tf.actors.env_runner"]
     return ["impala_tf.actors._quiet_tf", "impala_tf.policy"]
 
@@ -221,8 +256,8 @@ class LocalActorPool(ActorPool):
         policy_version: int = 0,
         start_method: str | None = None,
     ):
-        numpy_only, observation_space = _policy_kind(config)
-        check_actor_memory(config, observation_space, numpy_policy=numpy_only)
+        light, central, observation_space, action_space = _tensorflow_free(config)
+        check_actor_memory(config, observation_space, numpy_policy=light)
         if start_method is None:
             methods = mp.get_all_start_methods()
             start_method = "forkserver" if "forkserver" in methods else "spawn"
@@ -240,6 +275,14 @@ class LocalActorPool(ActorPool):
         self._states: dict[int, dict] = {}
         # A script building at module level without a main guard must not re-run in children.
         self._unguarded_main = main_guard.unguarded_main_call()
+        self.inference_server = None
+        if central:
+            from impala_tf.inference import InferenceServer
+
+            self.inference_server = InferenceServer(observation_space, action_space, config.model)
+            if weights is not None:
+                self.inference_server.set_weights(weights, policy_version)
+            weights = None  # The actors hold none.
         for i in range(self.num_actors):
             self._start(i, weights, policy_version)
 
@@ -248,15 +291,21 @@ class LocalActorPool(ActorPool):
         commands = CommandQueue(self._ctx)
         progress = self._ctx.RawArray("q", 3)
         config = main_guard.by_value(self.config) if self._unguarded_main else self.config
+        server, remote = self.inference_server, None
+        if server is not None:
+            remote = (server.attach(actor_id), server.state_shapes)
+            weights = None
         process = self._ctx.Process(
             target=_actor_main,
-            args=(actor_id, config, send_end, commands, weights, policy_version, progress),
+            args=(actor_id, config, send_end, commands, weights, policy_version, progress, remote),
             name=f"impala-actor-{actor_id}",
             daemon=True,
         )
         with _actor_environment(), main_guard.without_main_preparation(self._unguarded_main):
             process.start()
         send_end.close()
+        if remote is not None:
+            remote[0].close()  # The actor's end: the server sees EOF when the actor dies.
         self._actors[actor_id] = _Actor(process, recv_end, commands, progress)
 
     def request_samples(self, actor_ids: list[int], count: int = 1) -> None:
@@ -353,6 +402,9 @@ class LocalActorPool(ActorPool):
         actor_ids: list[int],
         obs_filter: Filter | None = None,
     ) -> None:
+        if self.inference_server is not None:
+            self.inference_server.set_weights(weights, policy_version)
+            weights = None  # The actors get only the version and the filter.
         for i in actor_ids:
             actor = self._actors[i]
             if actor.healthy:
@@ -362,6 +414,8 @@ class LocalActorPool(ActorPool):
         old = self._actors.get(actor_id)
         if old is not None:
             self._terminate(old)
+        if self.inference_server is not None and weights is not None:
+            self.inference_server.set_weights(weights, policy_version)
         self._start(actor_id, weights, policy_version)
 
     def healthy_actor_ids(self) -> list[int]:
@@ -389,3 +443,5 @@ class LocalActorPool(ActorPool):
             actor.process.join(_STOP_GRACE_S)
             with contextlib.suppress(ValueError, OSError):
                 self._terminate(actor)
+        if self.inference_server is not None:
+            self.inference_server.stop()

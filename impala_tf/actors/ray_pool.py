@@ -41,7 +41,7 @@ import numpy as np
 from impala_tf.actors import ray_session
 from impala_tf.actors.base import ActorFailure, ActorPool
 from impala_tf.actors.env_runner import Fragment
-from impala_tf.actors.local import _ACTOR_ENV, _ACTOR_TF_LOG_LEVEL, _policy_kind
+from impala_tf.actors.local import _ACTOR_ENV, _ACTOR_TF_LOG_LEVEL, _tensorflow_free
 from impala_tf.config import ImpalaConfig
 from impala_tf.envs.faults import env_name
 from impala_tf.filters import Filter
@@ -162,10 +162,10 @@ class RayActorPool(ActorPool):
         weights: list[np.ndarray] | None = None,
         policy_version: int = 0,
     ):
-        numpy_only, _ = _policy_kind(config)
+        light, _, _, _ = _tensorflow_free(config)  # Ray actors always run the policy themselves.
         self.config = config
         self.num_actors = max(1, int(config.num_env_runners))
-        self._needs_tensorflow = not numpy_only
+        self._needs_tensorflow = not light
         self._ray = ray_session.acquire(config)
         self._stopped = False
         self._actors: dict[int, _Actor] = {}
