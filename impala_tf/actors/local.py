@@ -21,6 +21,7 @@ non-finite data) are reported as fatal.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import multiprocessing as mp
 import os
@@ -64,6 +65,8 @@ def _actor_main(
     try:
         from impala_tf.actors.env_runner import EnvRunner
 
+        if config.policies is not None or config.policy_mapping_fn is not None:
+            from impala_tf.multi_agent.runner import MultiAgentEnvRunner as EnvRunner
         runner = EnvRunner(config, worker_index=actor_id + 1, progress=StepProgress(progress))
         if weights is not None:
             runner.set_weights(weights, policy_version)
@@ -102,9 +105,12 @@ def _actor_main(
             fragment = runner.sample()
             fragment.actor_id = actor_id
             # Each frame of stacked images travels once; zlib on top with compress_observations.
-            fragment.batch = encode_observations(
-                fragment.batch, compress_observations=config.compress_observations
+            encode = functools.partial(
+                encode_observations, compress_observations=config.compress_observations
             )
+            # A multi-agent batch (impala_tf.multi_agent.batch) codes each policy's batch.
+            batch = fragment.batch
+            fragment.batch = batch.map(encode) if hasattr(batch, "map") else encode(batch)
             results.send(("fragment", fragment))
             credits -= 1
     except (KeyboardInterrupt, BrokenPipeError):
