@@ -74,6 +74,11 @@ class _LearnerThreads:
     def __init__(self, threads: dict[str, LearnerThread]):
         self.threads = threads
 
+    @property
+    def lock(self):
+        """The first policy's update lock (what single-policy callbacks hold to read weights)."""
+        return next(iter(self.threads.values())).lock
+
     def stop(self) -> None:
         for thread in self.threads.values():
             thread.stop()
@@ -153,6 +158,9 @@ class MultiAgentImpala(Impala):
                     self.learners[pid] = ImpalaLearner(
                         self.policy_configs[pid], obs_space, act_space, name=f"learner_{pid}"
                     )
+            # What the driver loop (`impala_tf.loop.fit`) hands Keras callbacks as their model
+            # (its `stop_training` flag ends the run): the first trained policy's learner.
+            self.learner = self.learners[(self.policies_to_train or self.policy_ids)[0]]
             self.num_replicas = self.strategy.num_replicas_in_sync
             for pid in self.policies_to_train:
                 pconfig, learner = self.policy_configs[pid], self.learners[pid]

@@ -139,7 +139,8 @@ class PettingZooParallelEnv(MultiAgentEnv):
             from pettingzoo import ParallelEnv
         except ImportError as e:  # pragma: no cover - depends on the optional extra.
             raise ImportError(
-                "PettingZoo envs need the `pettingzoo` package (pip install 'impala_tf[pettingzoo]')."
+                "PettingZoo envs need the `pettingzoo` package "
+                "(pip install 'impala_tf[pettingzoo]')."
             ) from e
         if not isinstance(env, ParallelEnv):
             raise TypeError(

@@ -109,7 +109,9 @@ class EpisodeInfo:
 class PolicyMappingFn:
     """Maps agent `i` to policy `"p{i}"` (RLlib's example `PolicyMappingFn` for its YAMLs)."""
 
-    def __call__(self, agent_id: Any, episode: Any = None, worker: Any = None, **kwargs: Any) -> str:
+    def __call__(
+        self, agent_id: Any, episode: Any = None, worker: Any = None, **kwargs: Any
+    ) -> str:
         return f"p{agent_id}"
 
 
@@ -138,7 +140,9 @@ def import_object(path: str) -> Any:
     try:
         return getattr(module, attr)
     except AttributeError:
-        raise ValueError(f"Cannot import {path!r}: module {module_name!r} has no {attr!r}.") from None
+        raise ValueError(
+            f"Cannot import {path!r}: module {module_name!r} has no {attr!r}."
+        ) from None
 
 
 def resolve_mapping_fn(spec: Any) -> Callable[..., Any]:
