@@ -187,6 +187,8 @@ def normalize_policies(policies: Any) -> dict[str, PolicySpec]:
         ids = list(policies)
         if not all(isinstance(p, str) for p in ids):
             raise ValueError(f"`policies` as a list must hold policy ids (str), got {ids!r}.")
+        if not ids:
+            raise ValueError("`policies` is empty: name at least one policy.")
         if len(set(ids)) != len(ids):
             raise ValueError(f"`policies` lists a policy id twice: {ids!r}.")
         return {p: PolicySpec() for p in sorted(ids)}
