@@ -401,3 +401,32 @@ def test_binary_on_rllib_yaml_two_iterations_then_resume(tmp_path):
     lines = [json.loads(x) for x in (tmp_path / "result.json").read_text().splitlines()]
     assert [r["training_iteration"] for r in lines] == [1, 2, 3]
     assert lines[2]["num_env_steps_sampled"] > lines[1]["num_env_steps_sampled"]
+
+
+def test_evaluate_and_export_per_policy(trained):
+    from impala_tf import checkpoints
+    from impala_tf.multi_agent import evaluation
+
+    algo, _, _, path = trained
+    assert evaluation.is_multi_agent_checkpoint(path)
+    with pytest.raises(ValueError, match=r"\['p0', 'p1'\]"):
+        evaluation.policy_checkpoint_dir(path, "p7")
+    # Export reads one policy's checkpoint: its weights, spaces and filter.
+    _, policy = checkpoints.load_policy(evaluation.policy_checkpoint_dir(path, "p1"))
+    for a, b in zip(policy.model.get_weights(), algo.get_policy_weights("p1")):
+        np.testing.assert_array_equal(a, b)
+    config = checkpoints.load_config(path)
+    config.env_runners(num_envs_per_env_runner=1)
+    _, runner = evaluation.load_multi_agent_runner(path, explore=False, config=config)
+    try:
+        for pid in ("p0", "p1"):
+            for a, b in zip(runner.policies[pid].get_weights(), algo.get_policy_weights(pid)):
+                np.testing.assert_array_equal(a, b)
+        summed = evaluation.run_multi_agent_episodes(runner, 2)
+        runner.reset(0)
+        own = evaluation.run_multi_agent_episodes(runner, 2, policy_id="p0")
+    finally:
+        runner.close()
+    assert len(summed) == len(own) == 2
+    # CartPole pays 1 per step: every episode, summed or p0's agent alone, earns something.
+    assert all(total > 0 for total, _ in summed) and all(r > 0 for r, _ in own)

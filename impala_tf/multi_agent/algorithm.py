@@ -428,6 +428,7 @@ class MultiAgentImpala(Impala):
                     self.learners[pid],
                     self._single_policy_config(pid),
                     policy_state,
+                    {"policy_spaces": self.spaces[pid]},
                 )
         return checkpoint_dir
 
