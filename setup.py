@@ -26,10 +26,12 @@ setup(
         "tensorboard",
     ],
     extras_require={
-        "test": ["pytest", "pytest-xdist", "ruff", "matplotlib", "hypothesis"],
+        "test": ["pytest", "pytest-xdist", "ruff", "matplotlib", "hypothesis", "pettingzoo>=1.24"],
         "tools": ["matplotlib"],
         # Rendering classic-control envs and writing .mp4 videos in impala-evaluate.
         "video": ["gymnasium[classic-control]", "imageio[ffmpeg]"],
+        # PettingZoo parallel envs through impala_tf.multi_agent.env.PettingZooParallelEnv.
+        "pettingzoo": ["pettingzoo>=1.24"],
     },
     entry_points={
         "console_scripts": [
