@@ -430,3 +430,16 @@ def test_evaluate_and_export_per_policy(trained):
     assert len(summed) == len(own) == 2
     # CartPole pays 1 per step: every episode, summed or p0's agent alone, earns something.
     assert all(total > 0 for total, _ in summed) and all(r > 0 for r, _ in own)
+
+
+def test_checkpoint_config_stores_a_module_level_mapping_fn_as_its_import_path():
+    from impala_tf.multi_agent.algorithm import _storable_config
+
+    config = two_agent_config(policy_mapping_fn=_module_level_mapping)
+    stored = _storable_config(config)
+    assert stored.policy_mapping_fn == f"{__name__}:_module_level_mapping"
+    assert ma_spec.resolve_mapping_fn(stored.policy_mapping_fn) is _module_level_mapping
+    instance = _storable_config(two_agent_config(policy_mapping_fn=ma_spec.PolicyMappingFn()))
+    assert instance.policy_mapping_fn == "impala_tf.multi_agent.spec:PolicyMappingFn"
+    lam = two_agent_config(policy_mapping_fn=lambda agent_id, *a, **k: "p0")
+    assert _storable_config(lam).policy_mapping_fn is lam.policy_mapping_fn

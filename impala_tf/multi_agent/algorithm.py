@@ -124,8 +124,7 @@ class MultiAgentImpala(Impala):
         config = config.copy()
         if config.policies is None:  # A MultiAgentEnv alone: one shared policy, as RLlib.
             config.policies = [ma_spec.DEFAULT_POLICY_ID]
-        config.validate(require_env=True)
-        ma_spec.validate_multi_agent(config)
+        config.validate(require_env=True)  # With the multi-agent keys (`validate_multi_agent`).
         self.config = config
         self.logdir = logdir
         self.deterministic = False
@@ -414,7 +413,9 @@ class MultiAgentImpala(Impala):
         }
         first = self.policies_to_train[0] if self.policies_to_train else self.policy_ids[0]
         with self._locked(first):
-            checkpoints.write_checkpoint(checkpoint_dir, self.learners[first], self.config, state)
+            checkpoints.write_checkpoint(
+                checkpoint_dir, self.learners[first], _storable_config(self.config), state
+            )
         for pid in self.policy_ids:
             policy_state = {
                 "policy_id": pid,
@@ -511,3 +512,23 @@ class MultiAgentImpala(Impala):
             raise KeyError(f"No policy {policy_id!r}; policies: {self.policy_ids}.")
         with self._locked(policy_id):
             return self.learners[policy_id].get_policy_weights()
+
+
+def _storable_config(config: ImpalaConfig) -> ImpalaConfig:
+    """`config` with a module-level mapping function stored as its import path.
+
+    The checkpoint's config is JSON; a function or class defined at module level is written as
+    `module:qualname` so that `load_config` (resuming, evaluating) imports it back. Anything else
+    (a lambda, a closure, `PolicySpec`s holding spaces) is written as text and must be passed
+    again as `config=` when loading.
+    """
+    fn = config.policy_mapping_fn
+    if fn is None or isinstance(fn, (str, dict)):
+        return config
+    target = fn if isinstance(fn, type) or hasattr(fn, "__qualname__") else type(fn)
+    qualname = getattr(target, "__qualname__", "")
+    if "<" in qualname or not getattr(target, "__module__", None):
+        return config
+    stored = config.copy()
+    stored.policy_mapping_fn = f"{target.__module__}:{qualname}"
+    return stored
