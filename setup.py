@@ -26,12 +26,17 @@ setup(
         "tensorboard",
     ],
     extras_require={
-        "test": ["pytest", "pytest-xdist", "ruff", "matplotlib", "hypothesis", "ray==2.60.0"],
+        "test": [
+            "pytest", "pytest-xdist", "ruff", "matplotlib", "hypothesis", "ray==2.60.0",
+            "pettingzoo>=1.24",
+        ],
         # Actors and aggregation workers on Ray (`actor_backend: ray`).
         "ray": ["ray==2.60.0"],
         "tools": ["matplotlib"],
         # Rendering classic-control envs and writing .mp4 videos in impala-evaluate.
         "video": ["gymnasium[classic-control]", "imageio[ffmpeg]"],
+        # PettingZoo parallel envs through impala_tf.multi_agent.env.PettingZooParallelEnv.
+        "pettingzoo": ["pettingzoo>=1.24"],
     },
     entry_points={
         "console_scripts": [

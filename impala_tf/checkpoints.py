@@ -472,6 +472,10 @@ def load_policy(
         observation_space, action_space = env.observation_space, env.action_space
     finally:
         env.close()
+    # One policy of a multi-agent checkpoint (impala_tf.multi_agent) stores its own spaces.
+    spaces = read_runtime_state(checkpoint_dir).get("policy_spaces")
+    if spaces is not None:
+        observation_space, action_space = spaces
     policy = ActorPolicy(
         observation_space,
         action_space,

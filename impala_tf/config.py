@@ -458,6 +458,11 @@ class ImpalaConfig:
     keep_checkpoints_num: int | None = _key(None, "checkpointing")
     checkpoint_freq: int = _key(1, "checkpointing")
 
+    # multi_agent() (YAML: the `multiagent:` block; see impala_tf.multi_agent)
+    policies: dict | list | set | tuple | None = _key(None, "multi_agent")
+    policy_mapping_fn: Any = _key(None, "multi_agent")
+    policies_to_train: list | None = _key(None, "multi_agent")
+
     def __init__(self, **settings: Any) -> None:
         for f in dataclasses.fields(self):
             default = f.default_factory() if f.default is dataclasses.MISSING else f.default
@@ -514,6 +519,12 @@ class ImpalaConfig:
         """Sets `keep_checkpoints_num` and `checkpoint_freq` (iterations); returns self."""
         return self._apply(kwargs, group="checkpointing")
 
+    def multi_agent(self, **kwargs: Any) -> ImpalaConfig:
+        """Sets `policies`, `policy_mapping_fn`, `policies_to_train` (`impala_tf.multi_agent`)."""
+        from impala_tf.multi_agent.spec import multiagent_settings  # Lazy: light either way.
+
+        return self._apply(multiagent_settings(kwargs), group="multi_agent")
+
     def framework(self, framework: Any = _UNSET, **kwargs: Any) -> ImpalaConfig:
         """Accepts RLlib's framework settings (`framework`, `eager_tracing`) and ignores them."""
         if framework is not _UNSET:
@@ -537,6 +548,10 @@ class ImpalaConfig:
 
     def _apply(self, settings: Mapping[str, Any], group: str | None) -> ImpalaConfig:
         set_by: dict[str, str] = {}
+        if "multiagent" in settings or "replay_ratio" in settings:
+            from impala_tf.multi_agent.spec import expand_rllib_keys
+
+            settings = expand_rllib_keys(settings)
         for key, value in settings.items():
             name = key
             if key in _ALIASES:
@@ -737,6 +752,10 @@ class ImpalaConfig:
         self._validate_runtime()
         self._validate_model()
         self._validate_multi_device()
+        if self.policies is not None or self.policy_mapping_fn is not None:
+            from impala_tf.multi_agent.spec import validate_multi_agent
+
+            validate_multi_agent(self)
         if not isinstance(self.evaluation_config, (Mapping, type(None))):
             raise ValueError(
                 f"`evaluation_config` must be a dict of overrides, got {self.evaluation_config!r}."
@@ -909,6 +928,17 @@ class ImpalaConfig:
                 f"`actor_backend` must be one of {list(_ACTOR_BACKENDS)} (local processes, or "
                 f"Ray actors), got {self.actor_backend!r}."
             )
+        multi_agent = self.policies is not None or self.policy_mapping_fn is not None
+        if multi_agent and self.actor_backend == "ray":
+            raise ValueError(
+                "`actor_backend='ray'` runs single-agent configs only for now; this config sets "
+                "`multiagent` policies: use `actor_backend='local'`."
+            )
+        if multi_agent and self.inference == "central":
+            raise ValueError(
+                "`inference='central'` serves one policy; multi-agent actors run their policies "
+                "themselves: set `inference` to 'actor' or 'auto'."
+            )
         if self.actor_backend == "ray" and self.inference == "central":
             raise ValueError(
                 "`inference='central'` runs the policy in the driver for local actor processes; "
@@ -1072,7 +1102,7 @@ class ImpalaConfig:
           logger_creator: Forwarded to the algorithm as a keyword argument when given.
 
         Returns:
-          An `impala_tf.algorithm.Impala`.
+          An `impala_tf.algorithm.Impala`, or a `MultiAgentImpala` for a multi-agent config.
         """
         if env is not None:
             self.environment(env)
@@ -1083,11 +1113,12 @@ class ImpalaConfig:
         if self.actor_backend == "local":
             prestart_fork_server(self)
         # Lazy: the algorithm pulls in TensorFlow, which config users should not pay for.
-        from impala_tf.algorithm import Impala
+        from impala_tf.multi_agent import algorithm_class
 
+        algorithm = algorithm_class(self)  # Impala, or MultiAgentImpala for several policies.
         if logger_creator is None:
-            return Impala(self)
-        return Impala(self, logger_creator=logger_creator)
+            return algorithm(self)
+        return algorithm(self, logger_creator=logger_creator)
 
     # Python protocol --------------------------------------------------------------------------
 

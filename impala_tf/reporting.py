@@ -20,6 +20,8 @@ scalars stepped by `timesteps_total` (env steps sampled), under readable tags
 * `throughput/`: `env_steps_sampled_per_s`, `env_steps_trained_per_s`;
 * `counters/`: every lifetime counter without its `num_` prefix (`env_steps_sampled`,
   `weight_broadcasts`, `env_runner_restarts`, ...), `healthy_env_runners`, `training_iteration`;
+* multi-agent runs (`impala_tf.multi_agent`): `learner/<policy_id>/<stat>` per trained policy
+  and `episode/<policy_id>/return_mean|min|max` (RLlib's `policy_reward_*`);
 * `raw/`: the whole result flattened with RLlib's keys (`raw/info/learner/default_policy/...`),
   so that any key, also ones added later, can be found by its RLlib name.
 
@@ -153,6 +155,15 @@ def tensorboard_scalars(result: Mapping[str, Any], raw: bool = True) -> dict[str
     for name, value in (lookup(result, _STATS) or {}).items():
         if name not in _STATS_ELSEWHERE:
             put(f"learner/{name}", value)
+    for pid, info in (lookup(result, "info/learner") or {}).items():
+        if pid == "default_policy" or not isinstance(info, Mapping):
+            continue  # Multi-agent: one group per policy (impala_tf.multi_agent).
+        for name, value in (info.get("learner_stats") or {}).items():
+            put(f"learner/{pid}/{name}", value)
+        put(f"learner/{pid}/off_policyness", info.get("diff_num_grad_updates_vs_sampler_policy"))
+    for stat in ("mean", "min", "max"):
+        for pid, value in (result.get(f"policy_reward_{stat}") or {}).items():
+            put(f"episode/{pid}/return_{stat}", value)
     quantiles = lookup(result, "info/learner_queue/size_quantiles") or []
     for q, value in zip(_QUANTILES, quantiles):
         put(f"learner_queue/size_p{q}", value)
@@ -246,7 +257,12 @@ def progress_line(result: Mapping[str, Any], timestep_budget: float | None = Non
     evaluation's mean in iterations that evaluated. The ETA (with a `timestep_budget`) assumes
     the average rate so far (`timesteps_total / time_total_s`) holds.
     """
-    stats = lookup(result, _STATS) or {}
+    stats = lookup(result, _STATS)
+    if stats is None:  # Multi-agent: the first policy's losses.
+        policies = lookup(result, "info/learner") or {}
+        first = next(iter(policies.values()), {})
+        stats = first.get("learner_stats") if isinstance(first, Mapping) else None
+    stats = stats or {}
     line = (
         f"iter {result.get('training_iteration', 0):>4d}  "
         f"t={_fmt(result.get('time_total_s'))}s  "

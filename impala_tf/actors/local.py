@@ -26,6 +26,7 @@ non-finite data) are reported as fatal.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import multiprocessing as mp
 import os
@@ -70,9 +71,18 @@ def _actor_main(
     try:
         from impala_tf.actors.env_runner import EnvRunner
 
-        runner = EnvRunner(
-            config, worker_index=actor_id + 1, progress=StepProgress(progress), remote=remote
-        )
+        from impala_tf.multi_agent import is_multi_agent
+
+        if is_multi_agent(config):  # Per-policy fragments; its policies act in the actor.
+            from impala_tf.multi_agent.runner import MultiAgentEnvRunner
+
+            runner = MultiAgentEnvRunner(
+                config, worker_index=actor_id + 1, progress=StepProgress(progress)
+            )
+        else:
+            runner = EnvRunner(
+                config, worker_index=actor_id + 1, progress=StepProgress(progress), remote=remote
+            )
         if weights is not None:
             runner.set_weights(weights, policy_version)
         credits = 0
@@ -110,9 +120,12 @@ def _actor_main(
             fragment = runner.sample()
             fragment.actor_id = actor_id
             # Each frame of stacked images travels once; zlib on top with compress_observations.
-            fragment.batch = encode_observations(
-                fragment.batch, compress_observations=config.compress_observations
+            encode = functools.partial(
+                encode_observations, compress_observations=config.compress_observations
             )
+            # A multi-agent batch (impala_tf.multi_agent.batch) codes each policy's batch.
+            batch = fragment.batch
+            fragment.batch = batch.map(encode) if hasattr(batch, "map") else encode(batch)
             results.send(("fragment", fragment))
             credits -= 1
     except (KeyboardInterrupt, BrokenPipeError, EOFError):  # EOF: the inference server left.
@@ -174,11 +187,12 @@ def central_inference(config: ImpalaConfig, observation_space: Any, action_space
     every actor in the driver they act faster than in each actor at a batch of
     `num_envs_per_env_runner` (BENCHMARKS.md), and the actors stay light. MLP policies act in
     numpy in each actor, which costs microseconds per step. Ray actors (`actor_backend: ray`)
-    always run the policy themselves.
+    and multi-agent actors always run their policies themselves.
     """
+    from impala_tf.multi_agent import is_multi_agent
     from impala_tf.numpy_policy import supports
 
-    if config.actor_backend == "ray":
+    if config.actor_backend == "ray" or is_multi_agent(config):
         return False
     if config.inference == "auto":
         return not supports(observation_space, action_space, config.model)

@@ -58,6 +58,9 @@ flags.DEFINE_integer("video_episodes", 1, "Episodes recorded with --video.", low
 flags.DEFINE_integer("video_max_frames", 5000, "Frames recorded at most.", lower_bound=1)
 flags.DEFINE_float("fps", None, "Video frame rate; default: the env's render_fps (else 30).")
 flags.DEFINE_integer("seed", None, "Seeds the env and the action sampling (config key `seed`).")
+flags.DEFINE_string(
+    "policy_id", None, "Multi-agent checkpoints: report the returns of this policy's agents."
+)
 
 _VIDEO_FORMATS = (".gif", ".mp4")
 _DEFAULT_FPS = 30.0
@@ -330,12 +333,32 @@ def main(argv: list[str]) -> int:
     if ext:
         config = _recording_config(config, recorders, FLAGS.video_episodes, FLAGS.video_max_frames)
 
+    from impala_tf.multi_agent import evaluation as ma_evaluation
+
+    multi_agent = ma_evaluation.is_multi_agent_checkpoint(checkpoint_dir)
+    if ext and multi_agent:
+        return _error("--video is not supported for multi-agent checkpoints.")
     try:
-        _, runner = checkpoints.load_env_runner(checkpoint_dir, explore=explore, config=config)
-        try:
-            episodes = runner.run_episodes(FLAGS.episodes)
-        finally:
-            runner.close()
+        if multi_agent:  # Every policy acts; the returns are summed or --policy_id's.
+            if FLAGS.policy_id is not None:
+                ma_evaluation.policy_checkpoint_dir(checkpoint_dir, FLAGS.policy_id)
+            _, runner = ma_evaluation.load_multi_agent_runner(checkpoint_dir, explore, config)
+            try:
+                episodes = ma_evaluation.run_multi_agent_episodes(
+                    runner, FLAGS.episodes, FLAGS.policy_id
+                )
+            finally:
+                runner.close()
+        elif FLAGS.policy_id is not None:
+            return _error(f"--policy_id: {checkpoint_dir} is a single-policy checkpoint.")
+        else:
+            _, runner = checkpoints.load_env_runner(checkpoint_dir, explore=explore, config=config)
+            try:
+                episodes = runner.run_episodes(FLAGS.episodes)
+            finally:
+                runner.close()
+    except ValueError as e:
+        return _error(str(e))
     except gym.error.DependencyNotInstalled as e:  # e.g. pygame, to render classic control.
         return _error(f"{e} (needed to render --video)" if ext else str(e))
 

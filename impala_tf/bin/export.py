@@ -40,6 +40,7 @@ __all__ = ["export_saved_model", "serving_module", "run"]
 FLAGS = flags.FLAGS
 
 flags.DEFINE_string("checkpoint", None, "Checkpoint directory, or a training logdir.")
+flags.DEFINE_string("policy_id", None, "Multi-agent checkpoints: the policy to export.")
 flags.DEFINE_string("out", None, "Directory to write the SavedModel to.")
 
 
@@ -139,6 +140,12 @@ def main(argv: list[str]) -> int:
 
     try:
         checkpoint_dir = checkpoints.resolve_checkpoint_dir(FLAGS.checkpoint)
+        from impala_tf.multi_agent import evaluation as ma_evaluation
+
+        if FLAGS.policy_id is not None:
+            checkpoint_dir = ma_evaluation.policy_checkpoint_dir(checkpoint_dir, FLAGS.policy_id)
+        elif ma_evaluation.is_multi_agent_checkpoint(checkpoint_dir):
+            raise ValueError(f"{checkpoint_dir} holds several policies: pass --policy_id.")
         config = checkpoints.load_config(checkpoint_dir)
     except (FileNotFoundError, ValueError) as e:
         print(f"impala-export: error: {e}", file=sys.stderr, flush=True)

@@ -336,7 +336,7 @@ def _train() -> int:
     learner_callbacks = load_callbacks(run_flags["learner_callbacks"])
 
     from impala_tf import callbacks as cb
-    from impala_tf.algorithm import Impala, check_deterministic
+    from impala_tf.algorithm import check_deterministic
     from impala_tf.loop import fit
 
     if run_flags["deterministic"]:
@@ -348,9 +348,10 @@ def _train() -> int:
 
     print(f"impala-train: {name} on {config.env}, logdir {logdir}, stop {stop}", flush=True)
     from impala_tf.actors.memory import ActorMemoryError
+    from impala_tf.multi_agent import algorithm_class
 
     try:
-        algo = Impala(
+        algo = algorithm_class(config)(  # Impala, or MultiAgentImpala for several policies.
             config,
             callbacks=learner_callbacks,
             deterministic=run_flags["deterministic"],
