@@ -174,3 +174,12 @@ def test_ray_actors_run_the_policy_themselves():
     assert not central_inference(ray_config, IMAGE, ACTIONS)  # "auto" on Ray: per actor.
     with pytest.raises(ValueError, match="inference='central'.*actor_backend='ray'"):
         _image_config(actor_backend="ray", inference="central").validate()
+
+
+def test_multi_agent_actors_run_their_policies_themselves():
+    config = ImpalaConfig(env="impala_tf/MultiAgentCartPole", policies=["p0", "p1"])
+    assert not central_inference(config, IMAGE, ACTIONS)
+    with pytest.raises(ValueError, match="inference='central'.*multi-agent"):
+        config.copy().update_from_dict({"inference": "central"}).validate()
+    with pytest.raises(ValueError, match="actor_backend='ray'.*multiagent"):
+        config.copy().update_from_dict({"actor_backend": "ray"}).validate()
