@@ -229,9 +229,7 @@ class InferenceServer:
             sizes = [len(obs) for _, obs, _ in requests]
             obs = np.concatenate([obs for _, obs, _ in requests])
             num_states = len(requests[0][2])
-            state = tuple(
-                np.concatenate([s[i] for _, _, s in requests]) for i in range(num_states)
-            )
+            state = tuple(np.concatenate([s[i] for _, _, s in requests]) for i in range(num_states))
             with self._lock:
                 logits, values, new_state = self._policy.forward(obs, state)
                 version = self._version

@@ -72,7 +72,7 @@ def test_central_and_per_actor_inference_take_the_same_actions(model):
             np.testing.assert_array_equal(a.batch["obs"], b.batch["obs"])
             for column in ("action_dist_inputs", "action_logp", "vf_preds", "values_bootstrapped"):
                 np.testing.assert_allclose(a.batch[column], b.batch[column], rtol=1e-4, atol=1e-5)
-            states = [k for k in a.batch.keys() if k.startswith("state_in")]
+            states = [k for k in a.batch if k.startswith("state_in")]
             assert len(states) == (2 if model is LSTM else 0)
             for k in states:
                 np.testing.assert_allclose(a.batch[k], b.batch[k], rtol=1e-4, atol=1e-5)

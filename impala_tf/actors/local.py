@@ -12,9 +12,9 @@ server once (actors get only the version and the filter), and the actors never i
 TensorFlow.
 
 Processes are forked from a fork server that has imported what the actors need (TensorFlow
-only for per-actor inference of non-MLP policies, and never run it), or spawned where there is no fork server:
-TensorFlow is not fork-safe once it has run. An actor whose parent disappears exits by itself
-within about a second.
+only for per-actor inference of non-MLP policies, and never run it), or spawned where there is
+no fork server: TensorFlow is not fork-safe once it has run. An actor whose parent disappears
+exits by itself within about a second.
 
 An actor that has not answered a sample request for `sample_timeout_s` seconds (an env that
 hangs) is killed and reported as failed, with where it hung (env, env index, step, read from a
@@ -70,7 +70,6 @@ def _actor_main(
     parent = mp.parent_process()
     try:
         from impala_tf.actors.env_runner import EnvRunner
-
         from impala_tf.multi_agent import is_multi_agent
 
         if is_multi_agent(config):  # Per-policy fragments; its policies act in the actor.
