@@ -170,7 +170,10 @@ class _Run:
             self.tail = (self.tail + [line.rstrip()])[-20:]
             parsed = self._parse(line)
             if parsed is not None:
-                self.curve.append((time.perf_counter() - self._start, *parsed))
+                point = (time.perf_counter() - self._start, *parsed)
+                self.curve.append(point)
+                print(f"{self.name}: {point[0]:.0f} s, {point[1]:,} steps, return {point[2]:.1f}",
+                      file=sys.stderr, flush=True)  # fmt: skip
 
     def wait(self) -> None:
         """Waits for the child (terminating it at the timeout) and for its output to be read."""
