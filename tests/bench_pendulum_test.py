@@ -82,3 +82,10 @@ def test_summary_of_a_curve_that_never_gets_there():
     assert summary["best"] == (-1100.0, 20)
     empty = bench_pendulum.summarize([])
     assert empty["best"] is None and empty["last"] is None
+
+
+def test_a_run_with_no_point_gets_a_row_that_says_so():
+    row = bench_pendulum._row("RLlib 2.60 seed 1", bench_pendulum.summarize([]))
+    assert "no iteration finished" in row
+    row = bench_pendulum._row("ours", bench_pendulum.summarize([(12.0, 2_479_500, -184.2)]))
+    assert "2,479,500 steps, 12 s" in row and "-184" in row

@@ -58,7 +58,9 @@ from ray.rllib.core.rl_module.default_model_config import DefaultModelConfig
 budget_s, seed, stop_reward, stop_steps = (
     float(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3]), int(sys.argv[4]))
 start = time.time()
-ray.init(include_dashboard=False, log_to_driver=False)
+# 4 logical CPUs: with Ray's default (one per core, 2 here) the 2 env runners take both and the
+# learner actor never starts, so the first train() never returns (measured on the 2-core machine).
+ray.init(include_dashboard=False, log_to_driver=False, num_cpus=4)
 config = (
     IMPALAConfig()
     .env_runners(num_env_runners=2, num_envs_per_env_runner=5)
@@ -189,8 +191,9 @@ class _Run:
                 self.proc.wait()
         self._thread.join(30)
         if not self.curve:
+            # Reported as a row with no points (the other runs' figures still count).
             tail = "\n".join(self.tail)
-            raise RuntimeError(f"{self.name}: no iteration parsed; last output:\n{tail}")
+            print(f"{self.name}: no iteration parsed; last output:\n{tail}", file=sys.stderr)
 
 
 def _impala_cmd(config: str, seed: int, sets: Sequence[str]) -> list[str]:
@@ -214,6 +217,8 @@ def _fmt_reached(value: tuple[float, int] | None) -> str:
 
 
 def _row(name: str, summary: dict) -> str:
+    if summary["last"] is None:
+        return f"| {name} | - | - | no iteration finished | - |"
     best = summary["best"]
     last = summary["last"]
     cells = [name] + [_fmt_reached(summary["reached"][t]) for t in TARGETS]
