@@ -154,3 +154,24 @@ def test_pendulum_config_trains_without_nan(free_log_std):
     for runner in runners:
         runner.close()
     assert all(np.isfinite(w).all() for w in learner.get_policy_weights())
+
+
+def test_shipped_pendulum_yaml_loads_and_validates():
+    """The shipped Pendulum YAML: RLlib's stop criterion and example keys, plus the departures
+    its comments document (and nothing that validation rejects)."""
+    config, stop = ImpalaConfig.from_yaml("configs/pendulum-impala.yaml")
+    config.validate()
+    assert config.env == "Pendulum-v1"
+    assert stop == {"episode_reward_mean": -200, "timesteps_total": 5_000_000}
+    # RLlib's `pendulum_impala.py`, unchanged.
+    assert (config.num_env_runners, config.num_envs_per_env_runner) == (2, 5)
+    assert (config.train_batch_size, config.grad_clip, config.vf_loss_coeff) == (256, 40.0, 0.05)
+    assert config.entropy_coeff_schedule == [[0, 0.1], [2000000, 0.0]]
+    assert config.model["fcnet_hiddens"] == [512, 512]
+    assert config.normalize_actions and not config.clip_actions
+    # The documented departures.
+    assert config.model["free_log_std"] and not config.model["vf_share_layers"]
+    assert config._separate_vf_optimizer and config._lr_vf == 0.003
+    assert config.gamma == 0.95
+    assert config.lr_schedule_points() == [[0, 0.0001], [5000000, 0.00001]]
+    assert config.observation_filter == "MeanStdFilter"
