@@ -240,6 +240,12 @@ def test_set_overrides(pairs):
     _validate(overrides)
 
 
+def test_set_model_then_a_model_key_is_a_usage_error():
+    """Found by test_set_overrides: `--set model= --set model.x=1` raised a bare TypeError."""
+    with pytest.raises(app.UsageError, match="--set model.bogus: an earlier --set model=None"):
+        parse_overrides(["model=", "model.bogus="])
+
+
 def test_fuzz_finds_what_it_should():
     """The properties can fail: a bad value that names no key, and a round trip that differs."""
     try:

@@ -112,7 +112,12 @@ def parse_overrides(pairs: list[str]) -> dict:
         except yaml.YAMLError as e:
             raise app.UsageError(f"--set {key}: the value {raw!r} is not valid YAML ({e})") from e
         if key.startswith("model."):
-            out.setdefault("model", {})[key[len("model.") :]] = value
+            model = out.setdefault("model", {})
+            if not isinstance(model, dict):
+                raise app.UsageError(
+                    f"--set {key}: an earlier --set model={model!r} is not a dict of model keys"
+                )
+            model[key[len("model.") :]] = value
         else:
             out[key.strip()] = value
     return out
