@@ -39,16 +39,21 @@ def _remote_runner(server: InferenceServer, config: ImpalaConfig, worker_index: 
     return EnvRunner(config, worker_index, remote=(conn, server.state_shapes))
 
 
-def test_auto_is_central_for_tensorflow_policies_and_per_actor_for_mlps():
+def test_auto_is_per_actor_unless_tensorflow_actors_would_not_fit():
     cartpole = gym.make("CartPole-v1")
     mlp = ImpalaConfig(env="CartPole-v1")
     space, actions = cartpole.observation_space, cartpole.action_space
-    assert not central_inference(mlp, space, actions)
+    plenty, scarce = {"MemAvailable": 64 * 2**30}, {"MemAvailable": 2**30}
+    assert not central_inference(mlp, space, actions, plenty)
+    assert not central_inference(mlp, space, actions, scarce)  # numpy actors are light anyway
     assert central_inference(mlp.copy().update_from_dict({"inference": "central"}), space, actions)
-    assert central_inference(_image_config(), IMAGE, ACTIONS)
-    assert not central_inference(_image_config(inference="actor"), IMAGE, ACTIONS)
+    # CNN: per-actor inference (faster on an idle machine) while TensorFlow actors fit.
+    assert not central_inference(_image_config(), IMAGE, ACTIONS, plenty)
+    assert central_inference(_image_config(), IMAGE, ACTIONS, scarce)
+    assert not central_inference(_image_config(inference="actor"), IMAGE, ACTIONS, scarce)
+    assert central_inference(_image_config(inference="central"), IMAGE, ACTIONS, plenty)
     # Actors of a central pool never import TensorFlow; per-actor CNN inference needs it.
-    assert _preload(_image_config()) == ["impala_tf.actors.env_runner"]
+    assert _preload(_image_config(inference="central")) == ["impala_tf.actors.env_runner"]
     assert "impala_tf.policy" in _preload(_image_config(inference="actor"))
     with pytest.raises(ValueError, match="`inference` must be"):
         _image_config(inference="gpu").validate()
@@ -132,7 +137,7 @@ def _maps(pid: int) -> str:
 
 @pytest.mark.slow
 def test_a_central_pool_samples_versions_restarts_and_keeps_tensorflow_out_of_actors():
-    config = _image_config()
+    config = _image_config(inference="central")
     weights = ActorPolicy(IMAGE, ACTIONS, config.model, seed=1).get_weights()
     pool = LocalActorPool(config, weights=weights, policy_version=2)
     try:

@@ -179,23 +179,44 @@ def _spaces(config: ImpalaConfig) -> tuple[Any, Any]:
         env.close()
 
 
-def central_inference(config: ImpalaConfig, observation_space: Any, action_space: Any) -> bool:
+def central_inference(
+    config: ImpalaConfig,
+    observation_space: Any,
+    action_space: Any,
+    meminfo: dict[str, int] | None = None,
+) -> bool:
     """Whether the driver runs the policy for the actors (`inference`, `impala_tf.inference`).
 
-    "auto" picks central inference for policies that need TensorFlow (CNNs, LSTMs): batched over
-    every actor in the driver they act faster than in each actor at a batch of
-    `num_envs_per_env_runner` (BENCHMARKS.md), and the actors stay light. MLP policies act in
-    numpy in each actor, which costs microseconds per step. Ray actors (`actor_backend: ray`)
-    and multi-agent actors always run their policies themselves.
+    "auto" keeps inference in each actor while a pool of TensorFlow actors fits in memory: on an
+    idle 2-core machine per-actor CNN inference trained 1.7x the env steps/s of central inference
+    (`tools/bench_atari.py --compare_inference`, BENCHMARKS.md), since the driver also runs the
+    learner. When TensorFlow actors would not fit (`impala_tf.actors.memory`: RLlib's
+    128-worker Pong on a 24 GB machine), "auto" picks central inference, whose actors never
+    import TensorFlow, rather than refusing the pool. MLP policies act in numpy in each actor.
+    Ray actors (`actor_backend: ray`) and multi-agent actors always run their policies
+    themselves.
+
+    Args:
+      config: The algorithm config (`inference`, `actor_backend`, `model`, pool sizes).
+      observation_space: The env's observation space.
+      action_space: The env's action space.
+      meminfo: /proc/meminfo fields in bytes for the memory check (read now when None).
     """
+    from impala_tf.actors.memory import ActorMemoryError
     from impala_tf.multi_agent import is_multi_agent
     from impala_tf.numpy_policy import supports
 
     if config.actor_backend == "ray" or is_multi_agent(config):
         return False
-    if config.inference == "auto":
-        return not supports(observation_space, action_space, config.model)
-    return config.inference == "central"
+    if config.inference != "auto":
+        return config.inference == "central"
+    if supports(observation_space, action_space, config.model):
+        return False
+    try:
+        check_actor_memory(config, observation_space, numpy_policy=False, meminfo=meminfo)
+    except ActorMemoryError:
+        return True
+    return False
 
 
 def _tensorflow_free(config: ImpalaConfig) -> tuple[bool, bool, Any, Any]:
@@ -450,11 +471,20 @@ class LocalActorPool(ActorPool):
             if actor.process.is_alive():
                 with contextlib.suppress(ValueError, OSError):
                     actor.commands.put(("stop",))
-        # An actor blocked sending a fragment nobody reads never sees "stop": give the others a
-        # moment to exit cleanly, then terminate the rest.
+        if self.inference_server is not None:
+            # Actors waiting for an answer see EOF and exit instead of finishing a fragment.
+            self.inference_server.stop()
+        # An actor blocked sending a fragment nobody reads never sees "stop": give all of them
+        # one shared moment to exit cleanly (not one each: 128 actors took a minute), then
+        # signal the rest together and reap them.
+        deadline = time.monotonic() + _STOP_GRACE_S
+        alive = [a for a in self._actors.values() if a.process.is_alive()]
+        while alive and (left := deadline - time.monotonic()) > 0:
+            connection.wait([a.process.sentinel for a in alive], left)
+            alive = [a for a in alive if a.process.is_alive()]
+        for actor in alive:
+            with contextlib.suppress(ValueError, OSError):
+                actor.process.terminate()
         for actor in self._actors.values():
-            actor.process.join(_STOP_GRACE_S)
             with contextlib.suppress(ValueError, OSError):
                 self._terminate(actor)
-        if self.inference_server is not None:
-            self.inference_server.stop()
