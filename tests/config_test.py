@@ -25,12 +25,6 @@ from impala_tf.config import (
 CONFIGS = pathlib.Path(__file__).resolve().parent.parent / "configs"
 
 
-@pytest.fixture(autouse=True)
-def _fresh_warning_registry(monkeypatch):
-    # Warnings are shown once per key per process; each test starts with none shown.
-    monkeypatch.setattr(config_lib, "_WARNED", set())
-
-
 # Defaults ---------------------------------------------------------------------------------------
 
 

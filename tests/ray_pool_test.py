@@ -93,9 +93,11 @@ def ray_local(tmp_path_factory):
 
 
 def _objects_in_store() -> int:
+    import ray
     from ray._private.internal_api import memory_summary
 
-    text = memory_summary(stats_only=True)
+    # This session's address: another xdist worker may run a Ray of its own beside it.
+    text = memory_summary(address=ray.get_runtime_context().gcs_address, stats_only=True)
     return int(text.split(" objects")[0].rsplit(",", 1)[1])
 
 
