@@ -378,7 +378,14 @@ class Impala:
         return [TrainBatch(b, version) for b, version in batches]
 
     def _place_on_learner_queue(self, batches: list[TrainBatch]) -> None:
-        inqueue = self.learner_thread.inqueue
+        self._enqueue(self.learner_thread.inqueue, batches)
+
+    def _enqueue(self, inqueue: queue.Queue, batches: list[TrainBatch]) -> None:
+        """Puts all but the last batch without blocking (drops counted), then waits on the last.
+
+        Waiting on the last one keeps the actors, loader and learner from thrashing when
+        sampling outpaces training (RLlib does the same); a dead learner ends the wait.
+        """
         for i, batch in enumerate(batches):
             if i < len(batches) - 1:
                 try:
@@ -387,16 +394,16 @@ class Impala:
                     self._counters["num_times_learner_queue_full"] += 1
                     continue
             else:
-                # Waiting on the last one keeps the actors, loader and learner from thrashing when
-                # sampling outpaces training (RLlib does the same); a dead learner ends the wait.
-                self._put_waiting(batch)
+                self._put_waiting(batch, inqueue)
             self._counters["num_samples_added_to_queue"] += batch.env_steps
 
-    def _put_waiting(self, batch: TrainBatch) -> None:
+    def _put_waiting(self, batch: TrainBatch, inqueue: queue.Queue | None = None) -> None:
+        """Puts `batch` on `inqueue` (the learner thread's by default), checking the learner."""
+        inqueue = self.learner_thread.inqueue if inqueue is None else inqueue
         while True:
             self._check_learner()
             try:
-                self.learner_thread.inqueue.put(batch, timeout=_QUEUE_PUT_POLL_S)
+                inqueue.put(batch, timeout=_QUEUE_PUT_POLL_S)
                 return
             except queue.Full:
                 continue

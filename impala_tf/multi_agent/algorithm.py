@@ -64,7 +64,6 @@ logger = logging.getLogger(__name__)
 
 #: Subdirectory of a multi-agent checkpoint holding one single-policy checkpoint per policy.
 POLICIES_DIR = "policies"
-_QUEUE_PUT_POLL_S = 0.1
 _FETCH_TIMEOUT_S = 0.02
 
 
@@ -298,26 +297,7 @@ class MultiAgentImpala(Impala):
         for pid, batch in batches:
             by_policy[pid].append(batch)
         for pid, items in by_policy.items():
-            inqueue = self.threads[pid].inqueue
-            for i, batch in enumerate(items):
-                if i < len(items) - 1:
-                    try:
-                        inqueue.put_nowait(batch)
-                    except queue.Full:
-                        self._counters["num_times_learner_queue_full"] += 1
-                        continue
-                else:
-                    self._put_waiting_for(pid, batch)
-                self._counters["num_samples_added_to_queue"] += batch.env_steps
-
-    def _put_waiting_for(self, pid: str, batch: TrainBatch) -> None:
-        while True:
-            self._check_learner()
-            try:
-                self.threads[pid].inqueue.put(batch, timeout=_QUEUE_PUT_POLL_S)
-                return
-            except queue.Full:
-                continue
+            self._enqueue(self.threads[pid].inqueue, items)
 
     def _drain_learner_outqueue(self) -> None:
         for pid, thread in self.threads.items():
@@ -357,8 +337,9 @@ class MultiAgentImpala(Impala):
         self._maybe_broadcast(sampled)
 
     def evaluate(self) -> dict[str, Any]:
-        raise NotImplementedError(
-            "Evaluation during training is not implemented for multi-agent configs; evaluate a "
+        # Refused, as config validation refuses `evaluation_interval` for multi-agent configs.
+        raise ValueError(
+            "Evaluation during training is not supported for multi-agent configs; evaluate a "
             "checkpoint with `impala-evaluate --policy_id`."
         )
 

@@ -34,7 +34,7 @@ import gymnasium as gym
 import numpy as np
 
 from impala_tf.actions import ActionAdapter
-from impala_tf.actors.env_runner import POLICY_VERSION, env_seed, make_env
+from impala_tf.actors.env_runner import POLICY_VERSION, EnvRunner, env_seed, make_env
 from impala_tf.envs.faults import StepProgress
 from impala_tf.filters import Filter, filter_from_state, get_filter
 from impala_tf.multi_agent import spec as ma_spec
@@ -456,13 +456,8 @@ class MultiAgentEnvRunner:
         for pid, f in (state.get("obs_filter") or {}).items():
             self.filters[pid] = filter_from_state(f)
 
-    def run_episodes(self, num_episodes: int) -> list[tuple[float, int]]:
-        """Samples until `num_episodes` episodes have finished; (summed return, length) pairs."""
-        done: list[tuple[float, int]] = []
-        while len(done) < num_episodes:
-            fragment = self.sample()
-            done.extend(zip(fragment.episode_returns, fragment.episode_lengths))
-        return done[:num_episodes]
+    # Samples until that many episodes have finished: (return summed over agents, length) pairs.
+    run_episodes = EnvRunner.run_episodes
 
     def close(self) -> None:
         for env in self.envs:
