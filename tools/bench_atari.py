@@ -760,22 +760,9 @@ def backend_comparison(args: argparse.Namespace, path: str) -> None:
             f"{r['measured_s']:.0f} | {r['sampled_per_s']:,.0f} | {r['trained_per_s']:,.0f} | "
             f"{r['peak_pss_mb']:,.0f} |"
         )
-    medians = {
-        b: statistics.median(r["sampled_per_s"] for r in runs if r["backend"] == b)
-        for b in backends
-    }
-    lines += [
-        "",
-        "Median env steps/s sampled: "
-        + ", ".join(f"{b} **{m:,.0f}**" for b, m in medians.items())
-        + ".",
-    ]
-    if len(backends) == 2:
-        ratio = medians["ray"] / max(medians["local"], 1e-9)
-        lines.append(
-            f"Ray / local = **{ratio:.2f}** (target >= {TARGET_RAY_RATIO:.2f}: "
-            f"{'met' if ratio >= TARGET_RAY_RATIO else 'not met'})."
-        )
+    lines += benchlib.backend_ratio_lines(
+        runs, "sampled_per_s", "env steps/s sampled", TARGET_RAY_RATIO
+    )
     if max(load_before[0], load_after[0]) > cores / 2:
         lines += [
             "",

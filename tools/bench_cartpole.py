@@ -308,22 +308,9 @@ def backend_comparison(args: argparse.Namespace) -> None:
             f"| {r['seed']} | {r['backend']} | {'yes' if r['reached'] else 'no'} | {wall} | "
             f"{r['steps']:,} | {r['steady_sampled_per_s']:,.0f} | {r['sampled_per_s']:,.0f} |"
         )
-    medians = {
-        b: statistics.median(r["steady_sampled_per_s"] for r in runs if r["backend"] == b)
-        for b in backends
-    }
-    lines += [
-        "",
-        "Median steady env steps/s sampled: "
-        + ", ".join(f"{b} **{m:,.0f}**" for b, m in medians.items())
-        + ".",
-    ]
-    if len(backends) == 2:
-        ratio = medians["ray"] / max(medians["local"], 1e-9)
-        lines.append(
-            f"Ray / local = **{ratio:.2f}** (target >= {TARGET_RAY_RATIO:.2f}: "
-            f"{'met' if ratio >= TARGET_RAY_RATIO else 'not met'})."
-        )
+    lines += benchlib.backend_ratio_lines(
+        runs, "steady_sampled_per_s", "steady env steps/s sampled", TARGET_RAY_RATIO
+    )
     if max(load_before[0], load_after[0]) > (os.cpu_count() or 1) / 2:
         lines += [
             "",

@@ -64,3 +64,27 @@ def write_section(name: str, markdown: str, path: str = BENCHMARKS_MD) -> None:
         text = text.rstrip() + "\n\n" + block
     with open(path, "w", encoding="utf-8") as f:
         f.write(text)
+
+
+def backend_ratio_lines(runs: list[dict], key: str, label: str, target: float) -> list[str]:
+    """Markdown lines: the median of `runs[i][key]` per backend and, with both, Ray / local.
+
+    Args:
+        runs: One dict per run, each with "backend" ("local" or "ray") and `key`.
+        key: The rate to compare (env steps/s sampled).
+        label: What the rate is called in the text.
+        target: The issue's Ray / local target, printed as met or not met.
+    """
+    backends = list(dict.fromkeys(r["backend"] for r in runs))
+    medians = {b: statistics.median(r[key] for r in runs if r["backend"] == b) for b in backends}
+    lines = [
+        "",
+        f"Median {label}: " + ", ".join(f"{b} **{m:,.0f}**" for b, m in medians.items()) + ".",
+    ]
+    if len(medians) == 2:
+        ratio = medians["ray"] / max(medians["local"], 1e-9)
+        lines.append(
+            f"Ray / local = **{ratio:.2f}** (target >= {target:.2f}: "
+            f"{'met' if ratio >= target else 'not met'})."
+        )
+    return lines
