@@ -71,7 +71,7 @@ class DeprecatedKeyWarning(ConfigWarning, FutureWarning):
 MODEL_DEFAULTS: dict[str, Any] = {
     "fcnet_hiddens": [256, 256],
     "fcnet_activation": "tanh",
-    "vf_share_layers": False,
+    "vf_share_layers": True,
     "conv_filters": None,
     "conv_activation": "relu",
     "post_fcnet_hiddens": [],

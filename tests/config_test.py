@@ -91,6 +91,8 @@ def test_model_defaults_match_rllib_and_are_not_shared():
     assert a.model["fcnet_activation"] == "tanh"
     assert a.model["lstm_cell_size"] == 256
     assert a.model["max_seq_len"] == 20
+    # RLlib 2.60's MODEL_DEFAULTS shares the torso between the policy and value heads.
+    assert a.model["vf_share_layers"] is True
     a.model["fcnet_hiddens"].append(8)
     a.env_config["x"] = 1
     assert b.model["fcnet_hiddens"] == [256, 256]

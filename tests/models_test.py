@@ -63,7 +63,7 @@ def test_cartpole_mlp_defaults():
     assert model.num_outputs == 2 and not model.is_recurrent
     assert model.initial_state(5) == ()
     assert model.torso.hiddens == [256, 256]
-    assert model.value_torso is not None  # RLlib's default vf_share_layers=False.
+    assert model.value_torso is None  # RLlib's MODEL_DEFAULTS: vf_share_layers=True.
     final, new_state = _check_shapes(model, CARTPOLE_OBS, 2, t=4, b=5)
     assert final == () and new_state == ()
     # Non-recurrent unroll is the per-step forward applied at every t.
@@ -109,9 +109,9 @@ def test_preprocessor_per_space():
     multi = ObservationPreprocessor(gym.spaces.MultiDiscrete([2, 3]))(tf.constant([[1, 2]]))
     np.testing.assert_array_equal(multi, [[0, 1, 0, 0, 1]])
     image = np.full((1, 4, 4, 2), 255, np.uint8)
-    scaled = ObservationPreprocessor(gym.spaces.Box(0, 255, (4, 4, 2), np.uint8))(image)
-    assert scaled.dtype == tf.float32 and scaled.shape == (1, 4, 4, 2)
-    np.testing.assert_allclose(scaled, 1.0)
+    cast = ObservationPreprocessor(gym.spaces.Box(0, 255, (4, 4, 2), np.uint8))(image)
+    assert cast.dtype == tf.float32 and cast.shape == (1, 4, 4, 2)
+    np.testing.assert_allclose(cast, 255.0)  # RLlib's VisionNetwork casts without scaling.
     float_image = ObservationPreprocessor(gym.spaces.Box(0, 9, (4, 4, 2), np.float32))
     np.testing.assert_allclose(float_image(np.full((1, 4, 4, 2), 9.0, np.float32)), 9.0)
     flat = ObservationPreprocessor(gym.spaces.Box(0, 1, (2, 3), np.float64))(np.ones((5, 2, 3)))
@@ -176,13 +176,15 @@ def test_impala_resnet_on_atari_frames():
 def test_conv_filters_rllib_format_on_42x42():
     obs_space = gym.spaces.Box(0, 255, (42, 42, 4), np.uint8)
     filters = [[8, [4, 4], 2], [16, 4, 2], [32, [11, 11], 1]]
-    model = build_model(obs_space, gym.spaces.Discrete(3), {"conv_filters": filters})
+    model = build_model(
+        obs_space, gym.spaces.Discrete(3), {"conv_filters": filters, "vf_share_layers": False}
+    )
     assert isinstance(model.torso, ConvStack)
     # "same" padding then a "valid" last layer: 42 -> 21 -> 11 -> 1, so 32 features.
     assert model.logits_head.kernel.shape == (32, 3)
     assert [c.padding for c in model.torso.convs] == ["same", "same", "valid"]
     _check_shapes(model, obs_space, 3, t=2, b=2)
-    # vf_share_layers=False (RLlib's default): a value conv tower of the same filters.
+    # vf_share_layers=False: a value conv tower of the same filters.
     assert isinstance(model.value_torso, ConvStack)
     _assert_partition(model, expected_value_vars=2 + 6)
 
@@ -236,12 +238,12 @@ def test_default_84x84_parameter_counts_with_and_without_vf_share_layers():
     # 1x1 logits conv is our 256 -> 6 logits head.
     convs = _conv(8, 4, 16) + _conv(4, 16, 32) + _conv(11, 32, 256)
     assert convs == 4112 + 8224 + 991488
-    separate = build_model(ATARI_OBS, gym.spaces.Discrete(6))
+    separate = build_model(ATARI_OBS, gym.spaces.Discrete(6), {"vf_share_layers": False})
     assert _count(separate.torso) == convs and _count(separate.value_torso) == convs
     assert separate.logits_head.kernel.shape == (256, 6)
     assert separate.count_params() == 2 * convs + 256 * 6 + 6 + 256 + 1
     _check_shapes(separate, ATARI_OBS, 6, t=2, b=2)
-    shared = build_model(ATARI_OBS, gym.spaces.Discrete(6), {"vf_share_layers": True})
+    shared = build_model(ATARI_OBS, gym.spaces.Discrete(6))  # RLlib's default: shared.
     assert shared.value_torso is None
     assert shared.count_params() == convs + 256 * 6 + 6 + 256 + 1
     _assert_partition(shared, expected_value_vars=2)
@@ -266,7 +268,9 @@ def test_post_fcnet_hiddens_as_rllib_builds_them():
     assert _count(model.torso) == convs + _conv(1, 256, 128) + 128 * 64 + 64
     assert model.logits_head.kernel.shape == (64, 6)
     # The separate value tower ignores post_fcnet_hiddens, as RLlib's.
-    separate = build_model(obs, gym.spaces.Discrete(6), {"post_fcnet_hiddens": [128, 64]})
+    separate = build_model(
+        obs, gym.spaces.Discrete(6), {"post_fcnet_hiddens": [128, 64], "vf_share_layers": False}
+    )
     assert _count(separate.value_torso) == convs
     assert separate.value_head.kernel.shape == (256, 1)
     # Inside the LSTM the first post layer is a dense layer on the flattened convs.
@@ -491,3 +495,22 @@ def test_unsupported_spaces_raise():
         build_model(gym.spaces.Tuple((CARTPOLE_OBS,)), gym.spaces.Discrete(2))
     with pytest.raises(ValueError, match="Dict"):
         build_model(CARTPOLE_OBS, gym.spaces.Dict({"a": gym.spaces.Discrete(2)}))
+
+
+def test_image_scaling_and_head_init_follow_each_networks_source():
+    # RLlib's VisionNetwork: pixels 0..255, Glorot logits (its 1x1 conv), normc(0.01) value.
+    rllib = build_model(ATARI_OBS, gym.spaces.Discrete(6))
+    assert rllib.logits_head.kernel_initializer.__class__.__name__ == "GlorotUniform"
+    assert float(np.std(rllib.logits_head.kernel.numpy())) > 0.05  # normc(0.01) is ~6e-4.
+    assert float(np.std(rllib.value_head.kernel.numpy())) < 0.01
+    # DeepMind's torsos scale uint8 to [0, 1] themselves; 255s in equal 1s in.
+    for name in ("nature_cnn", "impala_resnet"):
+        model = build_model(ATARI_OBS, gym.spaces.Discrete(6), {"custom_model": name})
+        assert model.torso.input_scale == pytest.approx(1 / 255)
+        as_uint8 = model.torso(tf.fill((1, *ATARI_OBS.shape), 255.0))
+        unscaled = type(model.torso)(name="same_weights")
+        unscaled(tf.zeros((1, *ATARI_OBS.shape)))
+        unscaled.set_weights(model.torso.get_weights())
+        np.testing.assert_allclose(
+            as_uint8, unscaled(tf.ones((1, *ATARI_OBS.shape))), rtol=1e-5, atol=1e-5
+        )

@@ -67,6 +67,8 @@ class ActorCritic(keras.Model):
         torso: keras.layers.Layer,
         value_torso: keras.layers.Layer | None = None,
         core: LSTMCore | None = None,
+        logits_initializer: Any = None,
+        value_initializer: Any = None,
         name: str = "impala_model",
     ):
         """Assembles the model and creates its variables.
@@ -81,6 +83,9 @@ class ActorCritic(keras.Model):
             value_torso: optional separate value tower [N, ...] -> [N, F_v] (vf_share_layers
                 False); its variables count as value variables.
             core: optional LSTM core shared by both heads (then `value_torso` must be None).
+            logits_initializer: kernel initializer of the logits head; None is RLlib's
+                normc(0.01) (its fully connected net: a near-uniform policy at the start).
+            value_initializer: kernel initializer of the value head; None is normc(0.01).
             name: the Keras model name.
         """
         super().__init__(name=name)
@@ -103,14 +108,13 @@ class ActorCritic(keras.Model):
                 "model_config free_log_std=True needs a Box action space (a Gaussian whose "
                 f"log-stds can be free variables), got {action_space!r}."
             )
-        # RLlib's normc(0.01) for both heads: near-uniform policy and near-zero values at start.
         self.logits_head = keras.layers.Dense(
             self.num_outputs // 2 if free_log_std else self.num_outputs,
-            kernel_initializer=NormcInitializer(0.01),
+            kernel_initializer=logits_initializer or NormcInitializer(0.01),
             name="logits",
         )
         self.value_head = keras.layers.Dense(
-            1, kernel_initializer=NormcInitializer(0.01), name="value"
+            1, kernel_initializer=value_initializer or NormcInitializer(0.01), name="value"
         )
         # Created last, so that its variable comes last in `get_weights()`.
         self.free_log_std = FreeLogStd(name="free_log_std") if free_log_std else None

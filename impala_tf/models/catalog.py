@@ -6,12 +6,16 @@ Torso choice (RLlib's ModelCatalog, with the IMPALA paper's networks added):
   stack, or without `conv_filters` (None or []) RLlib's default filters for the image size
   (`get_filter_config`: 96x96, 84x84, 64x64, 42x42, 10x10; other sizes are an error naming
   `conv_filters`), with `conv_activation`, then `post_fcnet_hiddens` / `post_fcnet_activation`.
-  `vf_share_layers=False` (RLlib's default) builds a second conv stack for the value head, as
-  RLlib does (its value tower ignores `post_fcnet_hiddens`); True shares the torso.
+  `vf_share_layers=True` (RLlib's default) puts the value head on the same torso;
+  `vf_share_layers=False` builds a second conv stack for the value head, as RLlib does (its value
+  tower ignores `post_fcnet_hiddens`). As RLlib's, this network takes uint8 pixels as 0..255
+  and its logits head has Glorot init (RLlib's 1x1 conv), a shared value head normc(0.01).
   By name: `custom_model="nature_cnn"` (Mnih et al. 2015) and `custom_model="impala_resnet"`
-  (Espeholt et al. 2018); these always share their torso with the value head.
-- Other observations: an MLP of `fcnet_hiddens` / `fcnet_activation`; with
-  `vf_share_layers=False` (RLlib's default) a second MLP of the same shape feeds the value head.
+  (Espeholt et al. 2018); these always share their torso with the value head, scale uint8
+  pixels to [0, 1] as DeepMind's agents do, and have normc(0.01) heads.
+- Other observations: an MLP of `fcnet_hiddens` / `fcnet_activation`, shared with the value
+  head (`vf_share_layers=True`, RLlib's default); with `vf_share_layers=False` a second MLP of the
+  same shape feeds the value head.
 - `use_lstm=True`: an LSTM core of `lstm_cell_size` between the torso and both heads, shared by
   policy and value (as RLlib's LSTM wrapper), so no separate value tower is built.
 """
@@ -21,6 +25,7 @@ from __future__ import annotations
 from typing import Any
 
 import gymnasium as gym
+import numpy as np
 
 from impala_tf import config as config_module
 from impala_tf.distributions import logits_size
@@ -124,12 +129,18 @@ def build_model(
     ObservationPreprocessor(observation_space)  # Rejects unsupported observation spaces early.
     custom = config["custom_model"]
     value_torso = None
+    logits_init = value_init = None  # normc(0.01), RLlib's fully connected heads.
     if is_image_space(observation_space):
+        # DeepMind's torsos scale uint8 pixels to [0, 1]; RLlib's vision net takes 0..255.
+        scale = 1.0 / 255.0 if observation_space.dtype == np.uint8 else 1.0
         if custom == "impala_resnet":
-            torso = ImpalaResNet(name="impala_resnet")
+            torso = ImpalaResNet(input_scale=scale, name="impala_resnet")
         elif custom == "nature_cnn":
-            torso = NatureCNN(config["conv_activation"], name="nature_cnn")
+            torso = NatureCNN(config["conv_activation"], input_scale=scale, name="nature_cnn")
         else:
+            # RLlib's VisionNetwork: the logits (and a separate value tower's output) are 1x1
+            # convs with Keras' default Glorot init; a shared value head is normc(0.01).
+            logits_init = "glorot_uniform"
             filters = config["conv_filters"] or get_filter_config(observation_space.shape)
             torso = ConvStack(
                 filters,
@@ -141,6 +152,7 @@ def build_model(
             )
             if not config["vf_share_layers"] and not config["use_lstm"]:
                 value_torso = ConvStack(filters, config["conv_activation"], name="conv_value")
+                value_init = "glorot_uniform"
     else:
         if custom is not None:
             raise ValueError(
@@ -162,6 +174,8 @@ def build_model(
             torso=torso,
             value_torso=value_torso,
             core=core,
+            logits_initializer=logits_init,
+            value_initializer=value_init,
             name=name,
         )
     except ValueError as e:

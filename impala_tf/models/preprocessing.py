@@ -6,9 +6,9 @@ B in the actors):
 - `Discrete(n)`: int [N] -> one-hot float32 [N, n].
 - `MultiDiscrete(nvec)`: int [N, k] -> concatenated one-hots float32 [N, sum(nvec)].
 - `MultiBinary(shape)`: int [N, *shape] -> float32 [N, prod(shape)].
-- `Box` of rank 3 (an image, H x W x C): float32 [N, H, W, C]; uint8 images are divided by 255,
-  as DeepMind's IMPALA and seed_rl do (RLlib's VisionNetwork only casts; scaling keeps the
-  first conv's activations in the range its Glorot init expects). Float images are only cast.
+- `Box` of rank 3 (an image, H x W x C): float32 [N, H, W, C], only cast, as RLlib's
+  VisionNetwork takes them (uint8 pixels arrive as 0..255). The DeepMind torsos (`NatureCNN`,
+  `ImpalaResNet`) divide uint8 images by 255 themselves, as DeepMind's IMPALA does.
 - Any other `Box`: float32, flattened to [N, prod(shape)] (no scaling, as RLlib).
 """
 
@@ -55,7 +55,6 @@ class ObservationPreprocessor:
                 f"Unsupported observation space {space!r}: impala_tf models take Box, "
                 "Discrete, MultiDiscrete and MultiBinary observations (no Dict or Tuple)."
             )
-        self._scale_uint8 = is_image_space(space) and space.dtype == np.uint8
 
     def __call__(self, obs: tf.Tensor) -> tf.Tensor:
         """Returns float32 [N, *output_shape] for observations [N, *obs_shape]."""
@@ -69,8 +68,6 @@ class ObservationPreprocessor:
             hots = [tf.one_hot(idx[:, i], n, dtype=tf.float32) for i, n in enumerate(self._nvec)]
             return tf.concat(hots, axis=-1)
         x = tf.cast(obs, tf.float32)
-        if self._scale_uint8:
-            return x * (1.0 / 255.0)
         if is_image_space(space):
             return x
         return tf.reshape(x, [-1, self.output_shape[0]])

@@ -4,11 +4,13 @@ Input float32 [N, H, W, C] (channels last; N rows: T*B in the learner, B in the 
 float32 [N, F] features for the heads or the LSTM core.
 
 - `NatureCNN`: Mnih et al. 2015, conv 32x8x8/4, 64x4x4/2, 64x3x3/1 (valid padding), dense 512
-  relu; F = 512.
+  relu; F = 512. It and `ImpalaResNet` multiply their input by `input_scale` first (the catalog
+  passes 1/255 for uint8 images, as DeepMind's agents scale pixels).
 - `ImpalaResNet`: Espeholt et al. 2018 ("deep" network), three sections of 16, 32, 32 channels,
   each conv3x3 + maxpool3x3/2 + two residual blocks (relu-conv-relu-conv + skip), then relu,
   flatten, dense 256 relu; F = 256.
-- `ConvStack`: RLlib's VisionNetwork torso. The `conv_filters` list [[out_channels, kernel,
+- `ConvStack`: RLlib's VisionNetwork torso, on pixels as they come (0..255 for uint8, as
+  RLlib casts them without scaling). The `conv_filters` list [[out_channels, kernel,
   stride], ...] ("same" padding for all but the last layer, "valid" for the last), then, with
   `post_fcnet_hiddens` [h0, h1, ...], a 1x1 conv of h0 channels and dense layers h1, ...
   (`post_fcnet_activation`), flattened; F = the flattened size of what comes last. Without
@@ -116,8 +118,9 @@ def parse_conv_filters(
 class NatureCNN(keras.layers.Layer):
     """The DQN Nature torso (Mnih et al. 2015) with a 512-unit relu layer on top."""
 
-    def __init__(self, activation: str | None = "relu", **kwargs):
+    def __init__(self, activation: str | None = "relu", input_scale: float = 1.0, **kwargs):
         super().__init__(**kwargs)
+        self.input_scale = float(input_scale)
         act = get_activation(activation, "conv_activation")
         self.convs = [
             keras.layers.Conv2D(32, 8, strides=4, activation=act, name="conv1"),
@@ -131,6 +134,7 @@ class NatureCNN(keras.layers.Layer):
         )
 
     def call(self, x: tf.Tensor) -> tf.Tensor:
+        x = x * self.input_scale
         for conv in self.convs:
             x = conv(x)
         return self.fc(self.flatten(x))
@@ -167,8 +171,15 @@ class _ResNetSection(keras.layers.Layer):
 class ImpalaResNet(keras.layers.Layer):
     """The IMPALA "deep" torso (Espeholt et al. 2018, figure 3, right)."""
 
-    def __init__(self, channels: Sequence[int] = (16, 32, 32), hidden: int = 256, **kwargs):
+    def __init__(
+        self,
+        channels: Sequence[int] = (16, 32, 32),
+        hidden: int = 256,
+        input_scale: float = 1.0,
+        **kwargs,
+    ):
         super().__init__(**kwargs)
+        self.input_scale = float(input_scale)
         self.sections = [
             _ResNetSection(int(ch), name=f"section{i}") for i, ch in enumerate(channels)
         ]
@@ -179,6 +190,7 @@ class ImpalaResNet(keras.layers.Layer):
         )
 
     def call(self, x: tf.Tensor) -> tf.Tensor:
+        x = x * self.input_scale
         for section in self.sections:
             x = section(x)
         return self.fc(self.flatten(tf.nn.relu(x)))
