@@ -31,6 +31,9 @@ Multiple devices: build the learner inside `strategy.scope()` (`tf.distribute.Mi
 Each replica computes the gradient of the summed loss on its shard of sequences; the gradients
 are summed across replicas (so the update equals the single-device update on the whole batch),
 then clipped by global norm, then applied; stats are reduced across replicas the same way.
+That sum is the update's only all-reduce of gradients: the optimizers are Keras optimizers told
+that their gradients are already summed (`_pre_reduced`), where a stock Keras optimizer would
+all-reduce them a second time.
 RLlib's multi-GPU towers *average* the replica gradients; their per-tower loss is the same summed
 V-trace loss, so with n towers of B/n sequences our sum equals their average of n x the shard
 losses: averaging gradients of n * L_shard and summing gradients of L_shard are the same number.
@@ -85,6 +88,27 @@ STATS_KEYS = (
 )
 
 _STATE_PREFIX = "state_in_"
+
+
+def _pre_reduced(optimizer_class: type[keras.optimizers.Optimizer]) -> type:
+    """`optimizer_class` for gradients already summed over the replicas.
+
+    Under a `tf.distribute` strategy a Keras 3 optimizer all-reduces (sums) the gradients it is
+    given before applying them (`_all_reduce_sum_gradients`). The learner must sum them first
+    itself, to clip by the global norm of the whole batch's gradient and to skip non-finite
+    updates, so this subclass applies the gradients as given: one all-reduce per update.
+    """
+
+    class PreReduced(optimizer_class):
+        def _all_reduce_sum_gradients(self, grads_and_vars):
+            return list(grads_and_vars)
+
+    PreReduced.__name__ = PreReduced.__qualname__ = optimizer_class.__name__
+    return PreReduced
+
+
+_Adam = _pre_reduced(keras.optimizers.Adam)
+_RMSprop = _pre_reduced(keras.optimizers.RMSprop)
 
 
 def piecewise_linear(points: list[list[float]] | None, t: tf.Tensor, default: float) -> tf.Tensor:
@@ -156,7 +180,7 @@ class ImpalaLearner(keras.Model):
 
         self.policy_optimizer = self._make_optimizer(config.lr)
         self.value_optimizer = (
-            keras.optimizers.Adam(learning_rate=config._lr_vf, epsilon=1e-8, name="value_adam")
+            _Adam(learning_rate=config._lr_vf, epsilon=1e-8, name="value_adam")
             if self._separate_vf
             else None
         )
@@ -191,8 +215,8 @@ class ImpalaLearner(keras.Model):
         # RLlib uses tf1's AdamOptimizer (epsilon 1e-8) and RMSPropOptimizer(lr, decay, momentum,
         # epsilon); Keras' RMSprop calls `decay` rho.
         if self.config.opt_type == "adam":
-            return keras.optimizers.Adam(learning_rate=lr, epsilon=1e-8, name="policy_adam")
-        return keras.optimizers.RMSprop(
+            return _Adam(learning_rate=lr, epsilon=1e-8, name="policy_adam")
+        return _RMSprop(
             learning_rate=lr,
             rho=self.config.decay,
             momentum=self.config.momentum,
@@ -367,7 +391,6 @@ class ImpalaLearner(keras.Model):
         """All-reduces this replica's gradients and sums, clips, applies; returns the stats."""
         config = self.config
         ctx = tf.distribute.get_replica_context()
-        num_replicas = ctx.num_replicas_in_sync
         self.policy_optimizer.learning_rate.assign(cur_lr)
         # Sum over replicas = the gradient of the whole batch's summed loss. One all-reduce for
         # every group: separate ones may run in a different order on each replica.
@@ -396,8 +419,8 @@ class ImpalaLearner(keras.Model):
 
         def update() -> tf.Tensor:
             for (optimizer, variables), group in zip(self._groups, clipped_groups):
-                # Keras' optimizer sums the gradients over replicas once more; hand it 1/n.
-                optimizer.apply_gradients([(g / num_replicas, v) for g, v in zip(group, variables)])
+                # Already summed over replicas: the optimizer applies them as they are.
+                optimizer.apply_gradients(list(zip(group, variables)))
             self.num_grad_updates.assign_add(1)
             self.num_agent_steps_trained.assign_add(rows)
             return tf.constant(True)

@@ -112,6 +112,7 @@ def test_separate_value_optimizer_moves_only_its_variables(train_value):
         lr=0.0 if train_value else 0.01,
         _lr_vf=0.01 if train_value else 0.0,
     )
+    config.model["vf_share_layers"] = False  # Shared layers would take both updates.
     learner = _learner(config)
     value_ids = {id(v) for v in learner.model.value_variables}
     before = {id(v): v.numpy().copy() for v in learner.model.trainable_variables}
@@ -235,3 +236,31 @@ def test_mirrored_strategy_gives_the_same_update_as_one_device():
     for wa, wb in zip(_weights(single), _weights(mirrored)):
         np.testing.assert_allclose(wa, wb, rtol=1e-4, atol=1e-6)
     assert int(mirrored.num_agent_steps_trained.numpy()) == T * ROWS
+
+
+@pytest.mark.parametrize("separate_vf", [False, True])
+def test_one_gradient_all_reduce_per_update_under_mirrored_strategy(separate_vf, monkeypatch):
+    # The learner sums the replicas' gradients once (to clip by the whole batch's norm); its
+    # optimizers must not all-reduce them again, as a stock Keras optimizer would.
+    config = _config(num_gpus=2, _fake_gpus=True, _separate_vf_optimizer=separate_vf)
+    strategy = strategies.mirrored()
+    learner = _learner(config, strategy=strategy)
+    num_vars = len(learner.model.trainable_variables) * (2 if separate_vf else 1)
+    gradient_reduces: list[int] = []  # Lengths of the all-reduced lists holding non-scalars.
+    original = tf.distribute.ReplicaContext.all_reduce
+
+    def counting(self, reduce_op, value, options=None):
+        flat = tf.nest.flatten(value)
+        if any(t.shape.rank for t in flat):
+            gradient_reduces.append(len(flat))
+        return original(self, reduce_op, value, options)
+
+    monkeypatch.setattr(tf.distribute.ReplicaContext, "all_reduce", counting)
+    seq = fakes.sequence_batch(OBS, ACT, T, ROWS, seed=5)
+    batch = {k: tf.constant(v) for k, v in fakes.flat(seq).items()}
+    step = tf.function(lambda b: strategy.run(learner.train_step, args=(b,)))
+    before = _weights(learner)
+    step(batch)
+    # One list holding every gradient of every optimizer group (traced once per replica).
+    assert gradient_reduces == [num_vars] * 2
+    assert any(not np.allclose(a, b) for a, b in zip(before, _weights(learner)))
