@@ -109,3 +109,25 @@ def test_main_checks_the_label_count(tmp_path, capsys):
     with pytest.raises(SystemExit):
         plot_results.main([a, f"--out={tmp_path / 'x.png'}", "--labels=x,y"])
     assert "--labels has 2 entries for 1 logdirs" in capsys.readouterr().err
+
+
+def test_thresholds_report_the_first_result_reaching_each_return(tmp_path):
+    # Returns: nan, 20, 40, 60, 80 at 1000..5000 steps and 10..50 s.
+    run = plot_results.load_run(write_results(tmp_path / "a", _rows(5, with_wall_clock=False)))
+    assert plot_results.first_reaching(run, 40.0) == (3000.0, 30.0)
+    assert plot_results.first_reaching(run, 41.0) == (4000.0, 40.0)
+    assert plot_results.first_reaching(run, 81.0) is None
+    table = plot_results.thresholds_table([run], [40.0, 81.0])
+    assert "| a | 0.5 min, 0.00M steps | not reached | 80.0 |" in table
+
+
+def test_section_writes_the_thresholds_table(tmp_path, monkeypatch):
+    logdir = write_results(tmp_path / "a", _rows(5, with_wall_clock=False))
+    written = {}
+    sys.path.insert(0, _PATH)
+    import benchlib
+
+    monkeypatch.setattr(benchlib, "write_section", lambda name, text: written.update({name: text}))
+    out = str(tmp_path / "c.png")
+    assert plot_results.main([logdir, "--out", out, "--thresholds", "60", "--section", "s"]) == 0
+    assert "first >= 60" in written["s"] and "0.7 min" in written["s"]

@@ -4,9 +4,14 @@ Run from the repository root:
 
     .venv/bin/python tools/plot_results.py runs/a runs/b --out=curves.png --labels=adam,rmsprop
 
+    .venv/bin/python tools/plot_results.py runs/pong0 runs/pong1 --out=docs/pong.png \
+        --thresholds 0 18 --section=pong_learning
+
 Each LOGDIR holds the `result.json` that impala-train writes (one RLlib result dict per line); a
-path to a `result.json` itself also works. The x axes are `timesteps_total` (env steps sampled)
-and `time_since_start_s` (wall time since the binary started), or `time_total_s` (time inside
+path to a `result.json` itself also works. `--thresholds` prints, per run, the first result whose
+`episode_reward_mean` reaches each value (env steps and wall time); `--section NAME` also writes
+that table and the figure's path to BENCHMARKS.md. The x axes are `timesteps_total` (env steps
+sampled) and `time_since_start_s` (wall time since the binary started), or `time_total_s` (time inside
 `train()`) for results without it; the y axis is `episode_reward_mean`. Results before the first
 finished episode (a NaN return) leave a gap.
 """
@@ -22,7 +27,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-__all__ = ["Run", "load_run", "main", "plot_runs"]
+__all__ = ["Run", "first_reaching", "load_run", "main", "plot_runs", "thresholds_table"]
 
 RESULT_FILE = "result.json"
 
@@ -94,6 +99,38 @@ def load_run(path: str, label: str | None = None) -> Run:
     )
 
 
+def first_reaching(run: Run, threshold: float) -> tuple[float, float] | None:
+    """(env steps, seconds) of the first result whose return is >= `threshold`, or None."""
+    reached = np.flatnonzero(np.nan_to_num(run.returns, nan=-np.inf) >= threshold)
+    if not reached.size:
+        return None
+    i = int(reached[0])
+    return float(run.steps[i]), float(run.seconds[i])
+
+
+def thresholds_table(runs: Sequence[Run], thresholds: Sequence[float]) -> str:
+    """A markdown table: per run, when each threshold was first reached, and the best return."""
+    header = "| run | " + " | ".join(f"first >= {t:g}" for t in thresholds) + " | best | last |"
+    lines = [header, "|---|" + "---:|" * (len(thresholds) + 2)]
+    for run in runs:
+        cells = []
+        for threshold in thresholds:
+            hit = first_reaching(run, threshold)
+            cells.append(
+                "not reached"
+                if hit is None
+                else f"{hit[1] / 60:.1f} min, {hit[0] / 1e6:.2f}M steps"
+            )
+        finite = run.returns[~np.isnan(run.returns)]
+        best = f"{finite.max():.1f}" if finite.size else "n/a"
+        last = (
+            f"{run.returns[-1]:.1f} at {run.seconds[-1] / 60:.1f} min, "
+            f"{run.steps[-1] / 1e6:.2f}M steps"
+        )
+        lines.append(f"| {run.label} | " + " | ".join(cells) + f" | {best} | {last} |")
+    return "\n".join(lines)
+
+
 def plot_runs(runs: Sequence[Run], title: str | None = None):
     """Draws return vs env steps (left) and vs wall time (right), one line per run.
 
@@ -128,6 +165,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--out", default="curves.png", help="image file to write (PNG, SVG, PDF)")
     parser.add_argument("--labels", default=None, help="comma-separated legend entries")
     parser.add_argument("--title", default=None, help="figure title")
+    parser.add_argument(
+        "--thresholds", type=float, nargs="*", default=[], help="returns to report reaching"
+    )
+    parser.add_argument(
+        "--section",
+        default=None,
+        help="also write the thresholds table to this BENCHMARKS.md section",
+    )
     args = parser.parse_args(argv)
     labels: list[str | None] = [None] * len(args.logdirs)
     if args.labels is not None:
@@ -147,6 +192,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         for run in runs
     )
     print(f"plot_results: wrote {args.out} ({best})")
+    if args.thresholds:
+        table = thresholds_table(runs, args.thresholds)
+        print(table)
+        if args.section:
+            sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+            import benchlib
+
+            time_keys = ", ".join(sorted({run.time_key for run in runs}))
+            benchlib.write_section(
+                args.section,
+                f"## Learning curves: {args.title or ', '.join(r.label for r in runs)}\n\n"
+                f"`tools/plot_results.py {' '.join(args.logdirs)} --thresholds "
+                f"{' '.join(f'{t:g}' for t in args.thresholds)}` ({benchlib.machine_line()}). "
+                f"Wall time is `{time_keys}`; figure: `{args.out}`.\n\n{table}\n",
+            )
     return 0
 
 
