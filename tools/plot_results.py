@@ -11,9 +11,9 @@ Each LOGDIR holds the `result.json` that impala-train writes (one RLlib result d
 path to a `result.json` itself also works. `--thresholds` prints, per run, the first result whose
 `episode_reward_mean` reaches each value (env steps and wall time); `--section NAME` also writes
 that table and the figure's path to BENCHMARKS.md. The x axes are `timesteps_total` (env steps
-sampled) and `time_since_start_s` (wall time since the binary started), or `time_total_s` (time inside
-`train()`) for results without it; the y axis is `episode_reward_mean`. Results before the first
-finished episode (a NaN return) leave a gap.
+sampled) and `time_since_start_s` (wall time since the binary started), or `time_total_s` (time
+inside `train()`) for results without it; the y axis is `episode_reward_mean`. Results before the
+first finished episode (a NaN return) leave a gap.
 """
 
 from __future__ import annotations
