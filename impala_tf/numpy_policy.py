@@ -23,6 +23,7 @@ import gymnasium as gym
 import numpy as np
 
 from impala_tf.action_sampler import SUPPORTED_ACTION_SPACES, ActionSampler
+from impala_tf.config import MODEL_DEFAULTS
 from impala_tf.policy_step import PolicyStep
 
 __all__ = ["NumpyPolicy", "make_policy", "supports"]
@@ -44,8 +45,11 @@ _OBS_SPACES = (
 )
 
 
-def _model_value(model_config: dict | None, key: str, default):
-    return (model_config or {}).get(key, default)
+def _model_value(model_config: dict | None, key: str, default=None):
+    """`model_config[key]`, else RLlib's default (`config.MODEL_DEFAULTS`), else `default`."""
+    if model_config and key in model_config:
+        return model_config[key]
+    return MODEL_DEFAULTS.get(key, default)
 
 
 def supports(
