@@ -45,11 +45,9 @@ _OBS_SPACES = (
 )
 
 
-def _model_value(model_config: dict | None, key: str, default=None):
-    """`model_config[key]`, else RLlib's default (`config.MODEL_DEFAULTS`), else `default`."""
-    if model_config and key in model_config:
-        return model_config[key]
-    return MODEL_DEFAULTS.get(key, default)
+def _resolved(model_config: dict | None) -> dict:
+    """`model_config` over RLlib's defaults (`config.MODEL_DEFAULTS`), as the catalog reads it."""
+    return {**MODEL_DEFAULTS, **(model_config or {})}
 
 
 def supports(
@@ -64,13 +62,10 @@ def supports(
         return False  # images go through a CNN
     if isinstance(action_space, gym.spaces.MultiDiscrete) and np.ndim(action_space.nvec) != 1:
         return False
-    if _model_value(model_config, "use_lstm", False) or _model_value(
-        model_config, "use_attention", False
-    ):
+    model = _resolved(model_config)
+    if model["use_lstm"] or model.get("use_attention") or model["custom_model"] is not None:
         return False
-    if _model_value(model_config, "custom_model", None) is not None:
-        return False
-    return _model_value(model_config, "fcnet_activation", "tanh") in _ACTIVATIONS
+    return model["fcnet_activation"] in _ACTIVATIONS
 
 
 class NumpyPolicy:
@@ -103,10 +98,11 @@ class NumpyPolicy:
         self.action_space = action_space
         self.explore = explore
         self.sampler = ActionSampler(action_space, explore, seed)
-        self._hiddens = [int(h) for h in _model_value(model_config, "fcnet_hiddens", [256, 256])]
-        self._act = _ACTIVATIONS[_model_value(model_config, "fcnet_activation", "tanh")]
-        self._shared = bool(_model_value(model_config, "vf_share_layers", False))
-        self._free_log_std = bool(_model_value(model_config, "free_log_std", False))
+        model = _resolved(model_config)
+        self._hiddens = [int(h) for h in model["fcnet_hiddens"]]
+        self._act = _ACTIVATIONS[model["fcnet_activation"]]
+        self._shared = bool(model["vf_share_layers"])
+        self._free_log_std = bool(model["free_log_std"])
         self._weights: list[np.ndarray] | None = None
         if isinstance(observation_space, gym.spaces.MultiDiscrete):
             self._obs_nvec = [int(n) for n in np.asarray(observation_space.nvec).reshape(-1)]
