@@ -578,8 +578,7 @@ def compare_inference(path: str, seconds: float, rounds: int) -> str:
         )
     ratio = med["central"]["trained_per_s"] / max(med["actor"]["trained_per_s"], 1e-9)
     lines += ["", f"Central / per-actor, env steps/s trained: **{ratio:.2f}x**."]
-    # The load before: the runs themselves keep both cores busy, so the load after is theirs.
-    if load_before[0] > cores / 2:
+    if benchlib.other_jobs_running(load_before):
         lines += ["", "**Measured under load (other jobs running): the ratio is indicative.**"]
     return "\n".join(lines)
 
@@ -763,7 +762,7 @@ def backend_comparison(args: argparse.Namespace, path: str) -> None:
     lines += benchlib.backend_ratio_lines(
         runs, "sampled_per_s", "env steps/s sampled", TARGET_RAY_RATIO
     )
-    if max(load_before[0], load_after[0]) > cores / 2:
+    if benchlib.other_jobs_running(load_before):
         lines += [
             "",
             "**Measured under load (other jobs running): these figures are not clean; re-run on "
@@ -779,7 +778,7 @@ def report(
     args, config, cores, env_rows, learner, inference, train, rllib, load_before, load_after
 ) -> str:
     name = os.path.relpath(os.path.abspath(args.config), ROOT)
-    loaded = max(load_before[0], load_after[0]) > cores / 2
+    loaded = benchlib.other_jobs_running(load_before)
     env_ok = [r for r in env_rows if "steps_per_s" in r]
     env_rate = max((r["steps_per_s"] for r in env_ok), default=float("nan"))
     learner_rate = learner["batch"] / learner["learner_s"]

@@ -311,7 +311,7 @@ def backend_comparison(args: argparse.Namespace) -> None:
     lines += benchlib.backend_ratio_lines(
         runs, "steady_sampled_per_s", "steady env steps/s sampled", TARGET_RAY_RATIO
     )
-    if max(load_before[0], load_after[0]) > (os.cpu_count() or 1) / 2:
+    if benchlib.other_jobs_running(load_before):
         lines += [
             "",
             "**Measured under load (other jobs running): these figures are not clean; re-run on "

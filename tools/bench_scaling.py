@@ -261,7 +261,7 @@ def report(args, actor, learner, learner_per_s, est, load_before, load_after) ->
         "node (Ray may serve later nodes from earlier copies); it grows with the learner's "
         "update rate, so a fast GPU learner with many nodes should raise `broadcast_interval`.",
     ]
-    if max(load_before[0], load_after[0]) > cores / 2:
+    if benchlib.other_jobs_running(load_before):
         lines += [
             "",
             "**Measured under load (other jobs running): the per-wall-second and learner figures "

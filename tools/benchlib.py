@@ -88,3 +88,12 @@ def backend_ratio_lines(runs: list[dict], key: str, label: str, target: float) -
             f"{'met' if ratio >= target else 'not met'})."
         )
     return lines
+
+
+def other_jobs_running(load_before: tuple[float, ...]) -> bool:
+    """Whether other jobs loaded the machine when a benchmark started.
+
+    Judged by the 1-min load average taken before the runs, above half the cores. The load after
+    the runs is not evidence: on a small machine it is the benchmark's own processes.
+    """
+    return load_before[0] > (os.cpu_count() or 1) / 2
