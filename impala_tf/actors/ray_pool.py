@@ -18,7 +18,8 @@ the same `EnvRunner` with per-actor inference (numpy for MLPs, TensorFlow otherw
   shared memory) before their references are dropped;
 * a dead actor (its process killed, its node lost, an error raised) is reported as an
   `ActorFailure`; `restart` then lets Ray's own restart (`max_restarts` =
-  `max_num_env_runner_restarts`) bring it back, or makes a new actor when Ray has given up on
+  `max_num_env_runner_restarts`) bring it back (waiting until the new process answers: Ray
+  refuses calls to a restarting actor rather than queueing them), or makes a new actor when Ray has given up on
   it or its custom resources left the cluster with their node (the new actor then asks for
   CPUs only, and a warning says so). The driver counts each in `num_env_runner_restarts` as it
   does for local actors. An actor that does not answer within `sample_timeout_s` is killed and
@@ -52,6 +53,8 @@ __all__ = ["RayActorPool", "actor_runtime_env", "copy_out"]
 logger = logging.getLogger(__name__)
 
 _CALL_TIMEOUT_S = 120.0
+#: How long `restart` waits for Ray's own restart of an actor to answer before making a new one.
+_RESTART_TIMEOUT_S = 60.0
 
 
 def actor_runtime_env() -> dict[str, Any]:
@@ -313,8 +316,12 @@ class RayActorPool(ActorPool):
         ref = ray.put(weights)
         wanted = self._custom_resources()
         feasible = not any(ray.cluster_resources().get(k, 0) <= 0 for k in wanted)
-        if feasible and _actor_state(ray, old.handle) not in ("DEAD", None):
-            # Ray restarts (or has restarted) the actor itself; calls queue until it is up.
+        if (
+            feasible
+            and _actor_state(ray, old.handle) not in ("DEAD", None)
+            and self._wait_until_up(old.handle)
+        ):
+            # Ray has restarted the actor itself (`max_restarts`).
             old.handle.set_weights.remote(ref, policy_version, None)
             old.healthy = True
             return
@@ -328,6 +335,29 @@ class RayActorPool(ActorPool):
             )
             wanted = {}
         self._actors[actor_id] = self._create(actor_id, ref, policy_version, wanted)
+
+    def _wait_until_up(self, handle: Any) -> bool:
+        """Waits until Ray's restart of `handle` answers a call; False if it died or never did.
+
+        With `max_task_retries=0` Ray refuses a call made while the actor restarts
+        (`ActorUnavailableError`) instead of queueing it, so the weights (and the samples after
+        them) can only go once the new process answers. The wait blocks the driver for as long
+        as the restart takes (a process start and imports: seconds), at most
+        `_RESTART_TIMEOUT_S`; after that the caller makes a new actor.
+        """
+        ray = self._ray
+        deadline = time.monotonic() + _RESTART_TIMEOUT_S
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            try:
+                ray.get(handle.pid.remote(), timeout=left)
+                return True
+            except ray.exceptions.ActorUnavailableError:
+                time.sleep(min(0.2, max(0.0, deadline - time.monotonic())))
+            except ray.exceptions.RayError:  # Dead for good, or no answer in time.
+                return False
 
     def healthy_actor_ids(self) -> list[int]:
         return [i for i, a in self._actors.items() if a.healthy]
