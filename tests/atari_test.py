@@ -124,7 +124,10 @@ def test_noop_reset_takes_1_to_30_frames():
 
 def test_episodic_life_ends_training_episodes_not_games():
     env = atari.DeepMindPreprocessing(
-        gym.make("BreakoutNoFrameskip-v4", obs_type="grayscale"), dim=42, episodic_life=True
+        gym.make("BreakoutNoFrameskip-v4", obs_type="grayscale"),
+        dim=42,
+        episodic_life=True,
+        fire_after_life_loss=False,
     )
     obs, _ = env.reset(seed=3)
     rng = np.random.default_rng(3)
@@ -145,9 +148,50 @@ def test_episodic_life_ends_training_episodes_not_games():
     assert life_ends == 4  # Breakout has 5 lives.
 
 
+def test_fire_games_serve_again_after_a_lost_life():
+    """RLlib's EpisodicLifeEnv + FireResetEnv: NOOP, FIRE, action 2 after each lost life.
+
+    A policy that never presses FIRE still plays whole Breakout games: each lost life is followed
+    by a served ball. Without the serve the game would wait at the first lost life.
+    """
+    env = atari.DeepMindPreprocessing(
+        gym.make("BreakoutNoFrameskip-v4", obs_type="grayscale"), dim=42, episodic_life=True
+    )
+    obs, _ = env.reset(seed=5)
+    life_ends = steps = 0
+    while steps < 5_000:
+        obs, _, terminated, _, info = env.step(0)  # NOOP only.
+        steps += 1
+        if info["game_over"]:
+            break
+        if terminated:
+            life_ends += 1
+            frame = env.unwrapped.ale.getEpisodeFrameNumber()
+            again, reset_info = env.reset()
+            assert not reset_info["game_over"]
+            assert env.unwrapped.ale.getEpisodeFrameNumber() == frame + 3 * atari.FRAME_SKIP
+            # The stack is refilled with the frame after the serve (RLlib's FrameStack reset).
+            for k in range(1, again.shape[-1]):
+                np.testing.assert_array_equal(again[..., k], again[..., 0])
+    assert info["game_over"] and life_ends == 4, (steps, life_ends)
+    # Whole games (evaluation, no episodic life): the serve happens inside the step.
+    env = atari.DeepMindPreprocessing(gym.make("BreakoutNoFrameskip-v4", obs_type="grayscale"))
+    env.reset(seed=5)
+    for steps in range(1, 5_000):
+        _, _, terminated, truncated, info = env.step(0)
+        assert terminated == info["game_over"] and not truncated
+        if terminated:
+            break
+    assert info["game_over"] and env.unwrapped.ale.lives() == 0, steps
+    # Pong has FIRE but no lives: nothing to serve, and the vector env keeps it.
+    assert atari.vector_env_kwargs(_config(env="PongNoFrameskip-v4"), True, 2) is not None
+    assert atari.vector_env_kwargs(_config(env="BreakoutNoFrameskip-v4"), True, 2) is None
+    assert atari.vector_env_kwargs(_config(env="BreakoutNoFrameskip-v4"), False, 2) is not None
+
+
 @pytest.mark.parametrize("worker_index", [0, 1])
 def test_runner_reports_whole_games_with_clipped_training_rewards(worker_index):
-    """Training runners (vector env) end episodes at lost lives; returns are whole games."""
+    """Training runners end episodes at lost lives; returns are whole games."""
     config = _config(
         env="BreakoutNoFrameskip-v4",
         num_envs_per_env_runner=2,
@@ -155,11 +199,8 @@ def test_runner_reports_whole_games_with_clipped_training_rewards(worker_index):
         model={"dim": 42, "conv_filters": [[4, 8, 4], [8, 4, 2], [16, 3, 1]]},
     )
     runner = EnvRunner(config, worker_index=worker_index)
-    vector = isinstance(runner.env_batch, AtariVectorEnvBatch)
-    assert vector == (worker_index == 1)
-    # A uniform policy (all weights zero) presses FIRE now and then, so lost balls are served
-    # again and games end; RLlib's Glorot-initialised logits can be near-deterministic.
-    runner.set_weights([np.zeros_like(w) for w in runner.get_weights()])
+    # Breakout serves again after a lost life: the wrapper path, also for training.
+    assert not isinstance(runner.env_batch, AtariVectorEnvBatch)
     terminations, returns, lengths, steps, rewards = 0, [], [], 0, []
     while len(returns) < 2:
         fragment = runner.sample()
@@ -203,13 +244,18 @@ def test_vector_env_and_wrapper_paths_are_identical(game):
     mt19937, the wrapper from the env's numpy generator. `noop_max=1` makes it the same.
     """
     game_id = {"pong": "PongNoFrameskip-v4", "breakout": "BreakoutNoFrameskip-v4"}[game]
-    kwargs = atari.vector_env_kwargs(_config(env=game_id), training=True, num_envs=2)
+    kwargs = atari.vector_env_kwargs(
+        _config(env=game_id), training=True, num_envs=2, fire_after_life_loss=False
+    )
     kwargs.update(noop_max=1, num_threads=1)
     vector = AtariVectorEnvBatch(**kwargs)
     wrapped = GymEnvBatch(
         [
             atari.DeepMindPreprocessing(
-                gym.make(game_id, obs_type="grayscale"), noop_max=1, episodic_life=True
+                gym.make(game_id, obs_type="grayscale"),
+                noop_max=1,
+                episodic_life=True,
+                fire_after_life_loss=False,
             )
             for _ in range(2)
         ]

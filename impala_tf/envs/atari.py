@@ -28,9 +28,13 @@ for an env that does not skip frames itself (`*NoFrameskip-v4`, `ALE/*-v5` with 
   env's single FIRE frame is what both our paths do);
 * episodic life, for training only (env runners with `worker_index >= 1`; evaluation sees whole
   games): a lost life ends the *training* episode (`terminated=True`, so V-trace does not
-  bootstrap through it) while the game goes on: the next observation continues the game (RLlib's
-  `EpisodicLifeEnv` also continues the game, after one NOOP step; ale-py's own `episodic_life`
-  option would restart the game, which is why we use its `life_loss_info` instead).
+  bootstrap through it) while the game goes on. In games with FIRE and lives (Breakout, Space
+  Invaders, ...) the game then goes on as in RLlib: a NOOP step (`EpisodicLifeEnv`), then FIRE
+  and action 2 (`FireResetEnv`), hidden from the agent, and a refilled frame stack, so that the
+  next ball is served whatever the policy does. ale-py's vector env cannot do that (its own
+  `episodic_life` option restarts the game; its `life_loss_info` continues with the next frame),
+  so those games train on the wrapper path; in the others (no FIRE, or no lives, like Pong) the
+  next observation simply continues the game on both paths.
   `info["game_over"]` tells a real game end from a life loss; the env runner reports episode
   returns and lengths per game (all lives, unclipped rewards), as RLlib's `MonitorEnv` does, so
   `episode_reward_mean` compares with published Atari scores;
@@ -129,6 +133,17 @@ def clip_rewards_for(config: Any, atari: bool) -> bool | float | None:
     return config.clip_rewards
 
 
+def _serves_after_life_loss(env_id: str, env_config: dict | None) -> bool:
+    """Whether the game has FIRE (and 3+ actions) and lives: it must serve again after a life loss."""
+    env = gym.make(env_id, **{**(env_config or {}), "obs_type": "grayscale"})
+    try:
+        ale = env.unwrapped
+        meanings = ale.get_action_meanings()
+        return "FIRE" in meanings and len(meanings) >= 3 and ale.ale.lives() > 0
+    finally:
+        env.close()
+
+
 def _stack_size(model: dict) -> int:
     return STACK if model.get("framestack", True) is True else 1
 
@@ -177,7 +192,9 @@ class DeepMindPreprocessing(gym.Wrapper):
     Observations are uint8 `[dim, dim, stack]` (gray) or `[dim, dim, 3 * stack]` (colour).
     `info["game_over"]` is True when the game itself ended (or was truncated), False when only a
     life was lost (`episodic_life`). After a life loss, `reset()` continues the game: it returns
-    the current observation without stepping.
+    the current observation without stepping or, in games with FIRE (`fire_after_life_loss`),
+    after RLlib's NOOP, FIRE and action-2 steps, which serve the next ball. Without episodic life
+    (whole games, evaluation) the same steps follow a lost life inside `step`.
 
     Args:
       env: An ale-py `AtariEnv` (any wrappers) with `obs_type` "grayscale" or "rgb".
@@ -188,6 +205,9 @@ class DeepMindPreprocessing(gym.Wrapper):
       episodic_life: End the episode (`terminated`) at each life loss, for training.
       grayscale: Gray frames (RLlib's DeepMind path); False keeps RGB.
       fire_reset: Press FIRE on reset in games whose action set has FIRE.
+      fire_after_life_loss: With `fire_reset`, also serve again after a lost life, as RLlib's
+        `FireResetEnv` does (it wraps `EpisodicLifeEnv`). ale-py's vector env cannot, so False
+        gives its observations (`vector_env_kwargs`).
     """
 
     def __init__(
@@ -201,6 +221,7 @@ class DeepMindPreprocessing(gym.Wrapper):
         episodic_life: bool = False,
         grayscale: bool = True,
         fire_reset: bool = True,
+        fire_after_life_loss: bool = True,
     ):
         super().__init__(env)
         for name, value, low in (
@@ -224,6 +245,8 @@ class DeepMindPreprocessing(gym.Wrapper):
             raise ValueError("grayscale=False needs an env made with obs_type='rgb'.")
         meanings = env.unwrapped.get_action_meanings()
         self._fire = meanings.index("FIRE") if fire_reset and "FIRE" in meanings else None
+        # RLlib's FireResetEnv asserts at least 3 actions (it presses FIRE, then action 2).
+        self.fire_after_life_loss = bool(fire_after_life_loss) and len(meanings) >= 3
         channels = self.stack if grayscale else 3 * self.stack
         self.observation_space = gym.spaces.Box(0, 255, (self.dim, self.dim, channels), np.uint8)
         frame_shape = raw_shape[:2] if grayscale else raw_shape
@@ -262,7 +285,10 @@ class DeepMindPreprocessing(gym.Wrapper):
     ) -> tuple[np.ndarray, dict]:
         """Starts a new game, or after a life loss (`episodic_life`) continues the current one."""
         if not self._game_over and seed is None:
-            return self._observation(), {"game_over": False, "lives": self._lives}
+            if self.fire_after_life_loss and self._fire is not None:
+                self._serve_again()
+            if not self._game_over:
+                return self._observation(), {"game_over": False, "lives": self._lives}
         obs, info = self.env.reset(seed=seed, options=options)
         noops = int(self.env.unwrapped.np_random.integers(0, self.noop_max)) + 1
         noops -= self._fire is not None
@@ -284,8 +310,21 @@ class DeepMindPreprocessing(gym.Wrapper):
         self._game_over = False
         return self._observation(), {**info, "game_over": False}
 
-    def step(self, action: Any) -> tuple[np.ndarray, float, bool, bool, dict]:
-        """One agent step: `frame_skip` frames of `action`; the reward is their sum, unclipped."""
+    def _serve_again(self) -> None:
+        """After a lost life: RLlib's NOOP step (`EpisodicLifeEnv`), then FIRE and action 2
+        (`FireResetEnv`), each a whole agent step hidden from the agent; the stack is refilled
+        with the last frame (`FrameStack` on reset). Without it a policy that never presses FIRE
+        (a near-deterministic start) waits forever for the next ball in games like Breakout.
+        Their rewards are dropped, as RLlib drops them from training (they are 0 in the games we
+        know: no ball is in play)."""
+        for action in (0, self._fire, 2):
+            self._act(action)
+            if self._game_over:
+                return
+        self._frames.extend([self._frames[-1]] * (self.stack - 1))
+
+    def _act(self, action: Any) -> tuple[float, bool, bool, dict, bool]:
+        """`frame_skip` frames of `action`: (reward sum, terminated, truncated, info, life lost)."""
         total = 0.0
         terminated = truncated = False
         info: dict = {}
@@ -301,12 +340,24 @@ class DeepMindPreprocessing(gym.Wrapper):
         life_lost = lives < self._lives
         self._lives = lives
         self._game_over = bool(terminated or truncated)
+        return total, bool(terminated), bool(truncated), info, life_lost
+
+    def step(self, action: Any) -> tuple[np.ndarray, float, bool, bool, dict]:
+        """One agent step: `frame_skip` frames of `action`; the reward is their sum, unclipped."""
+        total, terminated, truncated, info, life_lost = self._act(action)
+        if life_lost and not self.episodic_life and not self._game_over:
+            # A whole game (evaluation): serve again inside this step (training serves in reset).
+            if self.fire_after_life_loss and self._fire is not None:
+                self._serve_again()
+                terminated, truncated = self._game_over, False
         info = {**info, "game_over": self._game_over}
-        terminated = bool(terminated or (self.episodic_life and life_lost))
-        return self._observation(), total, terminated, bool(truncated), info
+        terminated = terminated or (self.episodic_life and life_lost)
+        return self._observation(), total, terminated, truncated, info
 
 
-def vector_env_kwargs(config: Any, training: bool, num_envs: int) -> dict[str, Any] | None:
+def vector_env_kwargs(
+    config: Any, training: bool, num_envs: int, fire_after_life_loss: bool = True
+) -> dict[str, Any] | None:
     """`AtariVectorEnv` arguments equivalent to `make_atari_env(config)`, or None.
 
     The vector env is used only where it gives the wrapper's observations: a registered ale-py
@@ -315,6 +366,11 @@ def vector_env_kwargs(config: Any, training: bool, num_envs: int) -> dict[str, A
     `repeat_action_probability`, `full_action_space`, `max_num_frames_per_episode`,
     `obs_type` ("grayscale"/"rgb"). Anything else (modes, difficulties, render modes, v5's
     built-in frame skip, whose frames the vector env pools differently) takes the wrapper path.
+
+    For training (`training`, episodic life), games with FIRE and lives take the wrapper path too:
+    after a lost life the wrapper serves again as RLlib does (`DeepMindPreprocessing`'s
+    `fire_after_life_loss`), which the vector env cannot. `fire_after_life_loss=False` asks for
+    the vector env's behaviour instead (the paths-agree test).
 
     Truncation: gym's `max_num_frames_per_episode` counts emulator frames; the vector env counts
     agent steps, so it gets that number divided by the action repeat.
@@ -336,6 +392,8 @@ def vector_env_kwargs(config: Any, training: bool, num_envs: int) -> dict[str, A
         "rgb",
         "grayscale",
     ):
+        return None
+    if training and fire_after_life_loss and _serves_after_life_loss(env, config.env_config):
         return None
     max_frames = int(kwargs.get("max_num_frames_per_episode", 108_000))
     threads = max(1, (os.cpu_count() or 1) // max(1, int(config.num_env_runners)))
