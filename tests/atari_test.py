@@ -177,12 +177,12 @@ def test_fire_games_serve_again_after_a_lost_life():
     # Whole games (evaluation, no episodic life): the serve happens inside the step.
     env = atari.DeepMindPreprocessing(gym.make("BreakoutNoFrameskip-v4", obs_type="grayscale"))
     env.reset(seed=5)
-    for steps in range(1, 5_000):
+    for _ in range(5_000):
         _, _, terminated, truncated, info = env.step(0)
         assert terminated == info["game_over"] and not truncated
         if terminated:
             break
-    assert info["game_over"] and env.unwrapped.ale.lives() == 0, steps
+    assert info["game_over"] and env.unwrapped.ale.lives() == 0
     # Pong has FIRE but no lives: nothing to serve, and the vector env keeps it.
     assert atari.vector_env_kwargs(_config(env="PongNoFrameskip-v4"), True, 2) is not None
     assert atari.vector_env_kwargs(_config(env="BreakoutNoFrameskip-v4"), True, 2) is None

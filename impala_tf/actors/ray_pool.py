@@ -19,11 +19,11 @@ the same `EnvRunner` with per-actor inference (numpy for MLPs, TensorFlow otherw
 * a dead actor (its process killed, its node lost, an error raised) is reported as an
   `ActorFailure`; `restart` then lets Ray's own restart (`max_restarts` =
   `max_num_env_runner_restarts`) bring it back (waiting until the new process answers: Ray
-  refuses calls to a restarting actor rather than queueing them), or makes a new actor when Ray has given up on
-  it or its custom resources left the cluster with their node (the new actor then asks for
-  CPUs only, and a warning says so). The driver counts each in `num_env_runner_restarts` as it
-  does for local actors. An actor that does not answer within `sample_timeout_s` is killed and
-  restarted the same way.
+  refuses calls to a restarting actor rather than queueing them), or makes a new actor when
+  Ray has given up on it or its custom resources left the cluster with their node (the new
+  actor then asks for CPUs only, and a warning says so). The driver counts each in
+  `num_env_runner_restarts` as it does for local actors. An actor that does not answer within
+  `sample_timeout_s` is killed and restarted the same way.
 
 Where Ray runs is `impala_tf.actors.ray_session`'s business (`ray_address`). `stop()` kills
 every actor this pool made and, if the pool started Ray, shuts it down.

@@ -134,7 +134,7 @@ def clip_rewards_for(config: Any, atari: bool) -> bool | float | None:
 
 
 def _serves_after_life_loss(env_id: str, env_config: dict | None) -> bool:
-    """Whether the game has FIRE (and 3+ actions) and lives: it must serve again after a life loss."""
+    """Whether the game has FIRE (3+ actions) and lives: it must serve after a lost life."""
     env = gym.make(env_id, **{**(env_config or {}), "obs_type": "grayscale"})
     try:
         ale = env.unwrapped
@@ -345,11 +345,11 @@ class DeepMindPreprocessing(gym.Wrapper):
     def step(self, action: Any) -> tuple[np.ndarray, float, bool, bool, dict]:
         """One agent step: `frame_skip` frames of `action`; the reward is their sum, unclipped."""
         total, terminated, truncated, info, life_lost = self._act(action)
-        if life_lost and not self.episodic_life and not self._game_over:
+        serves = self.fire_after_life_loss and self._fire is not None
+        if serves and life_lost and not self.episodic_life and not self._game_over:
             # A whole game (evaluation): serve again inside this step (training serves in reset).
-            if self.fire_after_life_loss and self._fire is not None:
-                self._serve_again()
-                terminated, truncated = self._game_over, False
+            self._serve_again()
+            terminated, truncated = self._game_over, False
         info = {**info, "game_over": self._game_over}
         terminated = terminated or (self.episodic_life and life_lost)
         return self._observation(), total, terminated, truncated, info
