@@ -42,7 +42,8 @@ steps/s sampled PLATFORM.md records for RLlib on this machine (said so in the ou
 the model at a batch of its envs) and `inference: central` (the driver's server batches every
 actor's step, `impala_tf.inference`) alternately for `--rounds` rounds of SECONDS each, and prints
 the medians and the ratio (section "bench_atari_inference" of BENCHMARKS.md). `inference: auto`
-picks central for CNN policies because of this comparison.
+keeps inference in the actors because of this comparison on an idle machine (central only when a
+pool of TensorFlow actors would not fit in memory).
 
 `--profile` runs the driver under cProfile and prints its top functions by own time and by
 cumulative time. cProfile sees the driver's main thread only: the learner thread and the actor
