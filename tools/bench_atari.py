@@ -95,6 +95,10 @@ from ray.rllib.algorithms.impala import IMPALAConfig
 from ray.rllib.env.wrappers.atari_wrappers import wrap_atari_for_new_api_stack
 s = json.loads(sys.argv[1])
 budget_s = float(sys.argv[2])
+import ray
+# Logical CPUs beyond the cores: the runners take one each, and RLlib's learner and aggregator
+# actors need theirs, or the run waits for resources forever (PLATFORM.md; bench_pendulum.py).
+ray.init(include_dashboard=False, num_cpus=s["runners"] + 2)
 tune.register_env("pong", lambda cfg: wrap_atari_for_new_api_stack(
     gym.make("ale_py:ALE/Pong-v5", frameskip=1, full_action_space=False,
              repeat_action_probability=0.0), s["dim"], 4, 4))  # dim, frameskip, framestack
@@ -113,8 +117,11 @@ algo = config.build_algo()
 print(json.dumps({"startup_s": time.time() - start}), flush=True)
 while time.time() - start < budget_s:
     r = algo.train()
-    print(json.dumps({"t": time.time() - start,
-                      "steps": r["env_runners"]["num_env_steps_sampled_lifetime"]}), flush=True)
+    steps = r.get("env_runners", {}).get("num_env_steps_sampled_lifetime")
+    if steps is None:  # Iterations before the first sample report no env-runner metrics.
+        steps = r.get("num_env_steps_sampled_lifetime")
+    if steps is not None:
+        print(json.dumps({"t": time.time() - start, "steps": steps}), flush=True)
 algo.stop()
 """
 
@@ -636,8 +643,10 @@ def run_rllib(python: str, config, seconds: float) -> dict:
     )
     rows = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
     iters = [r for r in rows if "steps" in r]
-    if len(iters) < 2:
-        raise RuntimeError(f"RLlib run failed or too short:\n{proc.stderr[-3000:]}")
+    if len(iters) < 2 or iters[-1]["steps"] <= iters[0]["steps"]:
+        # E.g. its env runners die at start (a package missing in the side virtualenv).
+        tail = proc.stderr[-3000:]
+        raise RuntimeError(f"RLlib run failed, too short or sampled nothing:\n{tail}")
     first, last = iters[0], iters[-1]
     return {
         "settings": settings,
