@@ -77,7 +77,10 @@ def test_colour_frames_on_request():
 def test_max_pooling_action_repeat_and_fire_reset():
     """Each step repeats the action 4 frames and max-pools the last two; reset presses FIRE."""
     env = atari.DeepMindPreprocessing(
-        gym.make("BreakoutNoFrameskip-v4", obs_type="grayscale"), dim=84, noop_max=1
+        gym.make("BreakoutNoFrameskip-v4", obs_type="grayscale"),
+        dim=84,
+        noop_max=1,
+        fire_after_life_loss=False,  # The raw env below does not serve after a lost life.
     )
     obs, _ = env.reset(seed=5)
     raw = _raw("BreakoutNoFrameskip-v4", 5)
