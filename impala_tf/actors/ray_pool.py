@@ -355,7 +355,7 @@ class RayActorPool(ActorPool):
                 ray.get(handle.pid.remote(), timeout=left)
                 return True
             except ray.exceptions.ActorUnavailableError:
-                time.sleep(min(0.2, max(0.0, deadline - time.monotonic())))
+                time.sleep(0.2)
             except ray.exceptions.RayError:  # Dead for good, or no answer in time.
                 return False
 

@@ -133,13 +133,17 @@ def clip_rewards_for(config: Any, atari: bool) -> bool | float | None:
     return config.clip_rewards
 
 
+def _can_serve(meanings: list[str]) -> bool:
+    """Whether RLlib's `FireResetEnv` applies: FIRE and at least 3 actions (FIRE, then action 2)."""
+    return "FIRE" in meanings and len(meanings) >= 3
+
+
 def _serves_after_life_loss(env_id: str, env_config: dict | None) -> bool:
-    """Whether the game has FIRE (3+ actions) and lives: it must serve after a lost life."""
+    """Whether the game can serve and has lives: the wrapper serves after each lost life."""
     env = gym.make(env_id, **{**(env_config or {}), "obs_type": "grayscale"})
     try:
         ale = env.unwrapped
-        meanings = ale.get_action_meanings()
-        return "FIRE" in meanings and len(meanings) >= 3 and ale.ale.lives() > 0
+        return _can_serve(ale.get_action_meanings()) and ale.ale.lives() > 0
     finally:
         env.close()
 
@@ -245,8 +249,8 @@ class DeepMindPreprocessing(gym.Wrapper):
             raise ValueError("grayscale=False needs an env made with obs_type='rgb'.")
         meanings = env.unwrapped.get_action_meanings()
         self._fire = meanings.index("FIRE") if fire_reset and "FIRE" in meanings else None
-        # RLlib's FireResetEnv asserts at least 3 actions (it presses FIRE, then action 2).
-        self.fire_after_life_loss = bool(fire_after_life_loss) and len(meanings) >= 3
+        # Whether a lost life is followed by a serve (needs `fire_reset`, as in RLlib).
+        self._serves = bool(fire_after_life_loss and fire_reset) and _can_serve(meanings)
         channels = self.stack if grayscale else 3 * self.stack
         self.observation_space = gym.spaces.Box(0, 255, (self.dim, self.dim, channels), np.uint8)
         frame_shape = raw_shape[:2] if grayscale else raw_shape
@@ -285,7 +289,7 @@ class DeepMindPreprocessing(gym.Wrapper):
     ) -> tuple[np.ndarray, dict]:
         """Starts a new game, or after a life loss (`episodic_life`) continues the current one."""
         if not self._game_over and seed is None:
-            if self.fire_after_life_loss and self._fire is not None:
+            if self._serves:
                 self._serve_again()
             if not self._game_over:
                 return self._observation(), {"game_over": False, "lives": self._lives}
@@ -345,8 +349,7 @@ class DeepMindPreprocessing(gym.Wrapper):
     def step(self, action: Any) -> tuple[np.ndarray, float, bool, bool, dict]:
         """One agent step: `frame_skip` frames of `action`; the reward is their sum, unclipped."""
         total, terminated, truncated, info, life_lost = self._act(action)
-        serves = self.fire_after_life_loss and self._fire is not None
-        if serves and life_lost and not self.episodic_life and not self._game_over:
+        if self._serves and life_lost and not self.episodic_life and not self._game_over:
             # A whole game (evaluation): serve again inside this step (training serves in reset).
             self._serve_again()
             terminated, truncated = self._game_over, False
