@@ -18,7 +18,9 @@ Built by `ImpalaConfig.build()`. Each `train()` call runs `training_step()` for 
    the batch and counts `num_times_learner_queue_full`), the last waiting for room;
 7. drain the learner's outqueue into `num_env_steps_trained` / `num_agent_steps_trained`;
 8. every `broadcast_interval` steps with a new update, send the weights to the actors that
-   sampled (`num_weight_broadcasts`).
+   sampled since their last weights (`num_weight_broadcasts`). The driver never waits for a
+   running update to read them: the learner thread publishes them when that update ends
+   (`LearnerThread.policy_snapshot`), and the next step sends them.
 
 Every `evaluation_interval` iterations, `train()` also runs `evaluate()`: `evaluation_duration`
 episodes in the driver process with the learner's weights, reported under `"evaluation"`.
@@ -260,6 +262,7 @@ class Impala:
         self._time_total_s = 0.0
         self._steps_since_broadcast = 0
         self._broadcast_version = -1
+        self._awaiting_weights: set[int] = set()  # Sampled since their last weights.
         self._failures_in_a_row = collections.Counter()
         self._in_flight = {i: 0 for i in range(self.pool.num_actors)}
         self._learner_info: dict[str, Any] = {}
@@ -281,17 +284,13 @@ class Impala:
                 self._in_flight[actor_id] += missing
 
     def _policy_snapshot(self) -> tuple[list[np.ndarray], int]:
-        """The policy weights and their `num_grad_updates`, read between two updates.
-
-        Under the learner lock, which every update (and each microbatch of one) holds: all
-        variables come from the same update. Every weight read for actors, evaluation and
-        checkpoints goes through this lock.
-        """
-        with self.learner_thread.lock:
-            return self.learner.get_policy_weights(), int(self.learner.num_grad_updates.numpy())
+        """The policy weights and their `num_grad_updates`, read between two updates."""
+        return self.learner_thread.policy_snapshot()
 
     def _broadcast(self, actor_ids: list[int]) -> None:
-        weights, version = self._policy_snapshot()
+        self._send_weights(actor_ids, *self._policy_snapshot())
+
+    def _send_weights(self, actor_ids: list[int], weights: list[np.ndarray], version: int) -> None:
         self.pool.broadcast_weights(weights, version, actor_ids, self._filter_to_send())
         self._broadcast_version = version
 
@@ -453,16 +452,28 @@ class Impala:
         self._maybe_broadcast(sampled)
 
     def _maybe_broadcast(self, sampled: list[int]) -> None:
+        """Sends new weights to the actors that sampled since the last broadcast.
+
+        Never waits for a running update (except in lockstep, where none runs): the snapshot
+        is then the learner thread's latest published one (`LearnerThread.policy_snapshot(
+        wait=False)`). When it is not newer than the last broadcast, the actors wait for the
+        next training step's try.
+        """
         self._steps_since_broadcast += 1
-        version = int(self.learner.num_grad_updates.numpy())
-        if (
-            sampled
-            and self._steps_since_broadcast >= self.config.broadcast_interval
-            and version != self._broadcast_version
+        self._awaiting_weights.update(sampled)
+        if not self._awaiting_weights or (
+            self._steps_since_broadcast < self.config.broadcast_interval
+            or int(self.learner.num_grad_updates.numpy()) == self._broadcast_version
         ):
-            self._broadcast(sampled)
-            self._steps_since_broadcast = 0
-            self._counters["num_weight_broadcasts"] += 1
+            return
+        snapshot = self.learner_thread.policy_snapshot(wait=self.deterministic)
+        if snapshot is None or snapshot[1] == self._broadcast_version:
+            return
+        healthy = set(self.pool.healthy_actor_ids())
+        self._send_weights(sorted(self._awaiting_weights & healthy), *snapshot)
+        self._awaiting_weights.clear()
+        self._steps_since_broadcast = 0
+        self._counters["num_weight_broadcasts"] += 1
 
     # Deterministic mode (lockstep) -------------------------------------------------------------
 

@@ -189,6 +189,9 @@ class LearnerThread(threading.Thread):
         # Held during each update (each microbatch's gradients, each apply), so a checkpoint sees
         # weights, optimizer state and counters from the same step.
         self.lock = threading.RLock()
+        # Weights published after an update for a driver that would not wait (`policy_snapshot`).
+        self._snapshot_wanted = False
+        self._published: tuple[list[np.ndarray], int] | None = None
         self._units: collections.deque[_UnitInfo] = collections.deque()
         self._iterator: Iterator | None = None
         self._accumulated = _Accumulation()
@@ -381,6 +384,7 @@ class LearnerThread(threading.Thread):
                 return
             updates_before = int(self.learner.num_grad_updates.numpy())
             stats = {k: v.numpy().item() for k, v in self._train_fn(data).items()}
+            self._publish_if_wanted()
         self._report(stats, info, info.env_steps, updates_before)
 
     def _accumulate(self, data, info: _UnitInfo) -> None:
@@ -413,6 +417,7 @@ class LearnerThread(threading.Thread):
                 self.num_units_dropped += 1
                 return
             stats = {k: v.numpy().item() for k, v in self._apply_fn().items()}
+            self._publish_if_wanted()
         seconds = time.perf_counter() - start
         self.update_timer.push(seconds)
         self.grad_timer.push(acc.grad_seconds + seconds)
@@ -442,6 +447,39 @@ class LearnerThread(threading.Thread):
         self.learner_queue_size.push(self.inqueue.qsize())
         self._callbacks.on_train_batch_end(self.num_steps - 1, logs=stats)
 
+    def policy_snapshot(self, wait: bool = True) -> tuple[list[np.ndarray], int] | None:
+        """The policy weights and their `num_grad_updates`, read between two updates.
+
+        Every weight read for actors, evaluation and checkpoints comes from here or holds
+        `lock`, so all variables come from the same update.
+
+        Args:
+          wait: True: waits for a running update to end, then reads. False: never waits (the
+            driver's broadcasts, which would otherwise wait most of an update each time):
+            reads now when no update is running; else returns what the thread published after
+            its latest update (None before the first) and asks it to publish again when the
+            running update ends.
+
+        Returns:
+          `(weights, num_grad_updates)`, or None (only with `wait=False`).
+        """
+        if not self.lock.acquire(blocking=wait):
+            self._snapshot_wanted = True
+            return self._published
+        try:
+            return self._read_snapshot()
+        finally:
+            self.lock.release()
+
+    def _read_snapshot(self) -> tuple[list[np.ndarray], int]:
+        return self.learner.get_policy_weights(), int(self.learner.num_grad_updates.numpy())
+
+    def _publish_if_wanted(self) -> None:
+        """After an update, under `lock`: publishes the weights if the driver asked."""
+        if self._snapshot_wanted:
+            self._snapshot_wanted = False
+            self._published = self._read_snapshot()
+
     def flush(self) -> int:
         """Drops every batch taken so far: queued, loaded, buffered or half accumulated.
 
@@ -452,6 +490,7 @@ class LearnerThread(threading.Thread):
         Returns:
           The number of train batches removed from the inqueue.
         """
+        self._published = None  # Weights from before a restore must not be broadcast after it.
         with self._generation_lock:
             self.generation += 1
             removed = 0

@@ -265,3 +265,47 @@ def test_nonfinite_updates_are_counted_in_the_result_and_tensorboard_then_raise(
                 algo.train()
     finally:
         algo.stop()
+
+
+@pytest.mark.parametrize("microbatch_size", [None, 2 * T])
+def test_a_snapshot_that_would_wait_is_published_after_the_running_update(microbatch_size):
+    thread = _thread(_thread_config(microbatch_size=microbatch_size))
+    held, release = threading.Event(), threading.Event()
+
+    def hold_lock():  # Stands for an update in progress on another thread.
+        with thread.lock:
+            held.set()
+            release.wait(60)
+
+    # Idle learner: read at once.
+    weights, version = thread.policy_snapshot(wait=False)
+    assert version == 0
+    assert all(np.array_equal(a, b) for a, b in zip(weights, thread.learner.get_policy_weights()))
+    holder = threading.Thread(target=hold_lock)
+    holder.start()
+    assert held.wait(60)
+    assert thread.policy_snapshot(wait=False) is None  # Nothing published yet; asks for one.
+    release.set()
+    holder.join()
+    thread.start()
+    try:
+        thread.inqueue.put(TrainBatch(_batch(1)))
+        thread.outqueue.get(timeout=60)
+        after_update = thread.learner.get_policy_weights()
+        held.clear(), release.clear()
+        holder = threading.Thread(target=hold_lock)
+        holder.start()
+        assert held.wait(60)
+        weights, version = thread.policy_snapshot(wait=False)  # What the update published.
+        release.set()
+        holder.join()
+        assert version == 1
+        assert all(np.array_equal(a, b) for a, b in zip(weights, after_update))
+        assert thread._snapshot_wanted  # And asked for the next one.
+        with thread.lock:
+            thread.flush()  # A restore: weights from before it are never handed out after it.
+        assert thread._published is None
+    finally:
+        release.set()
+        thread.stop()
+    assert thread.error is None, thread.error
