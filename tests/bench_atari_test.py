@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import time
 
 import pytest
 
@@ -117,3 +118,29 @@ def test_sampler_thread_samples_until_stopped(tree):
     sampler.stop()
     assert not sampler.is_alive()
     assert sampler.peak_rss_kb > 200 * 1024 and sampler.peak_processes == 2
+
+
+def test_cpu_seconds_grow_with_work_and_shares_split_the_tree():
+    busy = "import time\nt = time.time()\nwhile time.time() - t < 3: pass"
+    proc = subprocess.Popen([sys.executable, "-c", busy])
+    try:
+        first = bench_atari.cpu_seconds(proc.pid)
+        time.sleep(1.0)
+        second = bench_atari.cpu_seconds(proc.pid)
+        proc.wait(30)
+    finally:
+        proc.kill()
+    assert second - first > 0.3  # A busy loop: about one core.
+    assert bench_atari.cpu_seconds(proc.pid) is None  # Reaped.
+    samples = [
+        (0.0, {1: 10.0, 2: 3.0, 3: 0.0}),
+        (5.0, {1: 11.0, 2: 5.0, 3: 0.1}),
+        (10.0, {1: 12.0, 2: 8.0, 3: 0.1, 4: 1.0}),  # 4 started in between: left out.
+    ]
+    shares = bench_atari.cpu_shares(samples, 1, 0.0, 10.0)
+    assert shares["window_s"] == 10.0
+    assert shares["driver_cores"] == pytest.approx(0.2)
+    assert shares["children_cores"] == pytest.approx(0.51)
+    assert shares["busy_children"] == 1
+    assert shares["total_cores"] == pytest.approx(0.71)
+    assert bench_atari.cpu_shares(samples, 1, 6.0, 10.0) is None  # One sample only.

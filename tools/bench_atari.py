@@ -183,8 +183,49 @@ def memory_kb(pid: int, proc: str = "/proc") -> tuple[int, int]:
     return rss, pss
 
 
+def cpu_seconds(pid: int, proc: str = "/proc") -> float | None:
+    """User + system CPU seconds of one process (all its threads); None if it exited."""
+    try:
+        with open(os.path.join(proc, str(pid), "stat"), encoding="ascii", errors="replace") as f:
+            stat = f.read()
+    except OSError:
+        return None
+    fields = stat[stat.rfind(")") + 2 :].split()  # fields[0] is field 3 (state).
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def cpu_shares(samples: list[tuple[float, dict[int, float]]], root_pid: int, t0: float, t1: float):
+    """Cores used by the root process and by its descendants between wall times `t0` and `t1`.
+
+    Args:
+      samples: `(wall time, {pid: CPU seconds})` as `TreeMemorySampler` records them.
+      root_pid: The driver's pid.
+      t0, t1: The window; the first sample at or after `t0` and the last at or before `t1`.
+
+    Returns:
+      {"window_s", "driver_cores", "children_cores", "busy_children" (descendants above 5% of
+      a core), "total_cores"}, or None without two samples in the window.
+    """
+    inside = [s for s in samples if t0 <= s[0] <= t1]
+    if len(inside) < 2:
+        return None
+    (a_t, a), (b_t, b) = inside[0], inside[-1]
+    dt = b_t - a_t
+    used = {pid: (b[pid] - a[pid]) / dt for pid in b if pid in a}
+    children = [v for pid, v in used.items() if pid != root_pid]
+    return {
+        "window_s": dt,
+        "driver_cores": used.get(root_pid, 0.0),
+        "children_cores": sum(children),
+        "busy_children": sum(v > 0.05 for v in children),
+        "total_cores": sum(used.values()),
+    }
+
+
 class TreeMemorySampler(threading.Thread):
     """Samples the summed RSS and PSS of a process tree every `interval_s`; keeps the peaks.
+
+    Each sample also records every process's CPU seconds (`cpu_samples`, see `cpu_shares`).
 
     Args:
       root_pid: The tree's root (the driver).
@@ -196,15 +237,21 @@ class TreeMemorySampler(threading.Thread):
         super().__init__(daemon=True, name="tree-memory-sampler")
         self.root_pid, self.interval_s, self.proc = root_pid, interval_s, proc
         self.peak_rss_kb = self.peak_pss_kb = self.peak_processes = self.samples = 0
+        self.cpu_samples: list[tuple[float, dict[int, float]]] = []
         self._done = threading.Event()
 
     def sample(self) -> tuple[int, int, int]:
         """Takes one sample now; returns (RSS KiB, PSS KiB, processes) and updates the peaks."""
         pids = process_tree(self.root_pid, self.proc)
         rss = pss = 0
+        cpu: dict[int, float] = {}
         for pid in pids:
             r, p = memory_kb(pid, self.proc)
             rss, pss = rss + r, pss + p
+            seconds = cpu_seconds(pid, self.proc)
+            if seconds is not None:
+                cpu[pid] = seconds
+        self.cpu_samples.append((time.perf_counter(), cpu))
         self.peak_rss_kb = max(self.peak_rss_kb, rss)
         self.peak_pss_kb = max(self.peak_pss_kb, pss)
         self.peak_processes = max(self.peak_processes, len(pids))
@@ -516,6 +563,8 @@ def run_train(path: str, seconds: float, profile: bool, top: int, backend: str =
                 proc.wait(60)
             sampler.stop()
     wall = time.perf_counter() - start
+    # Steady state: start-up (imports, tracing, first fragments) and shutdown left out.
+    cpu = cpu_shares(sampler.cpu_samples, proc.pid, start + 0.3 * wall, start + 0.9 * wall)
     if proc.returncode != 0:
         with open(log_path, encoding="utf-8") as f:
             raise RuntimeError(f"impala-train exited {proc.returncode}:\n{f.read()[-3000:]}")
@@ -528,6 +577,7 @@ def run_train(path: str, seconds: float, profile: bool, top: int, backend: str =
         "peak_rss_mb": sampler.peak_rss_kb / 1024,
         "peak_pss_mb": sampler.peak_pss_kb / 1024,
         "peak_processes": sampler.peak_processes,
+        "cpu": cpu,
         **throughput(results),
     }
     if profile:
@@ -784,6 +834,20 @@ def backend_comparison(args: argparse.Namespace, path: str) -> None:
         benchlib.write_section("bench_atari_backends", text)
 
 
+def _cpu_lines(cpu: dict | None, cores: int, trained: float) -> list[str]:
+    """Where the run's CPU went: cores used by the driver and by its child processes."""
+    if not cpu:
+        return []
+    per_step = cpu["total_cores"] / trained * 1e3 if trained else float("nan")
+    return [
+        f"CPU over {cpu['window_s']:.0f} s of the middle of the run (30-90% of its wall time, "
+        f"from /proc): driver (learner thread, loader, driver loop) {cpu['driver_cores']:.2f} "
+        f"cores, {cpu['busy_children']} busy child processes (actors: env stepping and "
+        f"inference) {cpu['children_cores']:.2f} cores, total {cpu['total_cores']:.2f} of "
+        f"{cores}: {per_step:.3f} ms of core time per env step trained.",
+    ]
+
+
 def report(
     args, config, cores, env_rows, learner, inference, train, rllib, load_before, load_after
 ) -> str:
@@ -857,6 +921,7 @@ def report(
         f"Peak memory of the run's process tree ({train['peak_processes']} processes at most, "
         f"sampled every second): RSS summed {train['peak_rss_mb']:,.0f} MB, PSS summed "
         f"{train['peak_pss_mb']:,.0f} MB.",
+        *_cpu_lines(train.get("cpu"), cores, trained),
         "",
         "### Ratios",
         "",
