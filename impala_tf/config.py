@@ -10,13 +10,14 @@ through `ImpalaConfig.update_from_dict`:
 * `ImpalaConfig.from_dict(d)`;
 * `ImpalaConfig.from_yaml(path)`, reading RLlib's tuned-example format.
 
-Every key is resolved by one function against four tables:
+Every key is resolved by one function against four tables (the last three, with the model
+defaults and RLlib's stop criteria, live in `impala_tf.config_keys`):
 
 * the dataclass fields of `ImpalaConfig` (each field's metadata names its builder group),
   and `MODEL_DEFAULTS` for the keys of the `model` dict;
-* `_ALIASES`: old RLlib names, applied to the new key with one `DeprecatedKeyWarning` per name;
-* `_IGNORED`: RLlib keys with no meaning here, accepted with one `ConfigWarning` per name;
-* `_UNSUPPORTED`: RLlib keys whose behaviour we do not have and that no other key reproduces;
+* `ALIASES`: old RLlib names, applied to the new key with one `DeprecatedKeyWarning` per name;
+* `IGNORED`: RLlib keys with no meaning here, accepted with one `ConfigWarning` per name;
+* `UNSUPPORTED`: RLlib keys whose behaviour we do not have and that no other key reproduces;
   a non-None value is an error that says what to use instead.
 
 Anything else is an error naming the key, with a "did you mean" suggestion. Values are checked
@@ -40,15 +41,35 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import difflib
 import math
-import numbers
 import os
-import re
 import sys
 import warnings
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
+
+from impala_tf.config_keys import (
+    ACTIVATIONS,
+    ACTOR_BACKENDS,
+    ALIASES,
+    CUSTOM_MODELS,
+    FILTER_NAMES,
+    IGNORED,
+    IGNORED_MODEL,
+    MODEL_ALIASES,
+    MODEL_DEFAULTS,
+    OPTIMIZERS,
+    RAY_ADDRESS,
+    SYNONYMS,
+    UNSUPPORTED,
+    is_conv_filter,
+    is_int,
+    is_number,
+    load_yaml,
+    normalize_schedule,
+    normalize_stop_criteria,
+    suggest,
+)
 
 __all__ = [
     "MODEL_DEFAULTS",
@@ -66,128 +87,6 @@ class ConfigWarning(UserWarning):
 class DeprecatedKeyWarning(ConfigWarning, FutureWarning):
     """An old RLlib key name was used; its value went to the new key the message names."""
 
-
-# RLlib's MODEL_DEFAULTS, restricted to the keys our model catalog understands.
-MODEL_DEFAULTS: dict[str, Any] = {
-    "fcnet_hiddens": [256, 256],
-    "fcnet_activation": "tanh",
-    "vf_share_layers": True,
-    "conv_filters": None,
-    "conv_activation": "relu",
-    "post_fcnet_hiddens": [],
-    "post_fcnet_activation": "relu",
-    "custom_model": None,
-    "use_lstm": False,
-    "lstm_cell_size": 256,
-    "max_seq_len": 20,
-    "lstm_use_prev_action": False,
-    "lstm_use_prev_reward": False,
-    "dim": 84,
-    "grayscale": False,
-    "framestack": True,
-    "free_log_std": False,
-}
-
-_ACTIVATIONS = ("relu", "tanh", "elu", "swish", "linear")
-_ACTOR_BACKENDS = ("local", "ray")
-#: A Ray GCS address, HOST:PORT (a host name, IPv4 address or bracketed IPv6 address).
-_RAY_ADDRESS = re.compile(r"^(?:\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_.-]+):(?:[1-9][0-9]{0,4})$")
-_CUSTOM_MODELS = (None, "nature_cnn", "impala_resnet")
-_OPTIMIZERS = ("adam", "rmsprop")
-
-# Old name -> new name. A key listed in _SYNONYMS is a current RLlib name too, so it is
-# applied without a deprecation warning.
-_ALIASES: dict[str, str] = {
-    "num_workers": "num_env_runners",
-    "num_rollout_workers": "num_env_runners",
-    "num_envs_per_worker": "num_envs_per_env_runner",
-    "num_epochs": "num_sgd_iter",
-    "num_data_loader_buffers": "num_multi_gpu_tower_stacks",
-    "max_sample_requests_in_flight_per_worker": "max_requests_in_flight_per_env_runner",
-    "num_cpus_per_worker": "num_cpus_per_env_runner",
-    "custom_resources_per_worker": "custom_resources_per_env_runner",
-    "ignore_worker_failures": "restart_failed_env_runners",
-    "ignore_env_runner_failures": "restart_failed_env_runners",
-    "recreate_failed_workers": "restart_failed_env_runners",
-    "recreate_failed_env_runners": "restart_failed_env_runners",
-    "sample_batch_size": "rollout_fragment_length",
-    "evaluation_num_episodes": "evaluation_duration",
-    "metrics_smoothing_episodes": "metrics_num_episodes_for_smoothing",
-    "min_time_s_per_reporting": "min_time_s_per_iteration",
-    "min_iter_time_s": "min_time_s_per_iteration",
-    "min_sample_timesteps_per_reporting": "min_sample_timesteps_per_iteration",
-    "timesteps_per_iteration": "min_sample_timesteps_per_iteration",
-}
-_SYNONYMS = frozenset({"num_epochs"})
-
-# Old model key -> the model keys it sets.
-_MODEL_ALIASES: dict[str, tuple[str, ...]] = {
-    "lstm_use_prev_action_reward": ("lstm_use_prev_action", "lstm_use_prev_reward"),
-}
-
-#: `observation_filter` values (`impala_tf.filters.FILTER_NAMES`; not imported, to stay light).
-_FILTER_NAMES = ("NoFilter", "MeanStdFilter", "ConcurrentMeanStdFilter")
-
-# RLlib keys accepted and ignored, with the reason shown in the warning.
-_IGNORED: dict[str, str] = {
-    "framework": "impala_tf always runs TensorFlow 2",
-    "eager_tracing": "the learner step is always a tf.function",
-    "eager_max_retraces": "the learner step is always a tf.function",
-    "tf_session_args": "there are no TF1 sessions",
-    "local_tf_session_args": "there are no TF1 sessions",
-    "log_level": "use Python logging / absl verbosity",
-    "logger_config": "results are written by Keras callbacks",
-    "_disable_execution_plan_api": "there is one execution path",
-    "_enable_new_api_stack": "impala_tf reproduces the old API stack only",
-    "enable_rl_module_and_learner": "impala_tf reproduces the old API stack only",
-    "enable_env_runner_and_connector_v2": "impala_tf reproduces the old API stack only",
-    "_tf_policy_handles_more_than_one_loss": "two losses are always supported",
-    "_dont_auto_sync_env_runner_states": "weights are always broadcast by the driver",
-    "simple_optimizer": "the learner picks its device strategy from `num_gpus`",
-    "num_learners": "there is one learner process; `num_gpus` sets its devices",
-    "num_gpus_per_learner": "there is one learner process; `num_gpus` sets its devices",
-    "num_cpus_per_learner": "there is no resource scheduler",
-    "num_gpus_per_worker": "env runners always run on CPU",
-    "num_gpus_per_env_runner": "env runners always run on CPU",
-    "num_cpus_for_driver": "there is no resource scheduler",
-    "num_cpus_for_main_process": "there is no resource scheduler",
-    "placement_strategy": "there is no resource scheduler",
-    "create_env_on_driver": "the driver never steps an environment",
-    "callbacks": "use Keras callbacks on the algorithm instead",
-    "exploration_config": "actions are always sampled from the policy (`explore`)",
-    "grad_clip_by": "RLlib's old stack, like us, always clips by global norm",
-    "evaluation_num_workers": "evaluation runs in the driver process",
-    "evaluation_num_env_runners": "evaluation runs in the driver process",
-    "disable_env_checking": "environments are not pre-checked",
-}
-
-# Model keys accepted and ignored.
-_IGNORED_MODEL: dict[str, str] = {
-    "_disable_preprocessor_api": "observations are preprocessed by the model",
-    "_disable_action_flattening": "actions are never flattened",
-    "_time_major": "the learner is always time-major",
-    "_use_default_native_models": "models come from impala_tf.models",
-    "zero_mean": "observation normalisation is not implemented",
-    "custom_model_config": "the built-in custom models take no options",
-}
-
-# RLlib keys with no faithful equivalent: a non-None value is an error with this explanation.
-_UNSUPPORTED: dict[str, str] = {
-    "sgd_minibatch_size": (
-        "IMPALA (old API stack) trains each of the `num_sgd_iter` passes on the whole train "
-        "batch and never splits it into minibatches. Lower `train_batch_size` for smaller "
-        "updates, or set `microbatch_size` to accumulate gradients over parts of the batch "
-        "(still one update per train batch)"
-    ),
-    "minibatch_size": (
-        "IMPALA (old API stack) never splits a train batch into minibatches. Lower "
-        "`train_batch_size` for smaller updates, or set `microbatch_size` to accumulate "
-        "gradients over parts of the batch (still one update per train batch)"
-    ),
-    "train_batch_size_per_learner": (
-        "there is one learner; set `train_batch_size` (it is split across `num_gpus` devices)"
-    ),
-}
 
 # Keys already warned about in this process (each warning is shown once per key).
 _WARNED: set[str] = set()
@@ -220,11 +119,6 @@ def _key(default: Any, group: str) -> Any:
     return dataclasses.field(default=default, metadata=metadata)
 
 
-def _suggest(key: str, candidates: Iterable[str]) -> str:
-    matches = difflib.get_close_matches(key, list(candidates), n=1, cutoff=0.6)
-    return f" Did you mean '{matches[0]}'?" if matches else ""
-
-
 def _module_available(name: str) -> bool:
     """Whether `name` can be imported (without importing it)."""
     if name in sys.modules:
@@ -232,114 +126,6 @@ def _module_available(name: str) -> bool:
     import importlib.util
 
     return importlib.util.find_spec(name) is not None
-
-
-def _is_number(value: Any) -> bool:
-    return isinstance(value, numbers.Real) and not isinstance(value, bool)
-
-
-def _is_int(value: Any) -> bool:
-    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
-
-
-def _normalize_schedule(value: Any, key: str) -> list[list[float]]:
-    """Checks a piecewise-linear schedule and returns it as a fresh list of pairs.
-
-    Args:
-      value: `[[timestep, value], ...]` with numeric entries and non-decreasing timesteps
-        (timesteps count agent steps trained). Values are interpolated linearly between points
-        and the last value is held after the last point; start at timestep 0 so that the value
-        before the first point is not a question.
-      key: The config key the schedule came from, for the error message.
-
-    Returns:
-      The schedule as a list of `[timestep, float(value)]` pairs.
-
-    Raises:
-      ValueError: naming `key`, if `value` is not such a list.
-    """
-    fix = f"write `{key}` as [[timestep, value], ...], e.g. [[0, 0.0005], [1000000, 0.0]]"
-    if isinstance(value, (str, bytes, Mapping)) or not isinstance(value, Iterable):
-        raise ValueError(f"`{key}` must be a list of [timestep, value] pairs, got {value!r}; {fix}")
-    points = []
-    for point in value:
-        if (
-            isinstance(point, (str, bytes, Mapping))
-            or not isinstance(point, Iterable)
-            or len(point := list(point)) != 2
-            or not all(_is_number(x) and math.isfinite(x) for x in point)
-        ):
-            raise ValueError(
-                f"`{key}` entry {point!r} is not a [timestep, value] pair of finite numbers; {fix}"
-            )
-        points.append([point[0], float(point[1])])
-    if not points:
-        raise ValueError(f"`{key}` is an empty schedule; use None for a constant, or {fix}")
-    timesteps = [t for t, _ in points]
-    if timesteps[0] < 0 or any(b < a for a, b in zip(timesteps, timesteps[1:], strict=False)):
-        raise ValueError(
-            f"`{key}` timesteps must be >= 0 and non-decreasing, got {timesteps}; "
-            "a decreasing schedule cannot be interpolated"
-        )
-    return points
-
-
-# Stop criteria: every accepted spelling -> the canonical (old RLlib result) key.
-_STOP_KEYS: dict[str, str] = {
-    "episode_reward_mean": "episode_reward_mean",
-    "episode_return_mean": "episode_reward_mean",
-    "env_runners/episode_return_mean": "episode_reward_mean",
-    "sampler_results/episode_reward_mean": "episode_reward_mean",
-    "timesteps_total": "timesteps_total",
-    "num_env_steps_sampled": "timesteps_total",
-    "num_env_steps_sampled_lifetime": "timesteps_total",
-    "env_runners/num_env_steps_sampled_lifetime": "timesteps_total",
-    "training_iteration": "training_iteration",
-    "time_total_s": "time_total_s",
-}
-
-
-def normalize_stop_criteria(stop: Mapping[str, Any] | None) -> dict[str, float]:
-    """Maps RLlib stop criteria, old or new spelling, onto our result keys.
-
-    Training stops when any criterion is reached (result >= value), as in Tune. Canonical keys
-    (those our `train()` results carry) and the spellings mapped onto them:
-
-    * `episode_reward_mean` <- `env_runners/episode_return_mean`, `episode_return_mean`,
-      `sampler_results/episode_reward_mean`;
-    * `timesteps_total` <- `num_env_steps_sampled_lifetime`,
-      `env_runners/num_env_steps_sampled_lifetime`, `num_env_steps_sampled`;
-    * `training_iteration`, `time_total_s` (same in every version).
-
-    Args:
-      stop: The `stop` mapping of a tuned example, or None.
-
-    Returns:
-      A new dict keyed by canonical names only.
-
-    Raises:
-      ValueError: for an unknown criterion, a non-numeric value, or two spellings of one
-        criterion with different values.
-    """
-    normalised: dict[str, float] = {}
-    spelled: dict[str, str] = {}
-    for key, value in (stop or {}).items():
-        if key not in _STOP_KEYS:
-            raise ValueError(
-                f"Unknown stop criterion `{key}`.{_suggest(key, _STOP_KEYS)} "
-                f"Supported: {sorted(_STOP_KEYS)}."
-            )
-        if not _is_number(value):
-            raise ValueError(f"Stop criterion `{key}` must be a number, got {value!r}.")
-        canonical = _STOP_KEYS[key]
-        if canonical in normalised and normalised[canonical] != value:
-            raise ValueError(
-                f"Stop criteria `{spelled[canonical]}` and `{key}` both set `{canonical}` "
-                f"({normalised[canonical]} vs {value}); keep one."
-            )
-        normalised[canonical] = value
-        spelled[canonical] = key
-    return normalised
 
 
 _UNSET: Any = object()
@@ -554,27 +340,25 @@ class ImpalaConfig:
             settings = expand_rllib_keys(settings)
         for key, value in settings.items():
             name = key
-            if key in _ALIASES:
-                name = _ALIASES[key]
-                if key not in _SYNONYMS:
+            if key in ALIASES:
+                name = ALIASES[key]
+                if key not in SYNONYMS:
                     _warn_once(
                         key,
                         f"Config key `{key}` is deprecated; use `{name}` (value applied to it).",
                         DeprecatedKeyWarning,
                     )
-            if name in _IGNORED:
-                _warn_once(
-                    name, f"Config key `{name}` is ignored: {_IGNORED[name]}.", ConfigWarning
-                )
+            if name in IGNORED:
+                _warn_once(name, f"Config key `{name}` is ignored: {IGNORED[name]}.", ConfigWarning)
                 continue
-            if name in _UNSUPPORTED:
+            if name in UNSUPPORTED:
                 if value is None:
                     _warn_once(name, f"Config key `{name}` is ignored (None).", ConfigWarning)
                     continue
-                raise ValueError(f"Config key `{name}` is not supported: {_UNSUPPORTED[name]}.")
+                raise ValueError(f"Config key `{name}` is not supported: {UNSUPPORTED[name]}.")
             field = _FIELDS.get(name)
             if field is None:
-                raise ValueError(f"Unknown IMPALA config key `{key}`.{_suggest(key, _ALL_KEYS)}")
+                raise ValueError(f"Unknown IMPALA config key `{key}`.{suggest(key, _ALL_KEYS)}")
             if group is not None and field.metadata["group"] != group:
                 raise TypeError(
                     f"`{key}` is not a setting of `.{group}()`; set it with "
@@ -596,15 +380,15 @@ class ImpalaConfig:
         if not isinstance(model, Mapping):
             raise ValueError(f"`model` must be a dict of model settings, got {model!r}.")
         for key, value in model.items():
-            if key in _IGNORED_MODEL:
+            if key in IGNORED_MODEL:
                 _warn_once(
                     f"model.{key}",
-                    f"Model key `{key}` is ignored: {_IGNORED_MODEL[key]}.",
+                    f"Model key `{key}` is ignored: {IGNORED_MODEL[key]}.",
                     ConfigWarning,
                 )
                 continue
-            if key in _MODEL_ALIASES:
-                targets = _MODEL_ALIASES[key]
+            if key in MODEL_ALIASES:
+                targets = MODEL_ALIASES[key]
                 _warn_once(
                     f"model.{key}",
                     f"Model key `{key}` is deprecated; use {' and '.join(targets)}.",
@@ -613,8 +397,8 @@ class ImpalaConfig:
             elif key in MODEL_DEFAULTS:
                 targets = (key,)
             else:
-                known = [*MODEL_DEFAULTS, *_MODEL_ALIASES, *_IGNORED_MODEL]
-                raise ValueError(f"Unknown model key `{key}` in `model`.{_suggest(key, known)}")
+                known = [*MODEL_DEFAULTS, *MODEL_ALIASES, *IGNORED_MODEL]
+                raise ValueError(f"Unknown model key `{key}` in `model`.{suggest(key, known)}")
             for target in targets:
                 self.model[target] = copy.deepcopy(value)
 
@@ -657,7 +441,7 @@ class ImpalaConfig:
           ValueError: for a malformed file, `run` other than IMPALA, or a bad key.
         """
         with open(path, encoding="utf-8") as f:
-            document = _load_yaml(f)
+            document = load_yaml(f)
         if not isinstance(document, Mapping) or len(document) != 1:
             raise ValueError(
                 f"{path}: expected exactly one top-level experiment entry "
@@ -709,7 +493,7 @@ class ImpalaConfig:
         """Returns `lr_schedule` as checked `[[timestep, lr], ...]`, or None for constant `lr`."""
         if self.lr_schedule is None:
             return None
-        return _normalize_schedule(self.lr_schedule, "lr_schedule")
+        return normalize_schedule(self.lr_schedule, "lr_schedule")
 
     def entropy_coeff_schedule_points(self) -> list[list[float]] | None:
         """Returns `entropy_coeff_schedule` as `[[timestep, coeff], ...]`, or None.
@@ -720,9 +504,9 @@ class ImpalaConfig:
         schedule = self.entropy_coeff_schedule
         if schedule is None:
             return None
-        if _is_number(schedule):
+        if is_number(schedule):
             schedule = [[0, self.entropy_coeff], [schedule, 0.0]]
-        return _normalize_schedule(schedule, "entropy_coeff_schedule")
+        return normalize_schedule(schedule, "entropy_coeff_schedule")
 
     def get_evaluation_config(self) -> ImpalaConfig:
         """Returns a copy of this config with `evaluation_config` applied (and emptied)."""
@@ -788,7 +572,7 @@ class ImpalaConfig:
         if not isinstance(self.env_config, Mapping):
             raise ValueError(f"`env_config` must be a dict, got {self.env_config!r}.")
         clip = self.clip_rewards
-        if not (clip is None or isinstance(clip, bool) or (_is_number(clip) and clip > 0)):
+        if not (clip is None or isinstance(clip, bool) or (is_number(clip) and clip > 0)):
             raise ValueError(
                 f"`clip_rewards` must be None, a bool (True clips to sign) or a number > 0 "
                 f"(clip to [-x, x]), got {clip!r}."
@@ -821,9 +605,9 @@ class ImpalaConfig:
                 "`preprocessor_pref` must be 'deepmind' (DeepMind preprocessing of Atari envs), "
                 f"'rllib' or None (no preprocessing), got {self.preprocessor_pref!r}."
             )
-        if self.observation_filter not in _FILTER_NAMES:
+        if self.observation_filter not in FILTER_NAMES:
             raise ValueError(
-                f"`observation_filter` must be one of {list(_FILTER_NAMES)} (RLlib's names), "
+                f"`observation_filter` must be one of {list(FILTER_NAMES)} (RLlib's names), "
                 f"got {self.observation_filter!r}."
             )
         self._check_number("sample_timeout_s", minimum=0.0, strict=True, optional=True)
@@ -849,13 +633,13 @@ class ImpalaConfig:
         self._check_int("train_batch_size", minimum=1)
         self._check_int("num_sgd_iter", minimum=1)
         self._check_number("grad_clip", minimum=0.0, strict=True, optional=True)
-        if self.opt_type not in _OPTIMIZERS:
-            raise ValueError(f"`opt_type` must be one of {_OPTIMIZERS}, got {self.opt_type!r}.")
+        if self.opt_type not in OPTIMIZERS:
+            raise ValueError(f"`opt_type` must be one of {OPTIMIZERS}, got {self.opt_type!r}.")
         self._check_number("decay", minimum=0.0, maximum=1.0)
         self._check_number("momentum", minimum=0.0)
         self._check_number("epsilon", minimum=0.0, strict=True)
         self._check_number("vf_loss_coeff", minimum=0.0)
-        if _is_number(self.entropy_coeff) and self.entropy_coeff < 0:
+        if is_number(self.entropy_coeff) and self.entropy_coeff < 0:
             raise ValueError(
                 f"`entropy_coeff` must be >= 0.0, got {self.entropy_coeff}; a negative "
                 "coefficient would reward the policy for becoming deterministic."
@@ -870,7 +654,7 @@ class ImpalaConfig:
             )
         self.lr_schedule_points()
         schedule = self.entropy_coeff_schedule
-        if _is_number(schedule) and schedule < 0:
+        if is_number(schedule) and schedule < 0:
             raise ValueError(
                 f"`entropy_coeff_schedule` as a number is the step where the coefficient "
                 f"reaches 0 and must be >= 0, got {schedule}."
@@ -923,9 +707,9 @@ class ImpalaConfig:
         self._check_int("checkpoint_freq", minimum=0)
 
     def _validate_backend(self) -> None:
-        if self.actor_backend not in _ACTOR_BACKENDS:
+        if self.actor_backend not in ACTOR_BACKENDS:
             raise ValueError(
-                f"`actor_backend` must be one of {list(_ACTOR_BACKENDS)} (local processes, or "
+                f"`actor_backend` must be one of {list(ACTOR_BACKENDS)} (local processes, or "
                 f"Ray actors), got {self.actor_backend!r}."
             )
         multi_agent = self.policies is not None or self.policy_mapping_fn is not None
@@ -948,7 +732,7 @@ class ImpalaConfig:
         address = self.ray_address
         if address is not None and (
             not isinstance(address, str)
-            or (address != "auto" and not _RAY_ADDRESS.match(address))
+            or (address != "auto" and not RAY_ADDRESS.match(address))
             or (address != "auto" and int(address.rsplit(":", 1)[1]) > 65535)
         ):
             raise ValueError(
@@ -958,7 +742,7 @@ class ImpalaConfig:
         self._check_number("num_cpus_per_env_runner", minimum=0.0)
         resources = self.custom_resources_per_env_runner
         if not isinstance(resources, Mapping) or not all(
-            isinstance(k, str) and _is_number(v) and math.isfinite(v) and v > 0
+            isinstance(k, str) and is_number(v) and math.isfinite(v) and v > 0
             for k, v in resources.items()
         ):
             raise ValueError(
@@ -985,35 +769,33 @@ class ImpalaConfig:
     def _validate_model(self) -> None:
         model = self.model
         hiddens = model["fcnet_hiddens"]
-        if not isinstance(hiddens, list) or not all(_is_int(h) and h > 0 for h in hiddens):
+        if not isinstance(hiddens, list) or not all(is_int(h) and h > 0 for h in hiddens):
             raise ValueError(
                 f"`model.fcnet_hiddens` must be a list of positive layer sizes, got {hiddens!r}."
             )
         post = model["post_fcnet_hiddens"]
-        if not isinstance(post, list) or not all(_is_int(h) and h > 0 for h in post):
+        if not isinstance(post, list) or not all(is_int(h) and h > 0 for h in post):
             raise ValueError(
                 f"`model.post_fcnet_hiddens` must be a list of positive layer sizes, got {post!r}."
             )
         for key in ("fcnet_activation", "conv_activation", "post_fcnet_activation"):
-            if model[key] not in _ACTIVATIONS:
-                raise ValueError(
-                    f"`model.{key}` must be one of {_ACTIVATIONS}, got {model[key]!r}."
-                )
-        if model["custom_model"] not in _CUSTOM_MODELS:
+            if model[key] not in ACTIVATIONS:
+                raise ValueError(f"`model.{key}` must be one of {ACTIVATIONS}, got {model[key]!r}.")
+        if model["custom_model"] not in CUSTOM_MODELS:
             raise ValueError(
-                f"`model.custom_model` must be one of {_CUSTOM_MODELS}, got "
+                f"`model.custom_model` must be one of {CUSTOM_MODELS}, got "
                 f"{model['custom_model']!r}."
             )
         filters = model["conv_filters"]
         if filters is not None and not (
-            isinstance(filters, list) and filters and all(_is_conv_filter(f) for f in filters)
+            isinstance(filters, list) and filters and all(is_conv_filter(f) for f in filters)
         ):
             raise ValueError(
                 "`model.conv_filters` must be None or a list of [out_channels, kernel, stride] "
                 f"(kernel and stride an int or [h, w]), got {filters!r}."
             )
         for key in ("lstm_cell_size", "max_seq_len", "dim"):
-            if not (_is_int(model[key]) and model[key] > 0):
+            if not (is_int(model[key]) and model[key] > 0):
                 raise ValueError(f"`model.{key}` must be a positive int, got {model[key]!r}.")
         for key in (
             "vf_share_layers", "use_lstm", "lstm_use_prev_action", "lstm_use_prev_reward",
@@ -1061,7 +843,7 @@ class ImpalaConfig:
         value = getattr(self, key)
         if optional and value is None:
             return
-        if not _is_int(value) or (minimum is not None and value < minimum):
+        if not is_int(value) or (minimum is not None and value < minimum):
             bound = "" if minimum is None else f" >= {minimum}"
             none = " or None" if optional else ""
             raise ValueError(f"`{key}` must be an int{bound}{none}, got {value!r}.")
@@ -1078,9 +860,9 @@ class ImpalaConfig:
         value = getattr(self, key)
         if optional and value is None:
             return
-        too_low = _is_number(value) and (value <= minimum if strict else value < minimum)
-        too_high = _is_number(value) and maximum is not None and value > maximum
-        if not _is_number(value) or not math.isfinite(value) or too_low or too_high:
+        too_low = is_number(value) and (value <= minimum if strict else value < minimum)
+        too_high = is_number(value) and maximum is not None and value > maximum
+        if not is_number(value) or not math.isfinite(value) or too_low or too_high:
             bound = f"{'>' if strict else '>='} {minimum}"
             if maximum is not None:
                 bound += f" and <= {maximum}"
@@ -1137,23 +919,7 @@ class ImpalaConfig:
 
 
 _FIELDS: dict[str, dataclasses.Field] = {f.name: f for f in dataclasses.fields(ImpalaConfig)}
-_ALL_KEYS = [*_FIELDS, *_ALIASES, *_IGNORED, *_UNSUPPORTED]
-
-
-def _is_conv_filter(spec: Any) -> bool:
-    def size(x: Any) -> bool:
-        return (_is_int(x) and x > 0) or (
-            isinstance(x, list) and len(x) == 2 and all(_is_int(v) and v > 0 for v in x)
-        )
-
-    return (
-        isinstance(spec, list)
-        and len(spec) == 3
-        and _is_int(spec[0])
-        and spec[0] > 0
-        and size(spec[1])
-        and size(spec[2])
-    )
+_ALL_KEYS = [*_FIELDS, *ALIASES, *IGNORED, *UNSUPPORTED]
 
 
 def _check_gymnasium_id(env_id: str) -> None:
@@ -1177,25 +943,3 @@ def _check_gymnasium_id(env_id: str) -> None:
             f"`env` {env_id!r} is not a registered gymnasium environment: {e}{hint} Pass a "
             "registered id or an `env_creator(env_config)` callable."
         ) from e
-
-
-# YAML 1.1 (PyYAML) reads `5e-4` as a string; RLlib users write learning rates that way, so
-# floats are also recognised without a dot or with an exponent sign missing.
-_YAML_FLOAT = re.compile(
-    r"""^(?:[-+]?(?:[0-9][0-9_]*)\.[0-9_]*(?:[eE][-+]?[0-9]+)?
-    |[-+]?(?:[0-9][0-9_]*)(?:[eE][-+]?[0-9]+)
-    |\.[0-9_]+(?:[eE][-+]?[0-9]+)?
-    |[-+]?\.(?:inf|Inf|INF)
-    |\.(?:nan|NaN|NAN))$""",
-    re.VERBOSE,
-)
-
-
-def _load_yaml(stream: Any) -> Any:
-    import yaml  # Lazy: only YAML users pay for the import.
-
-    class Loader(yaml.SafeLoader):
-        pass
-
-    Loader.add_implicit_resolver("tag:yaml.org,2002:float", _YAML_FLOAT, list("-+0123456789."))
-    return yaml.load(stream, Loader=Loader)  # A SafeLoader: no arbitrary objects.

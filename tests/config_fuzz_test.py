@@ -22,13 +22,14 @@ from hypothesis import strategies as st
 
 from impala_tf import batching, pipeline
 from impala_tf.bin.train import parse_overrides
-from impala_tf.config import _ALIASES, MODEL_DEFAULTS, ImpalaConfig
+from impala_tf.config import MODEL_DEFAULTS, ImpalaConfig
+from impala_tf.config_keys import ALIASES
 from impala_tf.models import build_model
 
 _FIELDS = sorted(ImpalaConfig().to_dict())
 _KEYS = st.one_of(
     st.sampled_from(_FIELDS),
-    st.sampled_from(sorted(_ALIASES)),
+    st.sampled_from(sorted(ALIASES)),
     st.sampled_from(["framework", "num_cpus_per_worker", "sgd_minibatch_size", "minibatch_size"]),
     st.text("abcdefghijklmnopqrstuvwxyz_", min_size=1, max_size=12),
 )
@@ -69,7 +70,7 @@ def _names(settings_: dict) -> set[str]:
     """Every name a message may use for the keys of `settings_`."""
     names = set()
     for key in settings_:
-        names.update({str(key), _ALIASES.get(key, str(key))})
+        names.update({str(key), ALIASES.get(key, str(key))})
     for key in settings_.get("model", {}) if isinstance(settings_.get("model"), dict) else ():
         names.add(str(key))
     return names
