@@ -456,7 +456,7 @@ class Impala:
 
         Never waits for a running update (except in lockstep, where none runs): the snapshot
         is then the learner thread's latest published one (`LearnerThread.policy_snapshot(
-        wait=False)`). When it is not newer than the last broadcast, the actors wait for the
+        wait=False)`). When that is not newer than the last broadcast, the actors wait for the
         next training step's try.
         """
         self._steps_since_broadcast += 1
@@ -467,7 +467,7 @@ class Impala:
         ):
             return
         snapshot = self.learner_thread.policy_snapshot(wait=self.deterministic)
-        if snapshot is None or snapshot[1] == self._broadcast_version:
+        if snapshot is None or snapshot[1] <= self._broadcast_version:  # Not newer than sent.
             return
         healthy = set(self.pool.healthy_actor_ids())
         self._send_weights(sorted(self._awaiting_weights & healthy), *snapshot)

@@ -217,3 +217,48 @@ def test_save_and_restore_round_trip(tmp_path):
         assert stats["cur_lr"] < 0.001  # the schedule continues from the restored step count
     finally:
         fresh.stop()
+
+
+class _Snapshots:
+    """Stands in for `LearnerThread.policy_snapshot(wait=False)`: returns queued answers."""
+
+    def __init__(self, answers):
+        self.answers = list(answers)
+
+    def policy_snapshot(self, wait=True):
+        return self.answers.pop(0)
+
+
+def test_broadcast_never_sends_older_weights_and_remembers_who_waits():
+    import collections
+    import types
+
+    from impala_tf.algorithm import Impala
+
+    sent = []
+    version = types.SimpleNamespace(numpy=lambda: 11)
+    driver = types.SimpleNamespace(
+        config=types.SimpleNamespace(broadcast_interval=1),
+        deterministic=False,
+        learner=types.SimpleNamespace(num_grad_updates=version),
+        pool=types.SimpleNamespace(healthy_actor_ids=lambda: [0, 1, 2]),
+        _steps_since_broadcast=0,
+        _broadcast_version=10,
+        _awaiting_weights=set(),
+        _counters=collections.Counter(),
+    )
+
+    def send(actor_ids, weights, v):
+        sent.append((actor_ids, weights, v))
+        driver._broadcast_version = v
+
+    driver._send_weights = send
+    # An update is running: the learner thread's last published snapshot (8) predates what was
+    # sent (10), then none is newer yet: nothing is sent, and actors 0 and 2 keep waiting.
+    driver.learner_thread = _Snapshots([(["w8"], 8), (["w10"], 10), (["w11"], 11)])
+    Impala._maybe_broadcast(driver, [0])
+    Impala._maybe_broadcast(driver, [2])
+    assert sent == [] and driver._awaiting_weights == {0, 2}
+    Impala._maybe_broadcast(driver, [])  # Published after the update: both get it.
+    assert sent == [([0, 2], ["w11"], 11)]
+    assert driver._awaiting_weights == set() and driver._counters["num_weight_broadcasts"] == 1
