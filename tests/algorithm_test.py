@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import collections
 import os
 import signal
 import time
+import types
 
 import keras
 import numpy as np
 import pytest
 
+from impala_tf.algorithm import Impala
 from impala_tf.config import ImpalaConfig
 from impala_tf.learner_thread import LearnerQueueTimeout
 
@@ -230,11 +233,6 @@ class _Snapshots:
 
 
 def test_broadcast_never_sends_older_weights_and_remembers_who_waits():
-    import collections
-    import types
-
-    from impala_tf.algorithm import Impala
-
     sent = []
     version = types.SimpleNamespace(numpy=lambda: 11)
     driver = types.SimpleNamespace(

@@ -129,6 +129,17 @@ algo.stop()
 # --------------------------------------------------------------------------- process-tree memory
 
 
+def _stat_fields(pid: int | str, proc: str = "/proc") -> list[str] | None:
+    """Fields 3.. of `<proc>/<pid>/stat` (`[0]` is field 3, the state); None if it exited."""
+    try:
+        with open(os.path.join(proc, str(pid), "stat"), encoding="ascii", errors="replace") as f:
+            stat = f.read()
+    except OSError:
+        return None
+    # The command name (field 2) may hold spaces and parentheses: fields follow the last ')'.
+    return stat[stat.rfind(")") + 2 :].split()
+
+
 def process_tree(root_pid: int, proc: str = "/proc") -> list[int]:
     """`root_pid` and all its live descendants, read from `<proc>/<pid>/stat`.
 
@@ -143,13 +154,9 @@ def process_tree(root_pid: int, proc: str = "/proc") -> list[int]:
     for name in os.listdir(proc):
         if not name.isdigit():
             continue
-        try:
-            with open(os.path.join(proc, name, "stat"), encoding="ascii", errors="replace") as f:
-                stat = f.read()
-        except OSError:  # Exited while we listed.
+        fields = _stat_fields(name, proc)
+        if fields is None:  # Exited while we listed.
             continue
-        # The command name (field 2) may hold spaces and parentheses: fields follow the last ')'.
-        fields = stat[stat.rfind(")") + 2 :].split()
         children.setdefault(int(fields[1]), []).append(int(name))
     if not os.path.exists(os.path.join(proc, str(root_pid))):
         return []
@@ -185,12 +192,9 @@ def memory_kb(pid: int, proc: str = "/proc") -> tuple[int, int]:
 
 def cpu_seconds(pid: int, proc: str = "/proc") -> float | None:
     """User + system CPU seconds of one process (all its threads); None if it exited."""
-    try:
-        with open(os.path.join(proc, str(pid), "stat"), encoding="ascii", errors="replace") as f:
-            stat = f.read()
-    except OSError:
+    fields = _stat_fields(pid, proc)
+    if fields is None:
         return None
-    fields = stat[stat.rfind(")") + 2 :].split()  # fields[0] is field 3 (state).
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 

@@ -227,11 +227,10 @@ class MultiAgentImpala(Impala):
         for pid in self.policy_ids:
             learner = self.learners[pid]
             thread = self.threads.get(pid)
-            if thread is None:
+            if thread is None:  # Not trained: nothing updates it.
                 weights[pid] = (learner.get_policy_weights(), int(learner.num_grad_updates.numpy()))
-                continue
-            with thread.lock:
-                weights[pid] = (learner.get_policy_weights(), int(learner.num_grad_updates.numpy()))
+            else:
+                weights[pid] = thread.policy_snapshot()
         return weights, self._broadcast_seq
 
     def _filter_to_send(self) -> dict[str, filters.Filter] | None:
