@@ -6,19 +6,20 @@ numpy only (no TensorFlow), so aggregation worker processes can use it.
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import numpy as np
 
-from impala_tf.config import ImpalaConfig
+from impala_tf.config.base import AlgorithmConfig
 from impala_tf.sample_batch import SampleBatch, concat_samples
 
 __all__ = ["BatchBuilder", "rows_per_batch"]
 
-#: The env runners' per-step weights version column (`impala_tf.actors.env_runner.POLICY_VERSION`).
+#: The env runners' per-step weights version column (`impala_tf.rollout.env_runner.POLICY_VERSION`).
 _VERSION_COLUMN = "policy_version"
 
 
-def rows_per_batch(config: ImpalaConfig, num_replicas: int = 1) -> int:
+def rows_per_batch(config: AlgorithmConfig, num_replicas: int = 1) -> int:
     """Env sequences per train batch: `train_batch_size / rollout_fragment_length`, rounded up to
     a whole multiple of the number of learner devices `num_replicas`.
 
@@ -74,3 +75,13 @@ class BatchBuilder:
     @property
     def pending_rows(self) -> int:
         return self._pending_rows
+
+    def get_state(self) -> dict[str, Any]:
+        """The rows waiting for a train batch as plain data (dicts of numpy columns)."""
+        return {"pending": [dict(b) for b in self._pending], "versions": list(self._versions)}
+
+    def set_state(self, state: dict[str, Any]) -> None:
+        """Restores `get_state()`."""
+        self._pending = [SampleBatch(b) for b in state["pending"]]
+        self._versions = [np.asarray(v, np.float64) for v in state["versions"]]
+        self._pending_rows = sum(len(b) for b in self._pending)

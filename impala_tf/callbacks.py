@@ -159,7 +159,7 @@ class ResultLogger(AlgorithmCallback):
       logdir: The run's directory.
       tensorboard: Write TensorBoard event files.
       raw: Also write every result key under `raw/`.
-      histogram_freq: Every this many iterations, histograms of the model's weights under
+      histogram_freq: Every this many iterations, histograms of the models' weights under
         `weights/` (0: never).
     """
 
@@ -183,9 +183,14 @@ class ResultLogger(AlgorithmCallback):
         self.writer.write(result)
         iteration = int(result.get("training_iteration", epoch + 1))
         if self.histogram_freq and iteration % self.histogram_freq == 0:
-            algorithm = self._require_algorithm()
-            with algorithm.learner_thread.lock:  # Weights from one update.
-                values = [(v.path, v.numpy()) for v in algorithm.learner.model.weights]
+            learners = self._require_algorithm().learners
+            several = len(learners.learners) > 1
+            with learners.locked():  # Each policy's weights from one update.
+                values = [
+                    (f"{pid}/{v.path}" if several else v.path, v.numpy())
+                    for pid, learner in learners.learners.items()
+                    for v in learner.model.weights
+                ]
             self.writer.write_histograms(ResultWriter.step_of(result), values)
 
     def on_train_end(self, logs=None):

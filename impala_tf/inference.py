@@ -1,33 +1,54 @@
-"""Central inference (SEED RL style): the driver runs the policy for every actor.
+"""Central inference (SEED RL style): the driver runs the policies for every actor.
 
 With `inference: "central"` the actors only step their envs. For each batched env step an actor
-sends its observations (and recurrent state) to the driver's `InferenceServer` through its own
-pipe and gets back the logits, values, next state and the `num_grad_updates` of the weights that
-computed them; it then samples the actions itself (`impala_tf.action_sampler`, seeded per actor
-as with per-actor inference, so the same weights and seeds give the same actions). The server
-thread waits on every actor's pipe at once and answers all the requests that are waiting with
-one forward pass, so the model runs at a batch of up to `num_env_runners *
-num_envs_per_env_runner` observations instead of `num_envs_per_env_runner`, and the actor
-processes never import TensorFlow (lighter: about a quarter of the memory of a TensorFlow actor,
-see `impala_tf.actors.memory`).
+sends, for each policy it acts with, its observations [B, ...] (B is the number of the actor's
+envs that policy acts in) and recurrent state to the driver's `InferenceServer`, and gets back
+the logits [B, L], values [B], next state and the `num_grad_updates` of that policy's weights
+that computed them; it then samples the actions itself (`impala_tf.action_sampler`, seeded per
+actor as with per-actor inference, so the same weights and seeds give the same actions). The
+server serves several policies at once (a multi-agent config's "p0", "p1", ...; a single-agent
+config is the one policy "default_policy"), each with its own spaces, model and weights.
 
-The server keeps its own copy of the model: the driver loads it at every weight broadcast from
-the same consistent snapshot it would send the actors (`Impala._policy_snapshot`), so acting
-never reads variables the learner is updating.
+The server thread waits on every actor's connection at once and answers all the requests that
+are waiting with one forward pass per policy, so a model runs at a batch of up to
+`num_env_runners * num_envs_per_env_runner` observations instead of `num_envs_per_env_runner`,
+and the actors never import TensorFlow (lighter: about a quarter of the memory of a TensorFlow
+actor, see `impala_tf.workers.memory`).
 
-A request the server cannot serve (an observation of the wrong shape, a model error) is answered
-with the error, which the actor raises like any env error; an actor whose server is gone (the
-driver stopped) gets `EOFError` and exits. Neither side waits forever on the other.
+An actor reaches the server through an endpoint that `connect` turns into a
+`multiprocessing.connection.Connection`:
+- a local actor process gets one end of a duplex pipe (`InferenceServer.attach`), passed to it
+  when it starts;
+- an actor that cannot receive a pipe end (a Ray actor, maybe on another machine) gets a
+  `TcpEndpoint` (`InferenceServer.listen`): the server's address and a random authkey. It opens
+  a TCP connection, proves it knows the key (multiprocessing's challenge-response
+  authentication; a connection without the key is refused before anything is unpickled) and
+  announces its actor id; reconnecting with the same id replaces its old connection.
+All the policies of one actor share its connection, and its requests are sequential.
+
+The server keeps its own copy of each model (with `explore=False`: it never samples): the driver
+loads them at every weight broadcast from the same consistent snapshot it would send the actors
+(`Impala._policy_snapshot`), so acting never reads variables the learner is updating, and a
+request is served wholly with the weights from before a `set_weights` or wholly with those after.
+
+A request the server cannot serve (an unknown policy id, an observation or state of the wrong
+shape, a model error) is answered with the error, to the requesters concerned only, and the
+actor raises it (`InferenceError`) like any env error; an actor whose server is gone (the driver
+stopped) gets `EOFError` and exits. Neither side waits forever on the other.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import os
+import socket
+import struct
 import threading
 import traceback
+from collections.abc import Iterator, Mapping
 from multiprocessing import connection
-from typing import Any
+from typing import Any, NamedTuple
 
 import gymnasium as gym
 import numpy as np
@@ -35,16 +56,79 @@ import numpy as np
 from impala_tf.action_sampler import ActionSampler
 from impala_tf.policy_step import PolicyStep
 
-__all__ = ["INFERENCE_MODES", "InferenceServer", "RemotePolicy", "InferenceError"]
+__all__ = [
+    "INFERENCE_MODES",
+    "Endpoint",
+    "InferenceError",
+    "InferenceServer",
+    "RemotePolicy",
+    "TcpEndpoint",
+    "connect",
+]
 
 #: `inference` config values: each actor runs its policy, or the driver runs it for all.
 INFERENCE_MODES = ("actor", "central")
 
 _POLL_S = 0.5
+# A TCP peer gets this long per read to authenticate and announce its id; a silent one is
+# dropped instead of holding a thread until `stop`.
+_HANDSHAKE_S = 10.0
+_JOIN_S = 5.0
+
+_log = logging.getLogger(__name__)
 
 
 class InferenceError(RuntimeError):
     """The inference server could not serve a request (raised in the actor)."""
+
+
+class TcpEndpoint(NamedTuple):
+    """Where a remote actor finds the inference server (picklable: sent to Ray actors).
+
+    Attributes:
+      host: The address the actor connects to (the driver's IP, `listen`'s `advertise`).
+      port: The server's TCP port.
+      authkey: The secret the actor authenticates with.
+    """
+
+    host: str
+    port: int
+    authkey: bytes
+
+    @property
+    def address(self) -> tuple[str, int]:
+        return (self.host, self.port)
+
+
+#: What an actor is given to reach the server: a pipe end (local processes) or a TCP endpoint.
+Endpoint = connection.Connection | TcpEndpoint
+
+
+def connect(endpoint: Endpoint, actor_id: int) -> connection.Connection:
+    """Opens the actor's connection to the server (in the actor).
+
+    Args:
+      endpoint: A pipe end from `InferenceServer.attach` (returned as is) or a `TcpEndpoint`
+        from `InferenceServer.listen` (connected, authenticated, and told `actor_id`).
+      actor_id: The actor's id; a TCP connection announcing an id replaces the server's older
+        connection of that id.
+
+    Returns:
+      The connection to give `RemotePolicy`.
+
+    Raises:
+      multiprocessing.AuthenticationError: The endpoint's authkey is not the server's.
+      OSError: The server cannot be reached.
+    """
+    if not isinstance(endpoint, TcpEndpoint):
+        return endpoint
+    conn = connection.Client(endpoint.address, authkey=bytes(endpoint.authkey))
+    try:
+        conn.send(int(actor_id))
+    except BaseException:
+        conn.close()
+        raise
+    return conn
 
 
 class RemotePolicy:
@@ -55,9 +139,11 @@ class RemotePolicy:
     carries the version of the weights that computed it.
 
     Args:
-      conn: This actor's end of its duplex pipe to the server.
-      action_space: The env's action space.
-      state_shapes: Shapes of the recurrent state arrays per env ([] if not recurrent).
+      conn: The actor's connection to the server (`connect`), shared by all its policies.
+      policy_id: The id of the policy on the server ("default_policy" for single-agent).
+      action_space: The policy's action space.
+      state_shapes: Shapes of the recurrent state arrays per env ([] if not recurrent), as
+        `InferenceServer.state_shapes[policy_id]`.
       explore: Sample (True) or take the mode.
       seed: Seed of the action sampler.
     """
@@ -65,23 +151,31 @@ class RemotePolicy:
     def __init__(
         self,
         conn: connection.Connection,
+        policy_id: str,
         action_space: gym.Space,
         state_shapes: list[tuple[int, ...]],
         explore: bool = True,
         seed: int | None = None,
     ):
         self._conn = conn
+        self.policy_id = str(policy_id)
         self.action_space = action_space
         self.sampler = ActionSampler(action_space, explore, seed)
         self._state_shapes = [tuple(s) for s in state_shapes]
         self.is_recurrent = bool(self._state_shapes)
 
     def initial_state(self, batch_size: int) -> tuple:
+        """The zero recurrent state for `batch_size` envs (() if none)."""
         return tuple(np.zeros((batch_size, *s), np.float32) for s in self._state_shapes)
 
     def step(self, obs: np.ndarray, state: tuple = ()) -> PolicyStep:
-        """Sends the observations [B, ...] to the server and samples from its logits."""
-        self._conn.send((np.ascontiguousarray(obs), tuple(state)))
+        """Sends the observations [B, ...] to the server and samples from its logits.
+
+        Raises:
+          InferenceError: The server could not serve the request.
+          EOFError: The server is gone.
+        """
+        self._conn.send((self.policy_id, np.ascontiguousarray(obs), tuple(state)))
         reply = self._conn.recv()
         if reply[0] == "error":
             raise InferenceError(f"the driver's inference server failed: {reply[1]}")
@@ -105,25 +199,50 @@ class RemotePolicy:
         self.sampler.reseed(seed)
 
 
+class _Request(NamedTuple):
+    conn: connection.Connection
+    obs: np.ndarray
+    state: tuple
+
+
 class InferenceServer:
-    """Runs the acting model in the driver for every attached actor (a daemon thread).
+    """Runs the acting models in the driver for every connected actor (a daemon thread).
 
     Args:
-      observation_space: The envs' observation space.
-      action_space: Their action space.
-      model_config: RLlib model keys (`impala_tf.models.build_model`).
+      policies: {policy_id: (observation_space, action_space, model_config)}, the model config
+        holding RLlib model keys (`impala_tf.models.build_model`).
     """
 
-    def __init__(self, observation_space: gym.Space, action_space: gym.Space, model_config: dict):
+    def __init__(self, policies: Mapping[str, tuple[gym.Space, gym.Space, dict]]):
         from impala_tf.policy import ActorPolicy  # TensorFlow: the driver has it already.
 
-        self._policy = ActorPolicy(observation_space, action_space, model_config, explore=False)
-        self._obs_shape = tuple(observation_space.shape)
-        self._lock = threading.Lock()  # Weights and the set of pipes.
+        if not policies:
+            raise ValueError("the inference server needs at least one policy")
+        self._policies = {
+            str(pid): ActorPolicy(obs_space, act_space, model_config, explore=False)
+            for pid, (obs_space, act_space, model_config) in policies.items()
+        }
+        self._obs_shapes = {
+            pid: tuple(int(d) for d in (p.observation_space.shape or ()))
+            for pid, p in self._policies.items()
+        }
+        self._state_shapes = {
+            pid: [tuple(int(d) for d in s.shape[1:]) for s in p.initial_state(1)]
+            for pid, p in self._policies.items()
+        }
+        self._versions = dict.fromkeys(self._policies, 0)
+        # Held for each round of forward passes and by `set_weights`: one consistent snapshot.
+        self._round_lock = threading.RLock()
+        # The connection table, the listener and the handshakes in progress.
+        self._lock = threading.Lock()
         self._conns: dict[int, connection.Connection] = {}
-        self._version = 0
-        self._wake_recv, self._wake_send = _pipe()
-        self._stopped = False
+        self._closing: list[connection.Connection] = []  # Closed by the server thread.
+        self._handshakes: dict[threading.Thread, connection.Connection] = {}
+        self._listener: connection.Listener | None = None
+        self._authkey = b""
+        self._accept_thread: threading.Thread | None = None
+        self._wake_recv, self._wake_send = connection.Pipe(duplex=False)
+        self._stop_event = threading.Event()
         self.num_requests = 0
         self.num_batches = 0
         self.num_obs = 0
@@ -131,46 +250,134 @@ class InferenceServer:
         self._thread.start()
 
     @property
-    def state_shapes(self) -> list[tuple[int, ...]]:
-        """Per-env shapes of the model's recurrent state ([] if it has none)."""
-        return [tuple(s.shape[1:]) for s in self._policy.initial_state(1)]
+    def state_shapes(self) -> dict[str, list[tuple[int, ...]]]:
+        """{policy_id: per-env shapes of the model's recurrent state ([] if it has none)}."""
+        return {pid: list(shapes) for pid, shapes in self._state_shapes.items()}
 
-    def get_weights(self) -> list[np.ndarray]:
-        with self._lock:
-            return self._policy.get_weights()
+    # Weights ----------------------------------------------------------------------------------
 
-    def set_weights(self, weights: list[np.ndarray], policy_version: int) -> None:
-        """Loads weights from a consistent snapshot; later requests use them."""
-        with self._lock:
-            self._policy.set_weights(weights)
-            self._version = int(policy_version)
+    def get_weights(self) -> dict[str, list[np.ndarray]]:
+        """{policy_id: the weights the server acts with}."""
+        with self._round_lock:
+            return {pid: p.get_weights() for pid, p in self._policies.items()}
+
+    def set_weights(self, weights: Mapping[str, tuple[list[np.ndarray] | None, int]]) -> None:
+        """Loads a consistent snapshot of some policies' weights; later requests use it.
+
+        Args:
+          weights: {policy_id: (weights or None, num_grad_updates)}. None keeps the policy's
+            weights and only updates the version its replies carry; policies not in the
+            mapping keep theirs. Checked before anything is loaded, so a bad entry changes
+            nothing.
+
+        Raises:
+          ValueError: An unknown policy id, or weights that do not fit the policy's model.
+        """
+        unknown = sorted(set(weights) - set(self._policies))
+        if unknown:
+            raise ValueError(
+                f"set_weights: no policies {unknown} on the inference server "
+                f"(it serves {sorted(self._policies)})"
+            )
+        for pid, (values, _) in weights.items():
+            if values is None:
+                continue
+            expected = [tuple(v.shape) for v in self._policies[pid].model.weights]
+            got = [tuple(np.shape(v)) for v in values]
+            if got != expected:
+                raise ValueError(
+                    f"set_weights: the weights of policy {pid!r} have shapes {got}, its model "
+                    f"takes {expected}"
+                )
+        with self._round_lock:
+            for pid, (values, version) in weights.items():
+                if values is not None:
+                    self._policies[pid].set_weights(list(values))
+                self._versions[pid] = int(version)
+
+    @contextlib.contextmanager
+    def paused(self) -> Iterator[None]:
+        """Holds the server between two rounds; what arrives meanwhile is served together.
+
+        The requests that arrive while paused are answered in one round when it ends (one
+        forward pass per policy). `set_weights` may be called inside.
+        """
+        with self._round_lock:
+            yield
+
+    # Connections ------------------------------------------------------------------------------
 
     def attach(self, actor_id: int) -> connection.Connection:
-        """Opens a pipe for actor `actor_id` (replacing an old one); returns the actor's end."""
+        """Opens a pipe for local actor `actor_id` (replacing its old connection).
+
+        Returns:
+          The actor's end (picklable to a forkserver or spawn child; `connect` returns it).
+        """
         mine, theirs = connection.Pipe(duplex=True)
-        with self._lock:
-            old = self._conns.pop(actor_id, None)
-            self._conns[actor_id] = mine
-        if old is not None:
-            old.close()
-        self._wake()
+        if not self._register(int(actor_id), mine):
+            theirs.close()
+            raise RuntimeError("the inference server is stopped")
         return theirs
 
-    def detach(self, actor_id: int) -> None:
+    def listen(self, host: str = "0.0.0.0", advertise: str | None = None) -> TcpEndpoint:
+        """Accepts actors over TCP (the first call starts listening); returns their endpoint.
+
+        Args:
+          host: The interface to bind (first call only); "0.0.0.0" binds all.
+          advertise: The address actors connect to; None: `host`, or the driver's IP when
+            `host` binds all interfaces.
+
+        Returns:
+          The endpoint to send the actors (address, port and authkey) for `connect`.
+        """
         with self._lock:
-            conn = self._conns.pop(actor_id, None)
-        if conn is not None:
-            conn.close()
+            if self._stop_event.is_set():
+                raise RuntimeError("the inference server is stopped")
+            if self._listener is None:
+                self._authkey = os.urandom(32)
+                # No authkey here: the handshake threads authenticate, so that a peer that
+                # connects and stays silent cannot hold up the others in `accept`.
+                self._listener = connection.Listener((host, 0), "AF_INET", backlog=128)
+                self._accept_thread = threading.Thread(
+                    target=self._accept, name="impala-inference-accept", daemon=True
+                )
+                self._accept_thread.start()
+            bound, port = self._listener.address
+        return TcpEndpoint(advertise or _advertised_host(bound), int(port), self._authkey)
+
+    def detach(self, actor_id: int) -> None:
+        """Closes actor `actor_id`'s connection (it sees EOFError)."""
+        with self._lock:
+            conn = self._conns.pop(int(actor_id), None)
+            if conn is not None:
+                self._closing.append(conn)
         self._wake()
 
     def stop(self) -> None:
-        self._stopped = True
-        self._wake()
-        self._thread.join(5.0)
+        """Closes the listener, every connection and the threads; waiting actors see EOFError."""
         with self._lock:
-            conns, self._conns = list(self._conns.values()), {}
+            if self._stop_event.is_set():
+                return
+            self._stop_event.set()
+            # Ends the handshakes blocked in a read (under the lock: their sockets are open).
+            for conn in self._handshakes.values():
+                _shutdown(conn)
+            handshakes = list(self._handshakes)
+        self._wake()
+        self._thread.join(_JOIN_S)
+        if self._accept_thread is not None:
+            self._unblock_accept()
+            self._accept_thread.join(_JOIN_S)
+        for thread in handshakes:
+            thread.join(_JOIN_S)
+        with self._lock:
+            conns = [*self._conns.values(), *self._closing]
+            self._conns, self._closing = {}, []
+            listener, self._listener = self._listener, None
         for conn in conns:
             conn.close()
+        if listener is not None:
+            listener.close()
         for end in (self._wake_recv, self._wake_send):
             end.close()
 
@@ -182,35 +389,157 @@ class InferenceServer:
             "mean_batch": self.num_obs / max(1, self.num_batches),
         }
 
-    # The server thread ------------------------------------------------------------------------
+    def _register(self, actor_id: int, conn: connection.Connection) -> bool:
+        """Makes `conn` actor `actor_id`'s connection; False (and closes it) once stopped."""
+        with self._lock:
+            if self._stop_event.is_set():
+                conn.close()
+                return False
+            old = self._conns.get(actor_id)
+            self._conns[actor_id] = conn
+            if old is not None:
+                self._closing.append(old)
+        self._wake()
+        return True
 
     def _wake(self) -> None:
         with contextlib.suppress(OSError, ValueError):
             self._wake_send.send_bytes(b"w")
 
+    # TCP: the accept thread and one short thread per handshake --------------------------------
+
+    def _accept(self) -> None:
+        listener = self._listener
+        assert listener is not None
+        while not self._stop_event.is_set():
+            try:
+                conn = listener.accept()
+            except OSError:  # Out of descriptors, say: try again shortly.
+                self._stop_event.wait(0.1)
+                continue
+            with self._lock:
+                if self._stop_event.is_set():
+                    conn.close()
+                    return
+                thread = threading.Thread(
+                    target=self._admit, args=(conn,), name="impala-inference-handshake"
+                )
+                thread.daemon = True
+                self._handshakes[thread] = conn
+                thread.start()  # Under the lock: `stop` joins only started threads.
+
+    def _admit(self, conn: connection.Connection) -> None:
+        """Authenticates a TCP peer and registers it under the actor id it announces."""
+        thread = threading.current_thread()
+        actor_id = None
+        try:
+            _set_read_timeout(conn, _HANDSHAKE_S)
+            connection.deliver_challenge(conn, self._authkey)
+            connection.answer_challenge(conn, self._authkey)
+            actor_id = conn.recv()
+            if not isinstance(actor_id, int) or isinstance(actor_id, bool):
+                raise ValueError(f"expected an int actor id, got {actor_id!r}")
+            _set_read_timeout(conn, 0.0)
+        except Exception as e:  # noqa: BLE001 - any failure refuses this peer only.
+            _log.warning("inference server refused a connection: %s: %s", type(e).__name__, e)
+            actor_id = None
+        with self._lock:
+            del self._handshakes[thread]
+        if actor_id is None:
+            conn.close()
+        else:
+            self._register(actor_id, conn)
+
+    def _unblock_accept(self) -> None:
+        """Connects to the listener so that its blocking `accept` returns and sees the stop."""
+        listener = self._listener
+        if listener is None:
+            return
+        host, port = listener.address
+        if host in ("0.0.0.0", ""):
+            host = "127.0.0.1"
+        with contextlib.suppress(OSError), socket.create_connection((host, port), 2.0):
+            pass
+
+    # The server thread ------------------------------------------------------------------------
+
     def _run(self) -> None:
-        while not self._stopped:
+        while not self._stop_event.is_set():
             with self._lock:
                 by_conn = {conn: i for i, conn in self._conns.items()}
+                closing, self._closing = self._closing, []
+            # Closed here, never while this thread waits on them.
+            for conn in closing:
+                conn.close()
             try:
                 ready = connection.wait([*by_conn, self._wake_recv], _POLL_S)
-            except (OSError, ValueError):  # A pipe closed under us by detach/attach.
+            except (OSError, ValueError):
                 continue
-            requests: list[tuple[connection.Connection, np.ndarray, tuple]] = []
-            for conn in ready:
-                if conn is self._wake_recv:
-                    with contextlib.suppress(OSError, EOFError):
-                        while conn.poll():
-                            conn.recv_bytes()
-                    continue
+            if self._wake_recv in ready:
+                with contextlib.suppress(OSError, EOFError):
+                    while self._wake_recv.poll():
+                        self._wake_recv.recv_bytes()
+            if not any(conn is not self._wake_recv for conn in ready):
+                continue
+            with self._round_lock:
+                # Everything waiting by now joins this round, on connections attached since the
+                # wait too (`paused` relies on it).
+                with self._lock:
+                    by_conn = {conn: i for i, conn in self._conns.items()}
                 try:
-                    obs, state = conn.recv()
-                except (EOFError, OSError):  # The actor is gone; the pool restarts it.
-                    self._drop(by_conn.get(conn), conn)
+                    ready = connection.wait(list(by_conn), 0)
+                except (OSError, ValueError):
                     continue
-                requests.append((conn, obs, state))
-            if requests:
-                self._serve(requests)
+                groups = self._read(ready, by_conn)
+                for policy_id, requests in groups.items():
+                    self._serve(policy_id, requests)
+
+    def _read(
+        self, ready: list[Any], by_conn: dict[connection.Connection, int]
+    ) -> dict[str, list[_Request]]:
+        """Receives the waiting requests, grouped by policy; answers the invalid ones."""
+        groups: dict[str, list[_Request]] = {}
+        for conn in ready:
+            try:
+                message = conn.recv()
+            except (EOFError, OSError):  # The actor is gone; its pool restarts it.
+                self._drop(by_conn.get(conn), conn)
+                continue
+            except Exception as e:  # noqa: BLE001 - an unpicklable request.
+                _reply(conn, ("error", f"{type(e).__name__}: {e}"))
+                continue
+            try:
+                policy_id, obs, state = message
+                obs, state = self._check(policy_id, obs, state)
+            except Exception as e:  # noqa: BLE001 - answered to this actor only.
+                _reply(conn, ("error", f"{type(e).__name__}: {e}"))
+                continue
+            groups.setdefault(policy_id, []).append(_Request(conn, obs, state))
+        return groups
+
+    def _check(self, policy_id: Any, obs: Any, state: Any) -> tuple[np.ndarray, tuple]:
+        """Raises ValueError unless `policy_id` is served and obs and state fit its model."""
+        if not isinstance(policy_id, str) or policy_id not in self._policies:
+            raise ValueError(
+                f"no policy {policy_id!r} on the inference server (it serves "
+                f"{sorted(self._policies)})"
+            )
+        obs = np.asarray(obs)
+        obs_shape = self._obs_shapes[policy_id]
+        if obs.ndim != 1 + len(obs_shape) or tuple(obs.shape[1:]) != obs_shape:
+            raise ValueError(
+                f"observations of shape {tuple(obs.shape[1:])} for policy {policy_id!r}, whose "
+                f"model takes {obs_shape}"
+            )
+        shapes = self._state_shapes[policy_id]
+        state = tuple(np.asarray(s) for s in state)
+        if [s.shape for s in state] != [(len(obs), *shape) for shape in shapes]:
+            raise ValueError(
+                f"a recurrent state of shapes {[s.shape for s in state]} for {len(obs)} "
+                f"observations of policy {policy_id!r}, whose model's state per env has "
+                f"shapes {shapes}"
+            )
+        return obs, state
 
     def _drop(self, actor_id: int | None, conn: connection.Connection) -> None:
         with self._lock:
@@ -218,41 +547,65 @@ class InferenceServer:
                 del self._conns[actor_id]
         conn.close()
 
-    def _serve(self, requests: list[tuple[connection.Connection, np.ndarray, tuple]]) -> None:
+    def _serve(self, policy_id: str, requests: list[_Request]) -> None:
+        """One forward pass of `policy_id` for all its requests; answers each its rows."""
         try:
-            for _, obs, _ in requests:
-                if tuple(obs.shape[1:]) != self._obs_shape:
-                    raise ValueError(
-                        f"observations of shape {tuple(obs.shape[1:])}, the model takes "
-                        f"{self._obs_shape}"
-                    )
-            sizes = [len(obs) for _, obs, _ in requests]
-            obs = np.concatenate([obs for _, obs, _ in requests])
-            num_states = len(requests[0][2])
-            state = tuple(np.concatenate([s[i] for _, _, s in requests]) for i in range(num_states))
-            with self._lock:
-                logits, values, new_state = self._policy.forward(obs, state)
-                version = self._version
+            if len(requests) == 1:
+                obs, state = requests[0].obs, requests[0].state
+            else:
+                obs = np.concatenate([r.obs for r in requests])
+                state = tuple(
+                    np.concatenate([r.state[i] for r in requests])
+                    for i in range(len(requests[0].state))
+                )
+            logits, values, new_state = self._policies[policy_id].forward(obs, state)
+            version = self._versions[policy_id]
         except Exception as e:  # noqa: BLE001 - answered to the actors, which raise it.
             message = f"{type(e).__name__}: {e}\n{traceback.format_exc()}"
-            for conn, _, _ in requests:
-                with contextlib.suppress(OSError, ValueError):
-                    conn.send(("error", message))
+            for r in requests:
+                _reply(r.conn, ("error", message))
             return
         self.num_requests += len(requests)
         self.num_batches += 1
         self.num_obs += len(obs)
         start = 0
-        for (conn, _, _), n in zip(requests, sizes):
-            rows = slice(start, start + n)
-            start += n
-            try:
-                conn.send(
-                    ("ok", logits[rows], values[rows], tuple(s[rows] for s in new_state), version)
-                )
-            except (OSError, ValueError):  # Closed by the actor's end or by detach.
-                logging.getLogger(__name__).debug("inference reply to a closed pipe dropped")
+        for r in requests:
+            rows = slice(start, start + len(r.obs))
+            start = rows.stop
+            new = tuple(s[rows] for s in new_state)
+            _reply(r.conn, ("ok", logits[rows], values[rows], new, version))
 
 
-def _pipe() -> tuple[Any, Any]:
-    return connection.Pipe(duplex=False)
+def _reply(conn: connection.Connection, message: tuple) -> None:
+    try:
+        conn.send(message)
+    except (OSError, ValueError):  # Closed by the actor's end; the next read drops it.
+        _log.debug("inference reply to a closed connection dropped")
+
+
+def _set_read_timeout(conn: connection.Connection, seconds: float) -> None:
+    """Bounds each blocking read of a TCP connection (0: no bound), via its socket."""
+    whole = int(seconds)
+    timeval = struct.pack("ll", whole, int((seconds - whole) * 1e6))
+    with socket.socket(fileno=os.dup(conn.fileno())) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, timeval)
+
+
+def _shutdown(conn: connection.Connection) -> None:
+    """Wakes a thread blocked reading `conn` (a TCP connection) with end of file."""
+    with contextlib.suppress(OSError), socket.socket(fileno=os.dup(conn.fileno())) as sock:
+        sock.shutdown(socket.SHUT_RDWR)
+
+
+def _advertised_host(bound: str) -> str:
+    """The address remote actors reach a listener bound to `bound` at."""
+    if bound not in ("0.0.0.0", ""):
+        return bound
+    # The interface of the default route; connecting a UDP socket sends nothing.
+    with contextlib.suppress(OSError), socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.connect(("10.254.254.254", 1))
+        return s.getsockname()[0]
+    try:
+        return socket.gethostbyname(socket.gethostname())
+    except OSError:
+        return "127.0.0.1"

@@ -23,7 +23,7 @@ import gymnasium as gym
 import numpy as np
 
 from impala_tf.action_sampler import SUPPORTED_ACTION_SPACES, ActionSampler
-from impala_tf.config import MODEL_DEFAULTS
+from impala_tf.config.keys import MODEL_DEFAULTS
 from impala_tf.policy_step import PolicyStep
 
 __all__ = ["NumpyPolicy", "make_policy", "supports"]

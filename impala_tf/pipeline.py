@@ -29,7 +29,7 @@ import tensorflow as tf
 
 from impala_tf import distributions
 from impala_tf.batching import BatchBuilder, rows_per_batch  # TF-free: aggregators use them
-from impala_tf.config import ImpalaConfig
+from impala_tf.config.base import AlgorithmConfig
 from impala_tf.sample_batch import SampleBatch, decompress, is_per_sequence_column, to_flat
 
 __all__ = [
@@ -44,7 +44,7 @@ __all__ = [
 ]
 
 
-def microbatch_rows(config: ImpalaConfig, num_replicas: int = 1) -> int | None:
+def microbatch_rows(config: AlgorithmConfig, num_replicas: int = 1) -> int | None:
     """Sequences per microbatch, `microbatch_size / rollout_fragment_length`; None without one.
 
     Raises:
@@ -71,7 +71,7 @@ def microbatch_rows(config: ImpalaConfig, num_replicas: int = 1) -> int | None:
     return rows
 
 
-def microbatches_per_batch(config: ImpalaConfig, num_replicas: int = 1) -> int:
+def microbatches_per_batch(config: AlgorithmConfig, num_replicas: int = 1) -> int:
     """Microbatches in one train batch (one update); 1 without `microbatch_size`.
 
     Raises:
@@ -90,14 +90,14 @@ def microbatches_per_batch(config: ImpalaConfig, num_replicas: int = 1) -> int:
     return rows // micro
 
 
-def unit_rows(config: ImpalaConfig, num_replicas: int = 1) -> int:
+def unit_rows(config: AlgorithmConfig, num_replicas: int = 1) -> int:
     """Sequences per unit the device receives: a microbatch, or else the whole train batch."""
     micro = microbatch_rows(config, num_replicas)
     return micro if micro is not None else rows_per_batch(config, num_replicas)
 
 
 def batch_signature(
-    config: ImpalaConfig,
+    config: AlgorithmConfig,
     observation_space: gym.Space,
     action_space: gym.Space,
     num_replicas: int = 1,

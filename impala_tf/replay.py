@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import math
 import random
+from typing import Any
 
 from impala_tf.sample_batch import SampleBatch, concat_samples, decompress
 
@@ -143,3 +144,25 @@ class MixInReplayBuffer:
             "replayed_count": self._replayed_count,
             "num_entries": len(self._slots),
         }
+
+    def get_state(self) -> dict[str, Any]:
+        """The buffer as plain data (dicts of numpy columns, the generator's state), for a
+        checkpoint; `set_state` restores it."""
+        return {
+            "slots": [dict(b) for b in self._slots],
+            "next_slot": self._next_slot,
+            "new": [dict(b) for b in self._new],
+            "rng": self._rng.getstate(),
+            "added_count": self._added_count,
+            "replayed_count": self._replayed_count,
+        }
+
+    def set_state(self, state: dict[str, Any]) -> None:
+        """Restores `get_state()` (slots beyond `capacity` are dropped)."""
+        self._slots = [SampleBatch(b) for b in state["slots"]][: self.capacity]
+        self._next_slot = int(state["next_slot"]) % self.capacity
+        self._new = [SampleBatch(b) for b in state["new"]]
+        rng = state["rng"]
+        self._rng.setstate((rng[0], tuple(rng[1]), rng[2]))
+        self._added_count = int(state["added_count"])
+        self._replayed_count = int(state["replayed_count"])

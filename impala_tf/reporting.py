@@ -25,7 +25,8 @@ scalars stepped by `timesteps_total` (env steps sampled), under readable tags
 * `raw/`: the whole result flattened with RLlib's keys (`raw/info/learner/default_policy/...`),
   so that any key, also ones added later, can be found by its RLlib name.
 
-Optionally, histograms of the model's weights under `weights/<variable path>`.
+Optionally, histograms of the models' weights under `weights/<variable path>` (with several
+policies, `weights/<policy_id>/<variable path>`).
 """
 
 from __future__ import annotations

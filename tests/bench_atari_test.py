@@ -1,8 +1,7 @@
-"""Tests of the pure-logic parts of tools/bench_atari.py: the /proc memory sampler, the rates."""
+"""Tests of the pure-logic parts of tools.bench_atari: the /proc memory sampler, the rates."""
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import subprocess
 import sys
@@ -11,13 +10,7 @@ import time
 
 import pytest
 
-_TOOLS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tools")
-_spec = importlib.util.spec_from_file_location(
-    "bench_atari", os.path.join(_TOOLS, "bench_atari.py")
-)
-bench_atari = importlib.util.module_from_spec(_spec)
-sys.modules["bench_atari"] = bench_atari
-_spec.loader.exec_module(bench_atari)
+from tools import bench_atari, proclib
 
 # A parent that starts a child holding 200 MB of touched memory; both wait for stdin to close.
 _TREE = textwrap.dedent(
@@ -51,7 +44,7 @@ def tree():
 
 def test_process_tree_finds_descendants(tree):
     parent, child = tree
-    pids = bench_atari.process_tree(parent)
+    pids = proclib.process_tree(parent)
     assert pids[0] == parent
     assert child in pids
     assert os.getpid() not in pids  # The tree is below `parent`, not above it.
@@ -60,7 +53,7 @@ def test_process_tree_finds_descendants(tree):
 def test_process_tree_of_a_dead_pid_is_empty():
     proc = subprocess.Popen([sys.executable, "-c", "pass"])
     proc.wait()
-    assert bench_atari.process_tree(proc.pid) == []
+    assert proclib.process_tree(proc.pid) == []
 
 
 def test_sampler_sums_the_tree(tree):
@@ -124,14 +117,14 @@ def test_cpu_seconds_grow_with_work_and_shares_split_the_tree():
     busy = "import time\nt = time.time()\nwhile time.time() - t < 3: pass"
     proc = subprocess.Popen([sys.executable, "-c", busy])
     try:
-        first = bench_atari.cpu_seconds(proc.pid)
+        first = proclib.cpu_seconds(proc.pid)
         time.sleep(1.0)
-        second = bench_atari.cpu_seconds(proc.pid)
+        second = proclib.cpu_seconds(proc.pid)
         proc.wait(30)
     finally:
         proc.kill()
     assert second - first > 0.3  # A busy loop: about one core.
-    assert bench_atari.cpu_seconds(proc.pid) is None  # Reaped.
+    assert proclib.cpu_seconds(proc.pid) is None  # Reaped.
     samples = [
         (0.0, {1: 10.0, 2: 3.0, 3: 0.0}),
         (5.0, {1: 11.0, 2: 5.0, 3: 0.1}),

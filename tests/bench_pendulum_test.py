@@ -1,23 +1,13 @@
-"""Tests of the pure-logic parts of tools/bench_pendulum.py: line parsing and the thresholds."""
+"""Tests of the pure-logic parts of tools.bench_pendulum: line parsing and the thresholds."""
 
 from __future__ import annotations
 
-import importlib.util
 import math
-import os
-import sys
 
 import pytest
 
 from impala_tf import reporting
-
-_TOOLS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tools")
-_spec = importlib.util.spec_from_file_location(
-    "bench_pendulum", os.path.join(_TOOLS, "bench_pendulum.py")
-)
-bench_pendulum = importlib.util.module_from_spec(_spec)
-sys.modules["bench_pendulum"] = bench_pendulum
-_spec.loader.exec_module(bench_pendulum)
+from tools import bench_pendulum
 
 
 def test_parses_the_binarys_own_progress_line():

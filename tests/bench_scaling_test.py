@@ -1,28 +1,13 @@
-"""Tests of the pure-logic parts of tools/bench_scaling.py and tools/bench_cartpole.py."""
+"""Tests of the pure-logic parts of tools.bench_scaling and tools.bench_cartpole."""
 
 from __future__ import annotations
 
-import importlib.util
-import os
 import pickle
-import sys
 
 import numpy as np
 import pytest
 
-_TOOLS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tools")
-
-
-def _load(name: str):
-    spec = importlib.util.spec_from_file_location(name, os.path.join(_TOOLS, f"{name}.py"))
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-bench_scaling = _load("bench_scaling")
-bench_cartpole = _load("bench_cartpole")
+from tools import bench_cartpole, bench_scaling
 
 
 def test_pickled_size_counts_out_of_band_buffers():

@@ -22,6 +22,6 @@ tf.config.set_logical_device_configuration(
 def _fresh_config_warning_registry(monkeypatch):
     """Config warnings are shown once per key per process; each test starts with none shown,
     so a test that expects one does not depend on which tests ran before it in its worker."""
-    from impala_tf import config as config_lib
+    from impala_tf.config import keys
 
-    monkeypatch.setattr(config_lib, "_WARNED", set())
+    monkeypatch.setattr(keys, "WARNED", set())

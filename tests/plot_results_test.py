@@ -1,23 +1,15 @@
-"""Tests of tools/plot_results.py on synthetic result.json files."""
+"""Tests of tools.plot_results on synthetic result.json files."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 import os
-import sys
 
 import numpy as np
 import pytest
 
-_PATH = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tools")
-_spec = importlib.util.spec_from_file_location(
-    "plot_results", os.path.join(_PATH, "plot_results.py")
-)
-plot_results = importlib.util.module_from_spec(_spec)
-sys.modules["plot_results"] = plot_results  # dataclasses look their module up there.
-_spec.loader.exec_module(plot_results)
+from tools import benchlib, plot_results
 
 
 def write_results(logdir, rows):
@@ -124,9 +116,6 @@ def test_thresholds_report_the_first_result_reaching_each_return(tmp_path):
 def test_section_writes_the_thresholds_table(tmp_path, monkeypatch):
     logdir = write_results(tmp_path / "a", _rows(5, with_wall_clock=False))
     written = {}
-    sys.path.insert(0, _PATH)
-    import benchlib
-
     monkeypatch.setattr(benchlib, "write_section", lambda name, text: written.update({name: text}))
     out = str(tmp_path / "c.png")
     assert plot_results.main([logdir, "--out", out, "--thresholds", "60", "--section", "s"]) == 0

@@ -1,4 +1,4 @@
-"""tools/storm.py, 30 s: actors SIGKILLed every 2 s; the run goes on, restarts are counted,
+"""tools.storm, 30 s: actors SIGKILLed every 2 s; the run goes on, restarts are counted,
 and no fd, thread or process is left behind after `algo.stop()`."""
 
 from __future__ import annotations
@@ -15,9 +15,9 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 @pytest.mark.slow
 def test_actor_storm_continues_counts_restarts_and_leaks_nothing():
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", PYTHONPATH=REPO)
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
     proc = subprocess.run(
-        [sys.executable, os.path.join(REPO, "tools", "storm.py"), "--duration", "30"],
+        [sys.executable, "-m", "tools.storm", "--duration", "30"],
         capture_output=True,
         text=True,
         cwd=REPO,

@@ -6,7 +6,7 @@ intra-op and one inter-op thread as actor processes are (`impala_tf.actors.local
 and prints observations (env steps) acted on per second for each model.
 
 Run from the repository root:
-    PYTHONPATH=$PWD python tools/bench_actor_inference.py [--batches=1,5,16] [--seconds=5]
+    .venv/bin/python -m tools.bench_actor_inference [--batches=1,5,16] [--seconds=5]
 """
 
 from __future__ import annotations
@@ -25,6 +25,8 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 from impala_tf.policy import ActorPolicy  # noqa: E402
+
+__all__ = ["main"]
 
 MODELS = {
     "rllib_84x84": {"vf_share_layers": True},

@@ -1,10 +1,13 @@
 """Atari (Pong) benchmark: env, learner and inference bounds, impala-train throughput, memory.
 
-    .venv/bin/python tools/bench_atari.py                         # everything, 180 s of training
-    .venv/bin/python tools/bench_atari.py --train_time 60 --env_time 10 --no-write
-    .venv/bin/python tools/bench_atari.py --profile               # + cProfile of the driver
-    .venv/bin/python tools/bench_atari.py --rllib-python /path/to/rllib-venv/bin/python
-    .venv/bin/python tools/bench_atari.py --backend=both --rounds 2 --train_time 60
+    .venv/bin/python -m tools.bench_atari                       # everything, 180 s of training
+    .venv/bin/python -m tools.bench_atari --train_time 60 --env_time 10 --no-write
+    .venv/bin/python -m tools.bench_atari --profile             # + cProfile of the driver
+    .venv/bin/python -m tools.bench_atari --rllib-python /path/to/rllib-venv/bin/python
+    .venv/bin/python -m tools.bench_atari --backend=both --rounds 2 --train_time 60
+
+Run from the repository root (each part's process is started as `python -m tools.bench_atari`
+there).
 
 All parts run in one invocation, each in a fresh process (TensorFlow's thread pools are fixed at
 start-up), against the public entry points only: the config from the YAML
@@ -72,11 +75,27 @@ import threading
 import time
 from collections.abc import Callable
 
+from impala_tf.workers.memory import read_smaps_rollup
+from tools import benchlib, proclib
+
+__all__ = [
+    "TreeMemorySampler",
+    "case_env",
+    "case_inference",
+    "case_learner",
+    "compare_inference",
+    "cpu_shares",
+    "main",
+    "memory_kb",
+    "profile_top",
+    "run_rllib",
+    "run_train",
+    "throughput",
+]
+
+# Inherited by every case process and impala-train run; TensorFlow is not imported up to here.
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
-import benchlib  # noqa: E402
 
 DEFAULT_CONFIG = os.path.join(ROOT, "configs", "pong-impala-small.yaml")
 #: RLlib 2.60 IMPALA (torch, new stack) on ALE/Pong-v5 on this machine (PLATFORM.md).
@@ -129,73 +148,16 @@ algo.stop()
 # --------------------------------------------------------------------------- process-tree memory
 
 
-def _stat_fields(pid: int | str, proc: str = "/proc") -> list[str] | None:
-    """Fields 3.. of `<proc>/<pid>/stat` (`[0]` is field 3, the state); None if it exited."""
-    try:
-        with open(os.path.join(proc, str(pid), "stat"), encoding="ascii", errors="replace") as f:
-            stat = f.read()
-    except OSError:
-        return None
-    # The command name (field 2) may hold spaces and parentheses: fields follow the last ')'.
-    return stat[stat.rfind(")") + 2 :].split()
-
-
-def process_tree(root_pid: int, proc: str = "/proc") -> list[int]:
-    """`root_pid` and all its live descendants, read from `<proc>/<pid>/stat`.
-
-    Args:
-      root_pid: The process whose tree to list.
-      proc: The procfs mount.
-
-    Returns:
-      The pids, `root_pid` first (empty if it is gone).
-    """
-    children: dict[int, list[int]] = {}
-    for name in os.listdir(proc):
-        if not name.isdigit():
-            continue
-        fields = _stat_fields(name, proc)
-        if fields is None:  # Exited while we listed.
-            continue
-        children.setdefault(int(fields[1]), []).append(int(name))
-    if not os.path.exists(os.path.join(proc, str(root_pid))):
-        return []
-    tree, todo = [], [root_pid]
-    while todo:
-        pid = todo.pop()
-        tree.append(pid)
-        todo.extend(children.get(pid, []))
-    return tree
-
-
-def memory_kb(pid: int, proc: str = "/proc") -> tuple[int, int]:
+def memory_kb(pid: int) -> tuple[int, int]:
     """(RSS, PSS) of one process in KiB; (0, 0) if it exited; PSS is RSS if unreadable."""
-    rss = pss = 0
-    try:
-        with open(os.path.join(proc, str(pid), "status"), encoding="ascii") as f:
-            for line in f:
-                if line.startswith("VmRSS:"):
-                    rss = int(line.split()[1])
-                    break
-    except OSError:
+    rss = proclib.rss_bytes(pid) // 1024
+    if not rss:
         return 0, 0
     try:
-        with open(os.path.join(proc, str(pid), "smaps_rollup"), encoding="ascii") as f:
-            for line in f:
-                if line.startswith("Pss:"):
-                    pss = int(line.split()[1])
-                    break
+        pss = read_smaps_rollup(pid)["Pss"] // 1024
     except OSError:
         pss = rss
     return rss, pss
-
-
-def cpu_seconds(pid: int, proc: str = "/proc") -> float | None:
-    """User + system CPU seconds of one process (all its threads); None if it exited."""
-    fields = _stat_fields(pid, proc)
-    if fields is None:
-        return None
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def cpu_shares(samples: list[tuple[float, dict[int, float]]], root_pid: int, t0: float, t1: float):
@@ -234,25 +196,24 @@ class TreeMemorySampler(threading.Thread):
     Args:
       root_pid: The tree's root (the driver).
       interval_s: Seconds between samples.
-      proc: The procfs mount.
     """
 
-    def __init__(self, root_pid: int, interval_s: float = 1.0, proc: str = "/proc"):
+    def __init__(self, root_pid: int, interval_s: float = 1.0):
         super().__init__(daemon=True, name="tree-memory-sampler")
-        self.root_pid, self.interval_s, self.proc = root_pid, interval_s, proc
+        self.root_pid, self.interval_s = root_pid, interval_s
         self.peak_rss_kb = self.peak_pss_kb = self.peak_processes = self.samples = 0
         self.cpu_samples: list[tuple[float, dict[int, float]]] = []
         self._done = threading.Event()
 
     def sample(self) -> tuple[int, int, int]:
         """Takes one sample now; returns (RSS KiB, PSS KiB, processes) and updates the peaks."""
-        pids = process_tree(self.root_pid, self.proc)
+        pids = proclib.process_tree(self.root_pid)
         rss = pss = 0
         cpu: dict[int, float] = {}
         for pid in pids:
-            r, p = memory_kb(pid, self.proc)
+            r, p = memory_kb(pid)
             rss, pss = rss + r, pss + p
-            seconds = cpu_seconds(pid, self.proc)
+            seconds = proclib.cpu_seconds(pid)
             if seconds is not None:
                 cpu[pid] = seconds
         self.cpu_samples.append((time.perf_counter(), cpu))
@@ -285,7 +246,7 @@ def _load_config(path: str):
 
 def _spaces(config):
     """The observation and action spaces of the env runners' envs (training, worker 1)."""
-    from impala_tf.actors.env_runner import make_env
+    from impala_tf.rollout.env_runner import make_env
 
     env = make_env(config, worker_index=1, vector_index=0)
     spaces = env.observation_space, env.action_space
@@ -318,9 +279,9 @@ def _step_env_batch(batch, seconds: float) -> tuple[int, float]:
 
 def case_env(path: str, kind: str, num_envs: int, threads: int, seconds: float) -> dict:
     """One process stepping `num_envs` envs on the vector-env or the wrapper path."""
-    from impala_tf.actors.env_runner import make_env
     from impala_tf.envs import atari
     from impala_tf.envs.batch import AtariVectorEnvBatch, GymEnvBatch
+    from impala_tf.rollout.env_runner import make_env
 
     config = _load_config(path)
     if kind == "vector":
@@ -450,12 +411,8 @@ def case_inference(path: str, batch: int, threads: int | None, repeats: int) -> 
 
 
 def _run_case(name: str, payload: dict, timeout: float = 1800) -> dict:
-    args = [
-        sys.executable,
-        os.path.abspath(__file__),
-        "--case",
-        json.dumps({"name": name, **payload}),
-    ]
+    args = [sys.executable, "-m", "tools.bench_atari", "--case"]
+    args.append(json.dumps({"name": name, **payload}))
     out = subprocess.run(args, capture_output=True, text=True, cwd=ROOT, timeout=timeout)
     if out.returncode != 0:
         raise RuntimeError(f"case {name} {payload} failed:\n{out.stderr[-3000:]}")
@@ -466,7 +423,7 @@ def _run_parallel(name: str, payloads: list[dict]) -> list[dict]:
     """Runs cases at the same time, one process each (for the all-cores env rates)."""
     procs = []
     for payload in payloads:
-        args = [sys.executable, os.path.abspath(__file__), "--case"]
+        args = [sys.executable, "-m", "tools.bench_atari", "--case"]
         args.append(json.dumps({"name": name, **payload}))
         procs.append(
             subprocess.Popen(
@@ -808,7 +765,7 @@ def backend_comparison(args: argparse.Namespace, path: str) -> None:
     lines = [
         f"## Atari: Ray pool vs local pool, Pong with `{name}`",
         "",
-        f"`tools/bench_atari.py --backend={args.backend} --rounds={args.rounds} "
+        f"`python -m tools.bench_atari --backend={args.backend} --rounds={args.rounds} "
         f"--train_time={args.train_time:g}` ({benchlib.machine_line()}). Load average (1 min) "
         f"{load_before[0]:.1f} before, {load_after[0]:.1f} after, on {cores} cores. Rates "
         "between the first and the last iteration (start-up and the first iteration excluded).",

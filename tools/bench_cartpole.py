@@ -1,10 +1,12 @@
 """CartPole wall-clock benchmark: time to return 450 and env steps/s, over several seeds.
 
-    .venv/bin/python tools/bench_cartpole.py                      # 5 seeds of the tuned config
-    .venv/bin/python tools/bench_cartpole.py --seeds 0 1 --timeout 120
-    .venv/bin/python tools/bench_cartpole.py --rllib-python /path/to/rllib-venv/bin/python
-    .venv/bin/python tools/bench_cartpole.py --make-rllib-venv /tmp/rllib-venv
-    .venv/bin/python tools/bench_cartpole.py --backend=both --seeds 0 1 2 --duration 60
+    .venv/bin/python -m tools.bench_cartpole                    # 5 seeds of the tuned config
+    .venv/bin/python -m tools.bench_cartpole --seeds 0 1 --timeout 120
+    .venv/bin/python -m tools.bench_cartpole --rllib-python /path/to/rllib-venv/bin/python
+    .venv/bin/python -m tools.bench_cartpole --make-rllib-venv /tmp/rllib-venv
+    .venv/bin/python -m tools.bench_cartpole --backend=both --seeds 0 1 2 --duration 60
+
+Run from the repository root.
 
 Each seed runs the real binary (`python -m impala_tf.bin.train --config=...`) in a fresh process;
 the wall time is measured from launching the process to the moment it prints the iteration whose
@@ -39,8 +41,9 @@ import sys
 import tempfile
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import benchlib  # noqa: E402
+from tools import benchlib
+
+__all__ = ["main", "make_rllib_venv", "run_impala", "run_rllib", "steady_rate"]
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _ITER_LINE = re.compile(r"^iter\s+\d+.*return\s+([-\d.]+)")
@@ -292,7 +295,7 @@ def backend_comparison(args: argparse.Namespace) -> None:
     lines = [
         "## CartPole: Ray pool vs local pool",
         "",
-        f"`tools/bench_cartpole.py --backend={args.backend}` with "
+        f"`python -m tools.bench_cartpole --backend={args.backend}` with "
         f"`{os.path.relpath(args.config, ROOT)}`, {args.duration:g} s of training per run "
         f"(`--stop_time_s`; stopped earlier at return {args.target:g}) "
         f"({benchlib.machine_line()}). Load average (1 min) "

@@ -1,8 +1,10 @@
 """Learner benchmarks: train-step throughput, devices, gradient-accumulation memory, GPU CNN.
 
-    .venv/bin/python tools/bench_learner.py                 # every part, into BENCHMARKS.md
-    .venv/bin/python tools/bench_learner.py --parts keras devices
-    .venv/bin/python tools/bench_learner.py --parts memory --memory_batch 20000
+    .venv/bin/python -m tools.bench_learner               # every part, into BENCHMARKS.md
+    .venv/bin/python -m tools.bench_learner --parts keras devices
+    .venv/bin/python -m tools.bench_learner --parts memory --memory_batch 20000
+
+Run from the repository root (the memory cases run there as `python -m tools.bench_learner`).
 
 Parts (each writes its own BENCHMARKS.md section):
 
@@ -33,11 +35,13 @@ import sys
 import time
 from collections.abc import Callable
 
+from tools import benchlib, proclib
+
+__all__ = ["bench_devices", "bench_gpu", "bench_keras", "bench_memory", "main"]
+
+# Inherited by the memory cases; TensorFlow is not imported up to here.
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
-import benchlib  # noqa: E402
 
 T = 50  # rollout_fragment_length of every case
 PARTS = ("keras", "devices", "memory", "gpu")
@@ -277,11 +281,7 @@ def _memory_case(kind: str, batch: int, microbatch: int | None) -> dict:
     from impala_tf.sample_batch import SampleBatch
 
     def vm_hwm_mb() -> float:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) / 1024
-        return float("nan")
+        return proclib.peak_rss_bytes(os.getpid()) / 2**20
 
     config = _config(kind, batch, microbatch_size=microbatch)
     obs_space, act_space = _spaces(kind)
@@ -323,7 +323,7 @@ def bench_memory(batch: int, microbatch: int) -> str:
     ]
     for kind, name in (("mlp", "CartPole MLP [256, 256]"), ("cnn", "Nature CNN, 84x84x4 uint8")):
         for micro in (None, microbatch):
-            args = [sys.executable, os.path.abspath(__file__), "--memory_case"]
+            args = [sys.executable, "-m", "tools.bench_learner", "--memory_case"]
             args += [json.dumps({"kind": kind, "batch": batch, "microbatch": micro})]
             out = subprocess.run(args, capture_output=True, text=True, check=False, cwd=ROOT)
             if out.returncode != 0:

@@ -1,8 +1,10 @@
 """Pendulum benchmark: time and env steps to a mean return of -700 and -200, beside RLlib's run.
 
-    .venv/bin/python tools/bench_pendulum.py                       # configs/pendulum-impala.yaml
-    .venv/bin/python tools/bench_pendulum.py --seeds 1 2 --timeout 900
-    .venv/bin/python tools/bench_pendulum.py --rllib-python /work/rllib-venv/bin/python
+    .venv/bin/python -m tools.bench_pendulum                     # configs/pendulum-impala.yaml
+    .venv/bin/python -m tools.bench_pendulum --seeds 1 2 --timeout 900
+    .venv/bin/python -m tools.bench_pendulum --rllib-python /work/rllib-venv/bin/python
+
+Run from the repository root.
 
 Each impala_tf seed runs the real binary (`python -m impala_tf.bin.train --config=...`) in a
 fresh process, stopped at RLlib's stop criterion (`episode_reward_mean` -200 or 5M env steps) or
@@ -33,8 +35,7 @@ import threading
 import time
 from collections.abc import Iterable, Sequence
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import benchlib  # noqa: E402
+from tools import benchlib
 
 __all__ = ["Point", "parse_impala_line", "parse_rllib_line", "summarize"]
 

@@ -1,7 +1,10 @@
 """Where the Ray design stops scaling: measured per-actor and learner figures, and the estimate.
 
-    .venv/bin/python tools/bench_scaling.py                       # Pong, pong-impala-small.yaml
-    .venv/bin/python tools/bench_scaling.py --sample_time 30 --no-write
+    .venv/bin/python -m tools.bench_scaling                     # Pong, pong-impala-small.yaml
+    .venv/bin/python -m tools.bench_scaling --sample_time 30 --no-write
+
+Run from the repository root (the parts run there as `python -m tools.bench_scaling` and
+`python -m tools.bench_atari`).
 
 Measured here, each part in a fresh process:
 
@@ -14,7 +17,7 @@ Measured here, each part in a fresh process:
   which is what Ray serialises. Also the CPU time to encode a fragment (actor) and to decode it
   (`sample_batch.decompress`, driver), and the bytes of the policy weights.
 * **learner** - `ImpalaLearner.train_step` samples/s at `train_batch_size` on this machine's
-  CPU, all cores (`tools/bench_atari.py`'s learner case). No GPU here: the GPU figure is not
+  CPU, all cores (`tools.bench_atari`'s learner case). No GPU here: the GPU figure is not
   measured.
 
 From these the tool prints, as an estimate (arithmetic, not a measurement), the number of actors
@@ -33,13 +36,13 @@ import subprocess
 import sys
 import time
 
+from tools import benchlib
+
+__all__ = ["case_actor", "estimate", "main", "pickled_size"]
+
+# Inherited by the case processes; TensorFlow is not imported up to here.
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
-import benchlib  # noqa: E402
-
-__all__ = ["case_actor", "pickled_size", "estimate"]
 
 DEFAULT_CONFIG = os.path.join(ROOT, "configs", "pong-impala-small.yaml")
 FRAME_SKIP = 4
@@ -66,9 +69,9 @@ def case_actor(path: str, seconds: float) -> dict:
 
     tf.config.threading.set_intra_op_parallelism_threads(1)
     tf.config.threading.set_inter_op_parallelism_threads(1)
-    from impala_tf.actors.env_runner import EnvRunner
     from impala_tf.config import ImpalaConfig
     from impala_tf.frames import encode_observations
+    from impala_tf.rollout.env_runner import EnvRunner
     from impala_tf.sample_batch import decompress
 
     config, _ = ImpalaConfig.from_yaml(path)
@@ -119,6 +122,7 @@ def case_actor(path: str, seconds: float) -> dict:
 
 
 def _run(args: list[str], timeout: float = 1800) -> dict:
+    """Runs `python *args` from the repository root; returns the JSON of its last line."""
     out = subprocess.run(
         [sys.executable, *args], capture_output=True, text=True, cwd=ROOT, timeout=timeout
     )
@@ -166,15 +170,11 @@ def main() -> None:
         return
     path = os.path.abspath(args.config)
     load_before = os.getloadavg()
-    actor = _run([__file__, "--case", json.dumps({"path": path, "seconds": args.sample_time})])
+    case = {"path": path, "seconds": args.sample_time}
+    actor = _run(["-m", "tools.bench_scaling", "--case", json.dumps(case)])
     print(json.dumps({"actor": actor}), flush=True)
-    learner = _run(
-        [
-            os.path.join(ROOT, "tools", "bench_atari.py"),
-            "--case",
-            json.dumps({"name": "learner", "path": path, "repeats": args.repeats}),
-        ]
-    )
+    case = {"name": "learner", "path": path, "repeats": args.repeats}
+    learner = _run(["-m", "tools.bench_atari", "--case", json.dumps(case)])
     print(json.dumps({"learner": learner}), flush=True)
     load_after = os.getloadavg()
     learner_per_s = learner["batch"] / learner["learner_s"]
@@ -198,7 +198,7 @@ def report(args, actor, learner, learner_per_s, est, load_before, load_after) ->
     lines = [
         f"## Where the Ray design stops scaling (Pong, `{name}`)",
         "",
-        f"`tools/bench_scaling.py --sample_time={args.sample_time:g}` "
+        f"`python -m tools.bench_scaling --sample_time={args.sample_time:g}` "
         f"({benchlib.machine_line()}). Load average (1 min) {load_before[0]:.1f} before, "
         f"{load_after[0]:.1f} after, on {cores} cores.",
         "",
@@ -221,7 +221,7 @@ def report(args, actor, learner, learner_per_s, est, load_before, load_after) ->
         f"- Learner, {learner['model']}, batch {learner['batch']}, CPU, all {cores} cores: "
         f"{learner['learner_s'] * 1e3:.1f} ms per update, **{learner_per_s:,.0f} env steps/s** "
         f"({learner_per_s * FRAME_SKIP:,.0f} frames/s). **On a GPU: not measured** (no GPU "
-        "here; `tools/bench_learner.py --parts gpu` measures it where there is one).",
+        "here; `python -m tools.bench_learner --parts gpu` measures it where there is one).",
         "",
         "### Estimate (arithmetic on the figures above, not measured)",
         "",

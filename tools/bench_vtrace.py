@@ -1,6 +1,6 @@
 """Benchmarks of impala_tf's learner-side computations, one BENCHMARKS.md section each.
 
-Run from the repository root: `.venv/bin/python tools/bench_vtrace.py`.
+Run from the repository root: `.venv/bin/python -m tools.bench_vtrace`.
 
 Sections:
     bench_vtrace: V-trace (`impala_tf.vtrace.from_importance_weights`) against RLlib's `tf.scan`
@@ -10,17 +10,15 @@ Sections:
 from __future__ import annotations
 
 import os
-import sys
 from collections.abc import Callable
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
-from benchlib import machine_line, median_seconds, write_section  # noqa: E402
 
 from impala_tf import vtrace  # noqa: E402
+from tools import benchlib  # noqa: E402
 
 __all__ = ["main", "vtrace_section"]
 
@@ -89,11 +87,11 @@ def _empty(log_rhos, discounts, rewards, values, bootstrap_value):
 def _time_interleaved(calls: dict[str, Callable[[], object]]) -> dict[str, float]:
     """Median seconds per call of each candidate, over ROUNDS interleaved rounds."""
     for call in calls.values():
-        median_seconds(call, repeats=1, warmup=3)
+        benchlib.median_seconds(call, repeats=1, warmup=3)
     samples = {name: [] for name in calls}
     for _ in range(ROUNDS):
         for name, call in calls.items():
-            samples[name].append(median_seconds(call, repeats=REPEATS, warmup=1))
+            samples[name].append(benchlib.median_seconds(call, repeats=REPEATS, warmup=1))
     return {name: float(np.median(times)) for name, times in samples.items()}
 
 
@@ -144,7 +142,7 @@ def vtrace_section() -> str:
     lines = [
         f"### V-trace, T={NUM_STEPS}, B={BATCH}, float32",
         "",
-        f"Machine: {machine_line()}",
+        f"Machine: {benchlib.machine_line()}",
         "",
         "| implementation | mode | per call (ms) | speed-up | in graph (ms / V-trace) | speed-up |",
         "|---|---|---:|---:|---:|---:|",
@@ -182,7 +180,7 @@ def main() -> None:
     for name, section in SECTIONS.items():
         markdown = section()
         print(markdown, flush=True)
-        write_section(name, markdown)
+        benchlib.write_section(name, markdown)
 
 
 if __name__ == "__main__":

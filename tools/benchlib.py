@@ -13,6 +13,15 @@ import statistics
 import time
 from collections.abc import Callable
 
+__all__ = [
+    "BENCHMARKS_MD",
+    "backend_ratio_lines",
+    "machine_line",
+    "median_seconds",
+    "other_jobs_running",
+    "write_section",
+]
+
 BENCHMARKS_MD = os.path.join(
     os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "BENCHMARKS.md"
 )

@@ -4,10 +4,10 @@ Starts a `LocalActorPool` of N actors for each kind, has each sample a few fragm
 /proc/<pid>/smaps_rollup (no psutil) of every actor and of the fork server: Rss (resident,
 counting pages shared with the fork server), Pss (shared pages split between sharers) and
 private (Private_Clean + Private_Dirty: what one more actor adds). The figures feed
-`impala_tf.actors.memory`'s per-actor estimates.
+`impala_tf.workers.memory`'s per-actor estimates.
 
 Run from the repository root:
-    PYTHONPATH=$PWD python tools/measure_actor_memory.py --kind=mlp|cnn [--actors=2]
+    .venv/bin/python -m tools.measure_actor_memory --kind=mlp|cnn [--actors=2]
 """
 
 from __future__ import annotations
@@ -17,9 +17,12 @@ import os
 import time
 
 from impala_tf.actors.local import LocalActorPool
-from impala_tf.actors.memory import read_smaps_rollup
 from impala_tf.config import ImpalaConfig
+from impala_tf.workers.memory import read_smaps_rollup
 from tests import envs
+from tools import proclib
+
+__all__ = ["main"]
 
 
 def _configs() -> dict[str, ImpalaConfig]:
@@ -32,20 +35,10 @@ def _configs() -> dict[str, ImpalaConfig]:
 
 
 def _fork_server_pid() -> int | None:
-    """The fork server is not a multiprocessing child: find it through /proc."""
-    me = os.getpid()
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-            with open(f"/proc/{entry}/cmdline", "rb") as f:
-                cmd = f.read()
-        except OSError:
-            continue
-        if int(fields[1]) == me and b"forkserver" in cmd:
-            return int(entry)
+    """The fork server is not a multiprocessing child: find it among this process's children."""
+    for pid in proclib.children(os.getpid()):
+        if any("forkserver" in arg for arg in proclib.cmdline(pid)):
+            return pid
     return None
 
 
@@ -64,8 +57,8 @@ def main() -> None:
             num_envs_per_env_runner=args.envs,
             rollout_fragment_length=50,
         )
-        from impala_tf.actors.env_runner import make_env
         from impala_tf.models import build_model
+        from impala_tf.rollout.env_runner import make_env
 
         env = make_env(config, 0, 0)
         weights = build_model(env.observation_space, env.action_space, config.model).get_weights()

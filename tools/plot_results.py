@@ -2,9 +2,9 @@
 
 Run from the repository root:
 
-    .venv/bin/python tools/plot_results.py runs/a runs/b --out=curves.png --labels=adam,rmsprop
+    .venv/bin/python -m tools.plot_results runs/a runs/b --out=curves.png --labels=adam,rmsprop
 
-    .venv/bin/python tools/plot_results.py runs/pong0 runs/pong1 --out=docs/pong.png \
+    .venv/bin/python -m tools.plot_results runs/pong0 runs/pong1 --out=docs/pong.png \
         --thresholds 0 18 --section=pong_learning
 
 Each LOGDIR holds the `result.json` that impala-train writes (one RLlib result dict per line); a
@@ -26,6 +26,8 @@ import sys
 from collections.abc import Sequence
 
 import numpy as np
+
+from tools import benchlib
 
 __all__ = ["Run", "first_reaching", "load_run", "main", "plot_runs", "thresholds_table"]
 
@@ -196,14 +198,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         table = thresholds_table(runs, args.thresholds)
         print(table)
         if args.section:
-            sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-            import benchlib
-
             time_keys = ", ".join(sorted({run.time_key for run in runs}))
             benchlib.write_section(
                 args.section,
                 f"## Learning curves: {args.title or ', '.join(r.label for r in runs)}\n\n"
-                f"`tools/plot_results.py {' '.join(args.logdirs)} --thresholds "
+                f"`python -m tools.plot_results {' '.join(args.logdirs)} --thresholds "
                 f"{' '.join(f'{t:g}' for t in args.thresholds)}` ({benchlib.machine_line()}). "
                 f"Wall time is `{time_keys}`; figure: `{args.out}`.\n\n{table}\n",
             )

@@ -1,7 +1,9 @@
 """Soak test: train CartPole for a long time and watch memory, step rate and file descriptors.
 
-    nice -n 10 .venv/bin/python tools/soak.py                       # 1 hour, 30 s samples
-    nice -n 10 .venv/bin/python tools/soak.py --duration 600 --warmup 120
+    nice -n 10 .venv/bin/python -m tools.soak                     # 1 hour, 30 s samples
+    nice -n 10 .venv/bin/python -m tools.soak --duration 600 --warmup 120
+
+Run from the repository root.
 
 The run is `configs/cartpole-impala.yaml` (its stop criteria ignored) built in this process, so
 its processes are this process (driver and learner thread), the fork server and the actors.
@@ -33,8 +35,7 @@ import statistics
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import proclib  # noqa: E402
+from tools import benchlib, proclib
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEFAULT_CONFIG = os.path.join(ROOT, "configs", "cartpole-impala.yaml")
@@ -86,7 +87,8 @@ def sample_processes(pid: int | None = None) -> tuple[float, int, int, float]:
     pids = [pid, *proclib.descendants(pid)]
     rss = sum(proclib.rss_bytes(p) for p in pids) / 2**20
     fds = sum(proclib.fd_count(p) for p in pids)
-    cpu = sum(proclib.cpu_seconds(p) for p in pids)
+    # A process that exits between the listing and the read counts as nothing.
+    cpu = sum(seconds for p in pids if (seconds := proclib.cpu_seconds(p)) is not None)
     return rss, len(pids), fds, cpu
 
 
@@ -177,12 +179,10 @@ def run_soak(
 
 def markdown(samples: list[Sample], verdict: Verdict, args: argparse.Namespace) -> str:
     """The BENCHMARKS.md section: command, machine, table and verdict."""
-    import benchlib
-
     lines = [
         f"## Soak ({args.duration / 60:g} min of CartPole)",
         "",
-        f"`nice -n 10 .venv/bin/python tools/soak.py --duration {args.duration:g} "
+        f"`nice -n 10 .venv/bin/python -m tools.soak --duration {args.duration:g} "
         f"--interval {args.interval:g} --warmup {args.warmup:g}` on {benchlib.machine_line()}. "
         "RSS, processes and fds are summed over the driver, the fork server and the actors.",
         "",
@@ -234,8 +234,6 @@ def main(argv: list[str] | None = None) -> int:
         print(f"FAIL: {failure}")
     print("PASS" if verdict.ok else "FAIL")
     if args.record:
-        import benchlib
-
         benchlib.write_section("soak", markdown(samples, verdict, args))
     return 0 if verdict.ok else 1
 

@@ -1,7 +1,9 @@
 """Actor storm: SIGKILL an actor every few seconds while CartPole trains, then count leaks.
 
-    nice -n 10 .venv/bin/python tools/storm.py                    # 5 minutes, a kill every 2 s
-    nice -n 10 .venv/bin/python tools/storm.py --duration 30
+    nice -n 10 .venv/bin/python -m tools.storm                  # 5 minutes, a kill every 2 s
+    nice -n 10 .venv/bin/python -m tools.storm --duration 30
+
+Run from the repository root.
 
 The run is `configs/cartpole-impala.yaml` (stop criteria ignored; 2 actors) built in this
 process. The actors are killed in turn (actor 0, 1, 0, ...), so each has `2 x --kill-every`
@@ -36,8 +38,7 @@ import sys
 import threading
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import proclib  # noqa: E402
+from tools import proclib
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEFAULT_CONFIG = os.path.join(ROOT, "configs", "cartpole-impala.yaml")

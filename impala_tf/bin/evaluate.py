@@ -35,6 +35,7 @@ from impala_tf.bin import _common  # noqa: F401 - defines --verbose.
 
 if TYPE_CHECKING:
     from impala_tf.config import ImpalaConfig
+    from impala_tf.rollout.fragment import Episode
 
 __all__ = [
     "FrameRecorder",
@@ -59,27 +60,38 @@ flags.DEFINE_integer("video_max_frames", 5000, "Frames recorded at most.", lower
 flags.DEFINE_float("fps", None, "Video frame rate; default: the env's render_fps (else 30).")
 flags.DEFINE_integer("seed", None, "Seeds the env and the action sampling (config key `seed`).")
 flags.DEFINE_string(
-    "policy_id", None, "Multi-agent checkpoints: report the returns of this policy's agents."
+    "policy_id",
+    None,
+    "Report the mean return of this policy's agents per episode (multi-agent checkpoints); "
+    "default: the return summed over the agents.",
 )
 
 _VIDEO_FORMATS = (".gif", ".mp4")
 _DEFAULT_FPS = 30.0
 
 
-def summarize(episodes: Sequence[tuple[float, int]]) -> dict[str, float | int]:
-    """The summary printed as JSON: episode count and return mean/min/max, mean length.
+def summarize(episodes: Sequence[Episode]) -> dict[str, float | int]:
+    """The summary printed as JSON: episode count, return mean/min/max, mean length.
+
+    The statistics are `impala_tf.driver.metrics.summarize_episodes`', the one episode summary.
 
     Args:
-      episodes: (return, length) per finished episode, as `EnvRunner.run_episodes` gives them.
+      episodes: The finished episodes (`impala_tf.rollout.fragment.Episode`).
     """
-    returns = np.array([r for r, _ in episodes], np.float64)
-    lengths = np.array([n for _, n in episodes], np.float64)
+    from impala_tf.driver.metrics import summarize_episodes
+
+    stats = summarize_episodes(episodes)
     return {
-        "episodes": len(episodes),
-        "episode_reward_mean": float(returns.mean()),
-        "episode_reward_min": float(returns.min()),
-        "episode_reward_max": float(returns.max()),
-        "episode_len_mean": float(lengths.mean()),
+        "episodes": stats["num_episodes"],
+        **{
+            key: stats[key]
+            for key in (
+                "episode_reward_mean",
+                "episode_reward_min",
+                "episode_reward_max",
+                "episode_len_mean",
+            )
+        },  # fmt: skip
     }
 
 
@@ -159,7 +171,7 @@ def _recording_config(
     The env is still made by `make_env` from the checkpoint's env id and `env_config`, with
     `render_mode="rgb_array"` added; each recorder made is appended to `recorders`.
     """
-    from impala_tf.actors.env_runner import make_env
+    from impala_tf.envs.make import make_env
 
     render_config = config.copy()
     render_config.env_config = {**(config.env_config or {}), "render_mode": "rgb_array"}
@@ -315,48 +327,30 @@ def main(argv: list[str]) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     if not FLAGS["verbosity"].present:  # absl turns INFO on after parsing; TF logs much there.
         absl_logging.set_verbosity(absl_logging.WARNING)
-    from impala_tf import checkpoints
+    from impala_tf import checkpoints, evaluation
+    from impala_tf.envs.spaces import probe_spaces
 
     try:
         ext = video_format(FLAGS.video) if FLAGS.video else None
         checkpoint_dir = checkpoints.resolve_checkpoint_dir(FLAGS.checkpoint)
         config = checkpoints.load_config(checkpoint_dir).get_evaluation_config()
+        # One env: each episode runs start to end in order, reproducibly for a given seed.
+        config.env_runners(num_envs_per_env_runner=1)
+        if FLAGS.seed is not None:
+            config.debugging(seed=FLAGS.seed)
+        spaces = probe_spaces(config)
     except (FileNotFoundError, ValueError) as e:
         return _error(str(e))
-    # One env: each episode runs start to end in order, reproducibly for a given seed.
-    config.env_runners(num_envs_per_env_runner=1)
-    if FLAGS.seed is not None:
-        config.debugging(seed=FLAGS.seed)
     explore = bool(config.explore if FLAGS.explore is None else FLAGS.explore)
     env_name = config.env
     recorders: list[FrameRecorder] = []
     if ext:
         config = _recording_config(config, recorders, FLAGS.video_episodes, FLAGS.video_max_frames)
-
-    from impala_tf.multi_agent import evaluation as ma_evaluation
-
-    multi_agent = ma_evaluation.is_multi_agent_checkpoint(checkpoint_dir)
-    if ext and multi_agent:
-        return _error("--video is not supported for multi-agent checkpoints.")
     try:
-        if multi_agent:  # Every policy acts; the returns are summed or --policy_id's.
-            if FLAGS.policy_id is not None:
-                ma_evaluation.policy_checkpoint_dir(checkpoint_dir, FLAGS.policy_id)
-            _, runner = ma_evaluation.load_multi_agent_runner(checkpoint_dir, explore, config)
-            try:
-                episodes = ma_evaluation.run_multi_agent_episodes(
-                    runner, FLAGS.episodes, FLAGS.policy_id
-                )
-            finally:
-                runner.close()
-        elif FLAGS.policy_id is not None:
-            return _error(f"--policy_id: {checkpoint_dir} is a single-policy checkpoint.")
-        else:
-            _, runner = checkpoints.load_env_runner(checkpoint_dir, explore=explore, config=config)
-            try:
-                episodes = runner.run_episodes(FLAGS.episodes)
-            finally:
-                runner.close()
+        # Every policy acts; returns are summed over the agents, or --policy_id's agents' mean.
+        episodes = evaluation.evaluate_checkpoint(
+            checkpoint_dir, config, FLAGS.episodes, explore, FLAGS.policy_id, spaces
+        )
     except ValueError as e:
         return _error(str(e))
     except gym.error.DependencyNotInstalled as e:  # e.g. pygame, to render classic control.
@@ -373,6 +367,8 @@ def main(argv: list[str]) -> int:
             flush=True,
         )
 
+    if not episodes:
+        return _error(f"--policy_id={FLAGS.policy_id} controlled no agent in any episode.")
     summary = summarize(episodes)
     print(
         f"impala-evaluate: {summary['episodes']} episodes of {env_name} from {checkpoint_dir} "

@@ -40,7 +40,9 @@ __all__ = ["export_saved_model", "serving_module", "run"]
 FLAGS = flags.FLAGS
 
 flags.DEFINE_string("checkpoint", None, "Checkpoint directory, or a training logdir.")
-flags.DEFINE_string("policy_id", None, "Multi-agent checkpoints: the policy to export.")
+flags.DEFINE_string(
+    "policy_id", None, "The policy to export (needed for checkpoints of several policies)."
+)
 flags.DEFINE_string("out", None, "Directory to write the SavedModel to.")
 
 
@@ -140,25 +142,16 @@ def main(argv: list[str]) -> int:
 
     try:
         checkpoint_dir = checkpoints.resolve_checkpoint_dir(FLAGS.checkpoint)
-        from impala_tf.multi_agent import evaluation as ma_evaluation
-
-        if FLAGS.policy_id is not None:
-            checkpoint_dir = ma_evaluation.policy_checkpoint_dir(checkpoint_dir, FLAGS.policy_id)
-        elif ma_evaluation.is_multi_agent_checkpoint(checkpoint_dir):
-            raise ValueError(f"{checkpoint_dir} holds several policies: pass --policy_id.")
         config = checkpoints.load_config(checkpoint_dir)
+        from impala_tf.evaluation import load_policy_model  # Imports TensorFlow.
+
+        model, action_space, obs_filter = load_policy_model(checkpoint_dir, config, FLAGS.policy_id)
     except (FileNotFoundError, ValueError) as e:
         print(f"impala-export: error: {e}", file=sys.stderr, flush=True)
         return 1
     import tensorflow as tf
 
-    _, policy = checkpoints.load_policy(checkpoint_dir, explore=False, config=config)
-    signatures = export_saved_model(
-        policy.model,
-        policy.action_space,
-        FLAGS.out,
-        checkpoints.load_observation_filter(checkpoint_dir),
-    )
+    signatures = export_saved_model(model, action_space, FLAGS.out, obs_filter)
     serving = signatures["serving_default"].get_concrete_function()
     inputs = ", ".join(
         f"{spec.name}{spec.shape.as_list()} {spec.dtype.name}"

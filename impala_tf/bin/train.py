@@ -325,47 +325,28 @@ def _train() -> int:
         params = {"name": name, "config": config.to_dict(), "stop": stop, "flags": run_flags}
         json.dump(params, f, indent=2, default=str)
 
-    from impala_tf.actors.local import prestart_fork_server
-
-    try:
-        config.validate(require_env=True)
-    except ValueError as e:
-        raise TrainError(str(e)) from e
-    prestart_fork_server(config)  # Its imports overlap TensorFlow's below.
-    from impala_tf.quiet import import_tensorflow
-
-    import_tensorflow()  # Without TensorFlow's C++ start-up lines unless asked for.
-    import tensorflow as tf
-
-    user_callbacks = load_callbacks(run_flags["callbacks"])
-    learner_callbacks = load_callbacks(run_flags["learner_callbacks"])
-
-    from impala_tf import callbacks as cb
-    from impala_tf.algorithm import check_deterministic
-    from impala_tf.loop import fit
-
-    if run_flags["deterministic"]:
-        try:
-            check_deterministic(config)
-        except ValueError as e:
-            raise TrainError(str(e)) from e
-        tf.config.experimental.enable_op_determinism()
-
     print(f"impala-train: {name} on {config.env}, logdir {logdir}, stop {stop}", flush=True)
-    from impala_tf.actors.memory import ActorMemoryError
-    from impala_tf.multi_agent import algorithm_class
+    from impala_tf.driver.factory import build_algorithm
+    from impala_tf.workers.memory import ActorMemoryError
 
     try:
-        algo = algorithm_class(config)(  # Impala, or MultiAgentImpala for several policies.
+        algo = build_algorithm(  # The factory behind ImpalaConfig.build().
             config,
-            callbacks=learner_callbacks,
+            # Loaded once TensorFlow is imported: after the actors' fork server started.
+            callbacks=lambda: load_callbacks(run_flags["learner_callbacks"]),
             deterministic=run_flags["deterministic"],
             logdir=logdir,  # Batches of skipped non-finite updates go to <logdir>/nonfinite.
         )
+    except ValueError as e:  # An invalid config, or one that cannot run deterministically.
+        raise TrainError(str(e)) from e
     except ActorMemoryError as e:  # The pool would not fit: refused before any actor started.
         raise TrainError(str(e)) from e
     except ConnectionError as e:  # actor_backend=ray: no cluster at ray_address, or refused.
         raise TrainError(f"{type(e).__name__}: {e}") from e
+    from impala_tf import callbacks as cb
+    from impala_tf.loop import fit
+
+    user_callbacks = load_callbacks(run_flags["callbacks"])
     try:
         if resume_from:
             algo.restore(resume_from)

@@ -27,7 +27,7 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
-from impala_tf import config as config_module
+from impala_tf.config.keys import MODEL_DEFAULTS as RLLIB_MODEL_DEFAULTS
 from impala_tf.distributions import logits_size
 from impala_tf.models.actor_critic import ActorCritic
 from impala_tf.models.mlp import MLP, get_activation
@@ -43,8 +43,8 @@ from impala_tf.models.vision import (
 
 __all__ = ["CUSTOM_MODELS", "MODEL_DEFAULTS", "build_model", "resolve_model_config"]
 
-# RLlib's model defaults live in the (TensorFlow-free) config module; one copy.
-MODEL_DEFAULTS: dict[str, Any] = {**config_module.MODEL_DEFAULTS, "use_attention": False}
+# RLlib's model defaults live in the (TensorFlow-free) config keys; one copy.
+MODEL_DEFAULTS: dict[str, Any] = {**RLLIB_MODEL_DEFAULTS, "use_attention": False}
 
 CUSTOM_MODELS = ("nature_cnn", "impala_resnet")
 

@@ -22,8 +22,11 @@ Shipped:
   `make_multi_agent("CartPole-v1")` (episode over when every agent is done). Registered under the
   gymnasium ids `impala_tf/MultiAgentCartPole` and RLlib's class paths, so RLlib's YAML
   (`env: ray.rllib.examples.env.multi_agent.MultiAgentCartPole`) runs. `num_agents` is read from
-  `env_config` or, as that YAML nests it, from `env_config["config"]`.
-* `PettingZooParallelEnv`: wraps a PettingZoo `ParallelEnv` (the optional `pettingzoo` package).
+  `env_config` or, as that YAML nests it, from `env_config["config"]`; `render_mode` is passed to
+  its CartPole envs, and `render()` (with `"rgb_array"`) returns their frames side by side,
+  uint8 [H, W * num_agents, 3] (`impala-evaluate --video`).
+* `PettingZooParallelEnv`: wraps a PettingZoo `ParallelEnv` (the optional `pettingzoo` package);
+  `render()` is the wrapped env's.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import gymnasium as gym
+import numpy as np
 
 __all__ = [
     "MULTI_AGENT_CARTPOLE_IDS",
@@ -74,9 +78,12 @@ class MultiAgentCartPole(MultiAgentEnv):
 
     Args:
       config: RLlib's env config: `{"num_agents": n}` (RLlib's tuned YAML nests it one level
-        deeper, under `"config"`; both are read).
+        deeper, under `"config"`; both are read), and optionally `"render_mode"` (gymnasium's:
+        None, `"rgb_array"` or `"human"`), passed to every CartPole env.
       **kwargs: Also accepted as settings (`gym.make(id, **env_config)` passes them so).
     """
+
+    metadata = {"render_modes": ["human", "rgb_array"], "render_fps": 50}
 
     def __init__(self, config: Mapping[str, Any] | None = None, **kwargs: Any):
         settings = dict(config or {})
@@ -88,9 +95,16 @@ class MultiAgentCartPole(MultiAgentEnv):
         num = settings.pop("num_agents", 1)
         if not isinstance(num, int) or isinstance(num, bool) or num < 1:
             raise ValueError(f"MultiAgentCartPole: `num_agents` must be an int >= 1, got {num!r}.")
+        render_mode = settings.pop("render_mode", None)
+        if render_mode is not None and render_mode not in self.metadata["render_modes"]:
+            raise ValueError(
+                f"MultiAgentCartPole: `render_mode` must be None or one of "
+                f"{self.metadata['render_modes']}, got {render_mode!r}."
+            )
         if settings:
             raise ValueError(f"MultiAgentCartPole: unknown env_config keys {sorted(settings)}.")
-        self.envs = [gym.make("CartPole-v1") for _ in range(num)]
+        self.render_mode = render_mode
+        self.envs = [gym.make("CartPole-v1", render_mode=render_mode) for _ in range(num)]
         self.possible_agents = list(range(num))
         self.observation_spaces = {i: e.observation_space for i, e in enumerate(self.envs)}
         self.action_spaces = {i: e.action_space for i, e in enumerate(self.envs)}
@@ -118,6 +132,19 @@ class MultiAgentCartPole(MultiAgentEnv):
         terminateds[ALL] = all_done
         truncateds[ALL] = False
         return obs, rewards, terminateds, truncateds, infos
+
+    def render(self) -> np.ndarray | None:
+        """The agents' frames side by side (uint8 [H, W * num_agents, 3]) with `"rgb_array"`.
+
+        Returns None without a render mode and with `"human"` (each CartPole draws its own
+        window). As any gymnasium env, it raises `gymnasium.error.ResetNeeded` before `reset`.
+        """
+        if self.render_mode is None:
+            return None
+        frames = [env.render() for env in self.envs]
+        if self.render_mode != "rgb_array":
+            return None
+        return np.concatenate(frames, axis=1)
 
     def close(self) -> None:
         for env in self.envs:
@@ -148,6 +175,8 @@ class PettingZooParallelEnv(MultiAgentEnv):
                 "(convert an AEC env with pettingzoo.utils.conversions.aec_to_parallel)."
             )
         self.par_env = env
+        self.metadata = {**self.metadata, **(getattr(env, "metadata", None) or {})}
+        self.render_mode = getattr(env, "render_mode", None)
         self.possible_agents = list(env.possible_agents)
         self.observation_spaces = {a: env.observation_space(a) for a in self.possible_agents}
         self.action_spaces = {a: env.action_space(a) for a in self.possible_agents}
@@ -168,6 +197,10 @@ class PettingZooParallelEnv(MultiAgentEnv):
         # Agents done by this step get no further observation to act on.
         obs = {a: o for a, o in obs.items() if a in stepped or a in self.par_env.agents}
         return obs, dict(rewards), terminateds, truncateds, dict(infos or {})
+
+    def render(self) -> Any:
+        """The wrapped env's `render()` (a frame with its `render_mode` "rgb_array")."""
+        return self.par_env.render()
 
     def close(self) -> None:
         self.par_env.close()

@@ -35,6 +35,8 @@ import warnings
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from impala_tf.config.keys import ConfigWarning
+
 __all__ = [
     "DEFAULT_POLICY_ID",
     "EpisodeInfo",
@@ -55,8 +57,11 @@ DEFAULT_POLICY_ID = "default_policy"
 
 #: RLlib import paths (in its tuned examples) -> the object shipped here that does the same.
 _IMPORT_ALIASES = {
+    # Where this package kept it before (configs saved in older checkpoints name it).
+    "impala_tf.multi_agent.spec.PolicyMappingFn": "impala_tf.config.policies.PolicyMappingFn",
+    "impala_tf.multi_agent.spec:PolicyMappingFn": "impala_tf.config.policies.PolicyMappingFn",
     "ray.rllib.examples.multi_agent_and_self_play.policy_mapping_fn.PolicyMappingFn": (
-        "impala_tf.multi_agent.spec.PolicyMappingFn"
+        "impala_tf.config.policies.PolicyMappingFn"
     ),
     "ray.rllib.examples.env.multi_agent.MultiAgentCartPole": (
         "impala_tf.multi_agent.env.MultiAgentCartPole"
@@ -266,8 +271,6 @@ def multiagent_settings(block: Mapping[str, Any]) -> dict[str, Any]:
     Raises:
       ValueError: naming the key for an unknown or unsupported one.
     """
-    from impala_tf.config import ConfigWarning
-
     if not isinstance(block, Mapping):
         raise ValueError(f"`multiagent` must be a dict, got {block!r}.")
     out = {}
@@ -307,8 +310,6 @@ def expand_rllib_keys(settings: Mapping[str, Any]) -> dict[str, Any]:
     `replay_ratio` is RLlib's newer form of `replay_proportion` (1 / ratio): 0 (no replay) is
     accepted with a warning; other values must be given as `replay_proportion`.
     """
-    from impala_tf.config import ConfigWarning
-
     out = dict(settings)
     if "multiagent" in out:
         block = out.pop("multiagent")
@@ -347,20 +348,8 @@ def validate_multi_agent(config: Any) -> None:
         unknown = sorted(set(train) - set(specs))
         if unknown:
             raise ValueError(f"`policies_to_train` names unknown policies {unknown}.")
-    if config.num_aggregation_workers:
-        raise ValueError(
-            "`num_aggregation_workers` must be 0 with several policies (the driver batches and "
-            "replays per policy)."
-        )
-    if config.evaluation_interval:
-        raise ValueError(
-            "`evaluation_interval` is not supported for multi-agent configs yet; evaluate a "
-            "checkpoint with `impala-evaluate --policy_id` instead."
-        )
     for pid in specs:
         pconfig = policy_config(config, pid)
-        if pconfig.model.get("use_lstm"):
-            raise ValueError(f"`policies[{pid!r}]`: recurrent models are not supported here yet.")
         for key in ("rollout_fragment_length", "num_envs_per_env_runner", "num_gpus"):
             if getattr(pconfig, key) != getattr(config, key):
                 raise ValueError(f"`policies[{pid!r}].config` may not change `{key}`.")

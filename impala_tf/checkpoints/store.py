@@ -1,24 +1,34 @@
-"""Checkpoints on disk: the one layout `Impala.save` writes, and loading a policy back from it.
+"""Checkpoints on disk: the one layout for one policy or many, written atomically.
 
 A checkpoint is a directory holding
 
-* `learner.index` / `learner.data-*`: a `tf.train.Checkpoint` with the parts `model`,
-  `policy_optimizer`, `num_grad_updates`, `num_agent_steps_trained` and, with
-  `_separate_vf_optimizer`, `value_optimizer` (see `learner_checkpoint`);
-* `driver_state.json`: the driver's counters plus `"config": ImpalaConfig.to_dict()` (None when
-  `env` is a callable, which JSON cannot hold) and `"observation_filter"`, the merged observation
-  filter's state (`impala_tf.filters`);
-* `runtime_state.pkl` (only when the driver has such state): a pickle of what JSON cannot hold and
-  resume needs: the partial train batch waiting for more fragments and, in deterministic mode,
-  the actors' envs and samplers and the replay buffer (see `Impala.save`). Like any pickle, load
-  only checkpoints you trust.
+* `policies/<policy_id>/learner.index` / `learner.data-*`: one `tf.train.Checkpoint` per policy
+  (`"default_policy"` for a single-agent run) with the parts `model`, `policy_optimizer`,
+  `num_grad_updates`, `num_agent_steps_trained` and, with `_separate_vf_optimizer`,
+  `value_optimizer` (see `learner_checkpoint`);
+* `driver_state.json`: the driver's state (`"format": 2`, the iteration, counters, the episode
+  window, `"policy_ids"`, `"observation_filters"`: {policy_id: the merged observation filter's
+  state}) plus `"config": ImpalaConfig.to_dict()` (None when `env` is a callable, which JSON
+  cannot hold);
+* `runtime_state.pkl` (when the driver has such state): plain data only (dicts, lists, numpy
+  arrays, bytes) that resuming needs and JSON cannot hold: the rows waiting to fill a train
+  batch and, in deterministic mode, the replay buffers and the actors' runner snapshots (their
+  envs pickled into bytes by the runner itself). Like any pickle, load only checkpoints you
+  trust.
+
+Checkpoints written before this layout still load (`read_state`, `learner_prefix`,
+`read_runtime_state`; `impala_tf.checkpoints.legacy`): a single-agent one keeps its learner at
+the top (`learner.*`) and its filter under `"observation_filter"`; a multi-agent one has the
+same `policies/<policy_id>/learner.*` (each a complete single-policy checkpoint then); its
+`runtime_state.pkl` may pickle the driver's aggregator object, read back as plain data.
 
 Training writes one directory per save under `<logdir>/checkpoints/`, named by iteration
 (`checkpoint_000010`), and keeps the newest `keep_checkpoints_num` (`checkpoint_path`,
 `list_checkpoints`, `prune_checkpoints`); `resolve_checkpoint_dir` finds the newest from a logdir.
+Evaluation and export need a policy's weights and observation filter only: `restore_model`
+loads one policy's `model` part into a model rebuilt from the config and the env's spaces.
 
-Evaluation and export only need the weights and the observation filter: they restore the
-`model` part alone, into a model rebuilt from the stored config and the env's spaces.
+This module imports TensorFlow only in the functions that need it, and no config class.
 """
 
 from __future__ import annotations
@@ -31,40 +41,32 @@ import re
 import shutil
 import tempfile
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
-from impala_tf.config import ImpalaConfig
-
-if TYPE_CHECKING:  # TensorFlow is imported by the functions that need it.
-    import keras
-    import tensorflow as tf
-
-    from impala_tf.actors.env_runner import EnvRunner
-    from impala_tf.filters import Filter
-    from impala_tf.learner import ImpalaLearner
-    from impala_tf.policy import ActorPolicy
+from impala_tf.checkpoints.legacy import load_runtime_state, normalize_state
 
 __all__ = [
     "CHECKPOINTS_DIR",
     "CheckpointWriteError",
     "DRIVER_STATE_FILE",
     "LEARNER_PREFIX",
+    "POLICIES_DIR",
     "RUNTIME_STATE_FILE",
     "checkpoint_path",
     "latest_checkpoint",
     "learner_checkpoint",
+    "learner_prefix",
     "list_checkpoints",
-    "load_config",
-    "load_env_runner",
-    "load_observation_filter",
-    "load_policy",
     "prune_checkpoints",
+    "read_config_dict",
     "read_driver_state",
     "read_runtime_state",
+    "read_state",
     "resolve_checkpoint_dir",
     "restore_model",
+    "storable_config",
     "untracked_variables",
     "write_checkpoint",
 ]
@@ -77,13 +79,18 @@ LEARNER_PREFIX = "learner"
 RUNTIME_STATE_FILE = "runtime_state.pkl"
 #: The subdirectory of a training logdir that holds its numbered checkpoints.
 CHECKPOINTS_DIR = "checkpoints"
+#: The subdirectory of a checkpoint that holds one learner checkpoint per policy.
+POLICIES_DIR = "policies"
+#: `driver_state.json`'s `"format"` for this layout (older checkpoints have none).
+FORMAT = 2
+_DEFAULT_POLICY_ID = "default_policy"
 #: Marks the temporary directory a checkpoint is written to before it is renamed into place.
 _TMP_MARK = ".tmp-"
 _OLD_SUFFIX = ".old"
 _NUMBER = re.compile(r"(\d+)$")
 
 
-def learner_checkpoint(learner: ImpalaLearner) -> tf.train.Checkpoint:
+def learner_checkpoint(learner: Any) -> Any:
     """The `tf.train.Checkpoint` of everything the learner trains or counts.
 
     Args:
@@ -174,12 +181,12 @@ def _write_failed(checkpoint_dir: str, had_previous: bool, error: BaseException)
 
 def write_checkpoint(
     checkpoint_dir: str,
-    learner: ImpalaLearner,
-    config: ImpalaConfig,
+    learners: Any,
+    config: Any,
     driver_state: Mapping[str, Any] | None = None,
     runtime_state: Mapping[str, Any] | None = None,
 ) -> str:
-    """Writes the learner checkpoint and `driver_state.json` (with the config) to a directory.
+    """Writes every policy's learner and `driver_state.json` (with the config) to a directory.
 
     The write is atomic at the directory level: everything goes to a sibling temporary
     directory, which is flushed to disk and then replaces `checkpoint_dir` by two renames. A
@@ -190,12 +197,13 @@ def write_checkpoint(
 
     Args:
       checkpoint_dir: The directory; created if missing, its previous checkpoint replaced.
-      learner: The `ImpalaLearner` whose parts `learner_checkpoint` lists.
-      config: The algorithm's config, stored under the `"config"` key (None if `env` is a
-        callable).
+      learners: {policy_id: `ImpalaLearner`} (whose parts `learner_checkpoint` lists), or one
+        learner, the single-agent `"default_policy"`.
+      config: The algorithm's config (an `AlgorithmConfig`), stored under `"config"` (None if
+        `env` is a callable); a module-level `policy_mapping_fn` is stored as its import path.
       driver_state: Further JSON-serialisable driver state (counters, iteration, episodes).
-      runtime_state: Picklable state JSON cannot hold, written to `runtime_state.pkl`; None
-        writes no such file.
+      runtime_state: Plain data JSON cannot hold, written to `runtime_state.pkl`; None writes
+        no such file.
 
     Returns:
       `checkpoint_dir`.
@@ -204,6 +212,8 @@ def write_checkpoint(
       CheckpointWriteError: the write failed (a full disk: `errno.ENOSPC`, "No space left on
         device"); the previous checkpoint was kept and the message names it.
     """
+    if not isinstance(learners, Mapping):
+        learners = {_DEFAULT_POLICY_ID: learners}
     checkpoint_dir = os.path.abspath(checkpoint_dir)
     parent = os.path.dirname(checkpoint_dir)
     had_previous = _is_checkpoint(checkpoint_dir)
@@ -214,9 +224,10 @@ def write_checkpoint(
     except OSError as e:
         _write_failed(checkpoint_dir, had_previous, e)
     try:
-        learner_checkpoint(learner).write(os.path.join(tmp, LEARNER_PREFIX))
-        state = dict(driver_state or {})
-        state["config"] = None if callable(config.env) else config.to_dict()
+        for pid, learner in learners.items():
+            learner_checkpoint(learner).write(os.path.join(tmp, POLICIES_DIR, pid, LEARNER_PREFIX))
+        state = {"format": FORMAT, "policy_ids": sorted(learners), **dict(driver_state or {})}
+        state["config"] = storable_config(config)
         with open(os.path.join(tmp, DRIVER_STATE_FILE), "w", encoding="utf-8") as f:
             json.dump(state, f, default=_json_default)
         if runtime_state is not None:
@@ -376,23 +387,19 @@ def read_driver_state(checkpoint_dir: str) -> dict[str, Any]:
         return json.load(f)
 
 
-def read_runtime_state(checkpoint_dir: str) -> dict[str, Any]:
-    """Returns the unpickled `runtime_state.pkl` of a checkpoint ({} when it has none)."""
-    path = os.path.join(resolve_checkpoint_dir(checkpoint_dir), RUNTIME_STATE_FILE)
-    if not os.path.isfile(path):
-        return {}
-    with open(path, "rb") as f:
-        return pickle.load(f)  # A checkpoint is trusted like code (module docstring).
+def read_state(checkpoint_dir: str) -> dict[str, Any]:
+    """`driver_state.json` of any layout, in this layout's keys.
+
+    Always present in the result: `"policy_ids"` and `"observation_filters"` ({policy_id:
+    filter state or None}); the rest as saved (`"iteration"`, `"counters"`, `"episodes"`, ...).
+    """
+    return normalize_state(read_driver_state(checkpoint_dir))
 
 
-def load_config(checkpoint_dir: str) -> ImpalaConfig:
-    """Rebuilds the `ImpalaConfig` a checkpoint was trained with.
-
-    Args:
-      checkpoint_dir: Anything `resolve_checkpoint_dir` accepts.
+def read_config_dict(checkpoint_dir: str) -> dict[str, Any]:
+    """The stored config as a dict (`AlgorithmConfig.to_dict()`).
 
     Raises:
-      FileNotFoundError: if there is no checkpoint there.
       ValueError: if the checkpoint holds no config (it was trained on an `env` callable, which
         JSON cannot store).
     """
@@ -403,10 +410,63 @@ def load_config(checkpoint_dir: str) -> ImpalaConfig:
             "env_creator callable, which cannot be stored. Rebuild the ImpalaConfig in Python "
             "and pass it as `config=`."
         )
-    return ImpalaConfig.from_dict(config)
+    return config
 
 
-def untracked_variables(model: keras.Model) -> list:
+def learner_prefix(checkpoint_dir: str, policy_id: str = _DEFAULT_POLICY_ID) -> str:
+    """The `tf.train.Checkpoint` prefix of one policy's learner in a checkpoint of any layout.
+
+    Raises:
+      ValueError: naming the policies the checkpoint has, when it has no `policy_id`.
+    """
+    directory = resolve_checkpoint_dir(checkpoint_dir)
+    prefix = os.path.join(directory, POLICIES_DIR, policy_id, LEARNER_PREFIX)
+    if os.path.isfile(prefix + ".index"):
+        return prefix
+    state = read_state(directory)
+    if policy_id in state["policy_ids"] and os.path.isfile(
+        os.path.join(directory, LEARNER_PREFIX + ".index")
+    ):
+        return os.path.join(directory, LEARNER_PREFIX)  # The single-agent layout before 2.
+    raise ValueError(
+        f"No policy {policy_id!r} in the checkpoint {directory}; it has {state['policy_ids']}."
+    )
+
+
+def read_runtime_state(checkpoint_dir: str) -> dict[str, Any]:
+    """The plain data of `runtime_state.pkl` ({} when there is none).
+
+    Keys: `"aggregator"` ({policy_id: {"pending": ..., "replay": ...}}, see
+    `impala_tf.driver.aggregation.Aggregator.get_state`) and `"actors"` ({actor id: runner
+    snapshot}); older checkpoints' pickled objects are read back as that data.
+    """
+    path = os.path.join(resolve_checkpoint_dir(checkpoint_dir), RUNTIME_STATE_FILE)
+    if not os.path.isfile(path):
+        return {}
+    with open(path, "rb") as f:
+        return load_runtime_state(f)  # A checkpoint is trusted like code (docstring).
+
+
+def storable_config(config: Any) -> dict[str, Any] | None:
+    """`config.to_dict()` as JSON can hold it, or None when `env` is a callable.
+
+    A module-level `policy_mapping_fn` (function or class) is stored as `module:qualname`, which
+    the config resolves back on load. Anything else that is not JSON (a lambda, `PolicySpec`s
+    holding spaces) is written as text and must be passed again as `config=` when loading.
+    """
+    if callable(config.env):
+        return None
+    out = config.to_dict()
+    fn = out.get("policy_mapping_fn")
+    if fn is not None and not isinstance(fn, (str, dict)):
+        target = fn if isinstance(fn, type) or hasattr(fn, "__qualname__") else type(fn)
+        qualname = getattr(target, "__qualname__", "")
+        if "<" not in qualname and getattr(target, "__module__", None):
+            out["policy_mapping_fn"] = f"{target.__module__}:{qualname}"
+    return out
+
+
+def untracked_variables(model: Any) -> list:
     """The variables of `model` that a `tf.train.Checkpoint` of it would not hold.
 
     Keras 3 does not track layers kept in Python lists for TensorFlow checkpoints (only
@@ -420,16 +480,18 @@ def untracked_variables(model: keras.Model) -> list:
     return [v for v in model.variables if id(v) not in reachable]
 
 
-def restore_model(model: keras.Model, checkpoint_dir: str) -> None:
-    """Loads the `model` part of a checkpoint into `model`, ignoring optimizers and counters.
+def restore_model(model: Any, checkpoint_dir: str, policy_id: str = _DEFAULT_POLICY_ID) -> None:
+    """Loads one policy's `model` part into `model`, ignoring optimizers and counters.
 
     Args:
-      model: An `ActorCritic` built from the checkpoint's config and the env's spaces.
+      model: An `ActorCritic` built from the checkpoint's (policy) config and the env's spaces.
       checkpoint_dir: Anything `resolve_checkpoint_dir` accepts.
+      policy_id: The policy (`"default_policy"` for a single-agent run).
 
     Raises:
       ValueError: if some variables of `model` cannot be in a checkpoint's `model` part (see
-        `untracked_variables`), rather than leave them at their initial values.
+        `untracked_variables`), rather than leave them at their initial values; or if the
+        checkpoint has no such policy.
       AssertionError: if a variable of `model` has no value in the checkpoint (a different
         architecture); a variable of another shape raises while reading.
     """
@@ -444,94 +506,6 @@ def restore_model(model: keras.Model, checkpoint_dir: str) -> None:
             "a layer keeps sublayers in a Python list, which Keras 3 does not track for "
             "TensorFlow checkpoints. Assign each sublayer to an attribute as well."
         )
-    prefix = os.path.join(resolve_checkpoint_dir(checkpoint_dir), LEARNER_PREFIX)
-    status = tf.train.Checkpoint(model=model).read(prefix)
+    status = tf.train.Checkpoint(model=model).read(learner_prefix(checkpoint_dir, policy_id))
     # The optimizers and counters stay unread on purpose; every model variable must be matched.
     status.expect_partial().assert_existing_objects_matched()
-
-
-def load_policy(
-    checkpoint_dir: str, explore: bool = False, config: ImpalaConfig | None = None
-) -> tuple[ImpalaConfig, ActorPolicy]:
-    """Rebuilds the acting policy of a checkpoint, weights restored (no envs kept open).
-
-    Args:
-      checkpoint_dir: Anything `resolve_checkpoint_dir` accepts.
-      explore: Sample actions (True) or take the distribution's mode (False).
-      config: The config to build the model from; default: the checkpoint's own.
-
-    Returns:
-      `(config, policy)`: the config used and an `impala_tf.policy.ActorPolicy`.
-    """
-    from impala_tf.actors.env_runner import env_seed, make_env
-    from impala_tf.policy import ActorPolicy
-
-    config = load_config(checkpoint_dir) if config is None else config
-    env = make_env(config, 0, 0)
-    try:
-        observation_space, action_space = env.observation_space, env.action_space
-    finally:
-        env.close()
-    # One policy of a multi-agent checkpoint (impala_tf.multi_agent) stores its own spaces.
-    spaces = read_runtime_state(checkpoint_dir).get("policy_spaces")
-    if spaces is not None:
-        observation_space, action_space = spaces
-    policy = ActorPolicy(
-        observation_space,
-        action_space,
-        config.model,
-        explore=explore,
-        seed=env_seed(config.seed, 0, 0),
-    )
-    restore_model(policy.model, checkpoint_dir)
-    return config, policy
-
-
-def load_observation_filter(checkpoint_dir: str) -> Filter | None:
-    """The run's merged observation filter (`observation_filter`) saved in a checkpoint.
-
-    Returns:
-      The `impala_tf.filters.Filter`, or None for `NoFilter` and for checkpoints written before
-      filters were saved.
-    """
-    from impala_tf.filters import NoFilter, filter_from_state
-
-    state = read_driver_state(checkpoint_dir).get("observation_filter")
-    if state is None:
-        return None
-    obs_filter = filter_from_state(state)
-    return None if isinstance(obs_filter, NoFilter) else obs_filter
-
-
-def load_env_runner(
-    checkpoint_dir: str, explore: bool = False, config: ImpalaConfig | None = None
-) -> tuple[ImpalaConfig, EnvRunner]:
-    """Builds an `EnvRunner` (worker index 0, the evaluation index) acting with a checkpoint.
-
-    Its envs are seeded from `config.seed` as RLlib seeds the driver's, so with a seed and
-    `num_envs_per_env_runner=1` the episodes it runs are reproducible. The weights are restored
-    into a Keras model and handed to the runner's policy, whichever kind it is (numpy or
-    TensorFlow). Observations pass through the run's saved observation filter, not updated.
-
-    Args:
-      checkpoint_dir: Anything `resolve_checkpoint_dir` accepts.
-      explore: Sample actions (True) or take the distribution's mode (False).
-      config: The config for the runner (env, env_config, model, seed, envs per runner);
-        default: the checkpoint's own.
-
-    Returns:
-      `(config, runner)`: the config used and the runner, weights restored.
-    """
-    from impala_tf.actors.env_runner import EnvRunner
-    from impala_tf.models import build_model
-
-    config = load_config(checkpoint_dir) if config is None else config
-    runner = EnvRunner(config, worker_index=0, explore=explore, update_filter=False)
-    try:
-        model = build_model(runner.observation_space, runner.action_space, config.model)
-        restore_model(model, checkpoint_dir)
-        runner.set_weights(model.get_weights(), obs_filter=load_observation_filter(checkpoint_dir))
-    except BaseException:
-        runner.close()
-        raise
-    return config, runner

@@ -4,10 +4,12 @@ The policy is `impala_tf.numpy_policy.make_policy`'s choice: numpy for MLPs, Ten
 rest; it has no weights until `set_weights` (the driver broadcasts them before any sample).
 
 One env runner (RLlib's "env runner" / "rollout worker") owns `num_envs_per_env_runner` envs and
-steps them together, one batched policy call per time step. `sample()` returns a `Fragment`: a
-`SampleBatch` of B = num_envs sequences of T = `rollout_fragment_length` steps, per-step columns
-shaped [B, T, ...] (`truncate_episodes`: episodes continue across fragments), plus the returns and
-lengths of the episodes that finished in it. Recurrent policies add `state_in_i` [B, C, H]: the
+steps them together, one batched policy call per time step: the single-agent case, whose one
+policy is `"default_policy"` (`impala_tf.rollout.multi_agent_runner` steps multi-agent envs).
+`sample()` returns a `Fragment` (`impala_tf.rollout.fragment`) whose batch is a `SampleBatch` of
+B = num_envs sequences of T = `rollout_fragment_length` steps, per-step columns shaped
+[B, T, ...] (`truncate_episodes`: episodes continue across fragments), plus the episodes that
+finished in it. Recurrent policies add `state_in_i` [B, C, H]: the
 state at the start of each of the C = ceil(T / `model.max_seq_len`) sequences the learner trains
 on (`impala_tf.sequences`).
 
@@ -32,7 +34,7 @@ observation) after a truncation (computed by one extra batched call on the trunc
 
 With `observation_filter: MeanStdFilter` every observation the envs return passes through the
 runner's filter (`impala_tf.filters`) before the policy sees it, and the `obs` column holds the
-filtered observations; each fragment carries the filter's changes (`filter_delta`) for the driver
+filtered observations; each fragment carries the filter's changes (`filter_deltas`) for the driver
 to merge, and `set_weights` syncs the filter to the driver's merged one.
 
 `policy_version[t]` (int64) is the `num_grad_updates` of the weights that chose step t's action.
@@ -53,142 +55,34 @@ error.
 
 from __future__ import annotations
 
-import dataclasses
 import pickle
 import time
-from collections.abc import Callable
+from collections.abc import Mapping
 from typing import Any
 
 import gymnasium as gym
 import numpy as np
 
 from impala_tf.actions import ActionAdapter
-from impala_tf.config import ImpalaConfig
+from impala_tf.config.base import AlgorithmConfig
 from impala_tf.envs import atari
-from impala_tf.envs.batch import AtariVectorEnvBatch, EnvBatch, GymEnvBatch
+from impala_tf.envs.batch import AtariVectorEnvBatch, GymEnvBatch
 from impala_tf.envs.faults import EnvGuard, StepProgress, env_name
+from impala_tf.envs.make import env_seed, make_env_batch
 from impala_tf.filters import Filter, filter_from_state, get_filter
 from impala_tf.numpy_policy import make_policy
+from impala_tf.rollout.fragment import DEFAULT_POLICY_ID, POLICY_VERSION, Episode, Fragment
 from impala_tf.sample_batch import SampleBatch
 
-__all__ = [
-    "EnvContext",
-    "EnvRunner",
-    "Fragment",
-    "POLICY_VERSION",
-    "make_env",
-    "make_env_batch",
-    "env_seed",
-]
+__all__ = ["EnvRunner", "Weights"]
 
-#: Per-step column: `num_grad_updates` of the weights that chose the step's action (int64 [B, T]).
-POLICY_VERSION = "policy_version"
-
-#: Seeds of env j in env runner i are `seed + i * _MAX_ENVS_PER_RUNNER + j`, as RLlib derives them.
-_MAX_ENVS_PER_RUNNER = 1000
-
-
-class EnvContext(dict):
-    """The `env_config` dict handed to a user's env creator, with RLlib's extra attributes.
-
-    Attributes:
-      worker_index: 1-based index of the env runner (0 is the driver/evaluation).
-      vector_index: Index of the env within its runner.
-      num_workers: Number of env runners.
-    """
-
-    def __init__(self, env_config: dict, worker_index: int, vector_index: int, num_workers: int):
-        super().__init__(env_config or {})
-        self.worker_index = worker_index
-        self.vector_index = vector_index
-        self.num_workers = num_workers
-
-
-def env_seed(seed: int | None, worker_index: int, vector_index: int) -> int | None:
-    """The seed of env `vector_index` of env runner `worker_index` (None if `seed` is None)."""
-    if seed is None:
-        return None
-    return int(seed) + worker_index * _MAX_ENVS_PER_RUNNER + vector_index
-
-
-def make_env(config: ImpalaConfig, worker_index: int = 0, vector_index: int = 0) -> gym.Env:
-    """Creates one env from `config.env`: a registered gymnasium id or an `env_creator` callable.
-
-    A gymnasium id is made with `gym.make(id, **env_config)`; a callable is called with an
-    `EnvContext` holding `env_config` (RLlib's convention). An Atari env gets DeepMind
-    preprocessing when `preprocessor_pref` is "deepmind" (`impala_tf.envs.atari`), with
-    episodic life only for training runners (`worker_index >= 1`; 0 is evaluation).
-    """
-    env: str | Callable[..., gym.Env] | None = config.env
-    if env is None:
-        raise ValueError("`env` is not set: pass a gymnasium id or an env_creator(env_config)")
-    if callable(env):
-        context = EnvContext(config.env_config, worker_index, vector_index, config.num_env_runners)
-        made = env(context)
-        if not isinstance(made, gym.Env):
-            raise TypeError(f"env_creator {env!r} returned {type(made).__name__}, not a gym.Env")
-        if atari.deepmind_enabled(config) and atari.is_atari(made):
-            return atari.wrap_deepmind(made, config.model, training=worker_index > 0)
-        return made
-    import impala_tf.envs  # noqa: F401 - registers the shipped envs in this (actor) process.
-
-    if atari.is_atari(env, config.env_config):
-        return atari.make_atari_env(env, config, training=worker_index > 0)
-    return gym.make(env, **(config.env_config or {}))
-
-
-def make_env_batch(
-    config: ImpalaConfig, worker_index: int, num_envs: int, guard: EnvGuard | None = None
-) -> EnvBatch:
-    """The `num_envs` envs of env runner `worker_index`, as one `EnvBatch`.
-
-    Training runners (`worker_index >= 1`) of an Atari config that ale-py's `AtariVectorEnv`
-    covers (`atari.vector_env_kwargs`) get it; everything else gets `make_env` envs. `guard`
-    calls and checks the envs (`impala_tf.envs.faults.EnvGuard`).
-    """
-    seeds = [env_seed(config.seed, worker_index, j) for j in range(num_envs)]
-    if worker_index >= 1 and all(s is None or s > 0 for s in seeds):
-        kwargs = atari.vector_env_kwargs(config, training=True, num_envs=num_envs)
-        if kwargs is not None:
-            return AtariVectorEnvBatch(guard=guard, **kwargs)
-    return GymEnvBatch([make_env(config, worker_index, j) for j in range(num_envs)], guard)
-
-
-@dataclasses.dataclass
-class Fragment:
-    """What an env runner sends per sample request.
-
-    Attributes:
-      batch: `SampleBatch` of [B, T, ...] sequences (B = num_envs_per_env_runner).
-      episode_returns: Returns of the episodes that ended in this fragment.
-      episode_lengths: Their lengths in steps.
-      policy_version: `num_grad_updates` of the weights loaded when the fragment was sampled
-        (0 before any broadcast). The first step may have been chosen by older weights: the
-        per-step `POLICY_VERSION` column of `batch` has the version of each step.
-      actor_id: Index of the actor that produced it (0-based).
-      sample_time_s: Wall time spent producing it.
-      filter_delta: The observation filter's changes while sampling it (`Filter.delta()`),
-        for the driver to merge; None without a filter.
-      num_nonfinite_episodes_dropped: Episodes cut for a non-finite observation or reward
-        (`drop_nonfinite_episodes`).
-    """
-
-    batch: SampleBatch
-    episode_returns: list[float]
-    episode_lengths: list[int]
-    policy_version: int
-    actor_id: int = 0
-    sample_time_s: float = 0.0
-    filter_delta: Filter | None = None
-    num_nonfinite_episodes_dropped: int = 0
-
-    @property
-    def env_steps(self) -> int:
-        return self.batch.env_steps
+#: What a broadcast carries: {policy_id: (weights, num_grad_updates)}; the weights are None with
+#: central inference (the driver's inference server holds them).
+Weights = Mapping[str, tuple["list[np.ndarray] | None", int]]
 
 
 class EnvRunner:
-    """Steps `num_envs_per_env_runner` envs with a policy and returns fragments.
+    """Steps `num_envs_per_env_runner` envs with one policy (`"default_policy"`); fragments.
 
     Args:
       config: The algorithm config (env, env_config, model, rollout_fragment_length,
@@ -199,19 +93,21 @@ class EnvRunner:
         seen (actors); False applies it unchanged (evaluation).
       progress: Where the runner is (step, env index, phase), shared with the driver so that
         a hang can be reported with its place (`impala_tf.envs.faults.StepProgress`).
-      remote: With central inference (`impala_tf.inference`): this actor's pipe to the driver's
-        inference server and the per-env shapes of the model's recurrent state. The runner then
-        acts through a `RemotePolicy` and never imports TensorFlow.
+      remote: With central inference (`impala_tf.inference`): this actor's connection to the
+        driver's inference server and {policy_id: per-env shapes of the model's recurrent
+        state}. The runner then acts through a `RemotePolicy` and never imports TensorFlow.
     """
+
+    policy_ids = (DEFAULT_POLICY_ID,)
 
     def __init__(
         self,
-        config: ImpalaConfig,
+        config: AlgorithmConfig,
         worker_index: int = 1,
         explore: bool | None = None,
         update_filter: bool = True,
         progress: StepProgress | None = None,
-        remote: tuple[Any, list[tuple[int, ...]]] | None = None,
+        remote: tuple[Any, Mapping[str, list[tuple[int, ...]]]] | None = None,
     ):
         self.config = config
         self.worker_index = worker_index
@@ -234,7 +130,10 @@ class EnvRunner:
             from impala_tf.inference import RemotePolicy
 
             conn, state_shapes = remote
-            self.policy = RemotePolicy(conn, self.action_space, state_shapes, explore, seed)
+            self.policy = RemotePolicy(
+                conn, DEFAULT_POLICY_ID, self.action_space, state_shapes[DEFAULT_POLICY_ID],
+                explore, seed,
+            )  # fmt: skip
         else:
             self.policy = make_policy(
                 self.observation_space, self.action_space, config.model, explore=explore, seed=seed
@@ -280,26 +179,22 @@ class EnvRunner:
         """Applies the observation filter to a batch of raw observations [N, *obs_shape]."""
         return self.obs_filter(obs, update=self._update_filter)
 
-    def set_weights(
-        self,
-        weights: list[np.ndarray] | None,
-        policy_version: int = 0,
-        obs_filter: Filter | None = None,
-    ) -> None:
-        """Loads new policy weights; `policy_version` is the learner's `num_grad_updates`.
+    def set_weights(self, weights: Weights, filters: Mapping[str, Filter] | None = None) -> None:
+        """Loads `{"default_policy": (weights, num_grad_updates)}` (weights None: central
+        inference, the driver's server holds them).
 
-        `weights` is None with central inference (the driver's server holds them).
-        `obs_filter`, when given, is the driver's merged observation filter: this runner's
+        `filters`, when given, holds the driver's merged observation filter: this runner's
         filter is synced to it (RLlib's `sync_filters`).
         """
-        if weights is not None:
-            self.policy.set_weights(weights)
-        self.policy_version = int(policy_version)
-        if obs_filter is not None:
-            self.obs_filter.sync(obs_filter)
+        policy_weights, version = weights[DEFAULT_POLICY_ID]
+        if policy_weights is not None:
+            self.policy.set_weights(policy_weights)
+        self.policy_version = int(version)
+        if filters and filters.get(DEFAULT_POLICY_ID) is not None:
+            self.obs_filter.sync(filters[DEFAULT_POLICY_ID])
 
-    def get_weights(self) -> list[np.ndarray]:
-        return self.policy.get_weights()
+    def get_weights(self) -> dict[str, list[np.ndarray]]:
+        return {DEFAULT_POLICY_ID: self.policy.get_weights()}
 
     def sample(self) -> Fragment:
         """Steps every env `rollout_fragment_length` times and returns the fragment."""
@@ -324,8 +219,7 @@ class EnvRunner:
         # The recurrent state at the start of each `max_seq_len` sequence (impala_tf.sequences).
         seq_len = int(self.config.model["max_seq_len"])
         starts: list[tuple[np.ndarray, ...]] = []
-        returns: list[float] = []
-        lengths: list[int] = []
+        episodes: list[Episode] = []
         num_dropped = 0
 
         for t in range(horizon):
@@ -349,8 +243,10 @@ class EnvRunner:
             self._episode_return += stepped.rewards
             self._episode_length += 1
             for j in np.flatnonzero(stepped.episode_ends):
-                returns.append(float(self._episode_return[j]))
-                lengths.append(int(self._episode_length[j]))
+                ret = float(self._episode_return[j])
+                episodes.append(
+                    Episode(ret, int(self._episode_length[j]), {DEFAULT_POLICY_ID: [ret]})
+                )
                 self._episode_return[j] = 0.0
                 self._episode_length[j] = 0
             dropped = np.flatnonzero(stepped.dropped)  # Cut for non-finite data; not reported.
@@ -403,14 +299,16 @@ class EnvRunner:
         }
         for i in range(len(starts[0])):
             columns[f"state_in_{i}"] = np.stack([start[i] for start in starts], axis=1)
+        steps = horizon * n
         return Fragment(
-            batch=SampleBatch(columns),
-            episode_returns=returns,
-            episode_lengths=lengths,
-            policy_version=max(self.policy_version, int(version_buf.max())),
+            batches={DEFAULT_POLICY_ID: SampleBatch(columns)},
+            env_steps=steps,
+            agent_steps=steps,
+            policy_versions={DEFAULT_POLICY_ID: max(self.policy_version, int(version_buf.max()))},
+            episodes=episodes,
             actor_id=self.worker_index - 1,
             sample_time_s=time.perf_counter() - start,
-            filter_delta=self._flush_filter(),
+            filter_deltas=self._flush_filter(),
             num_nonfinite_episodes_dropped=num_dropped,
         )
 
@@ -419,13 +317,13 @@ class EnvRunner:
         version = getattr(step, "version", None)  # Steps pickled before versions: None.
         return self.policy_version if version is None else int(version)
 
-    def _flush_filter(self) -> Filter | None:
+    def _flush_filter(self) -> dict[str, Filter] | None:
         """The filter's changes since the last fragment (for the driver); resets its buffer."""
-        if not self._update_filter:
+        if not self._update_filter or self.config.observation_filter == "NoFilter":
             return None
         delta = self.obs_filter.delta()
         self.obs_filter.reset_buffer()
-        return delta
+        return {DEFAULT_POLICY_ID: delta}
 
     # Resuming ---------------------------------------------------------------------------------
 
@@ -468,12 +366,11 @@ class EnvRunner:
         except Exception as e:  # noqa: BLE001 - any env may refuse; the snapshot says why.
             error = f"{type(e).__name__}: {e}"
         return {
-            "weights": self.get_weights(),
-            "policy_version": self.policy_version,
+            "weights": {DEFAULT_POLICY_ID: (self.policy.get_weights(), self.policy_version)},
             "next_version": self._next_version,
-            "obs_filter": self.obs_filter.get_state(),
+            "obs_filters": {DEFAULT_POLICY_ID: self.obs_filter.get_state()},
             "obs_filtered": self._obs_filtered,
-            "policy_rng": self.policy.get_rng_state(),
+            "policy_rngs": {DEFAULT_POLICY_ID: self.policy.get_rng_state()},
             "envs": envs,
             "envs_error": error,
         }
@@ -481,12 +378,15 @@ class EnvRunner:
     def set_state(self, state: dict[str, Any]) -> None:
         """Restores a `get_state()` snapshot; each key is optional.
 
-        Keys: `"weights"` (with `"policy_version"`); `"envs"` (bytes: replaces the envs and
-        their unfinished episodes); `"seed"` (when there are no `"envs"`: new episodes, as
-        `reset(seed)`); `"policy_rng"` (the action sampler's state, applied last).
+        Keys: `"weights"` ({policy_id: (weights, num_grad_updates)}); `"envs"` (bytes: replaces
+        the envs and their unfinished episodes); `"seed"` (when there are no `"envs"`: new
+        episodes, as `reset(seed)`); `"obs_filters"`; `"policy_rngs"` (the action samplers'
+        states, applied last). Snapshots written before policies were keyed (a weights list,
+        `"policy_version"`, `"obs_filter"`, `"policy_rng"`) are read too.
         """
+        state = _keyed(state)
         if state.get("weights") is not None:
-            self.set_weights(state["weights"], state.get("policy_version", 0))
+            self.set_weights(state["weights"])
         if state.get("envs") is not None:
             envs, obs, rnn_state, returns, lengths, next_step = pickle.loads(state["envs"])
             self.close()
@@ -503,18 +403,33 @@ class EnvRunner:
             self._obs_filtered = bool(state.get("obs_filtered", next_step is not None))
         elif "seed" in state:
             self.reset(state["seed"])
-        if state.get("obs_filter") is not None:
-            self.obs_filter = filter_from_state(state["obs_filter"])
-        if state.get("policy_rng") is not None:
-            self.policy.set_rng_state(state["policy_rng"])
+        obs_filter = (state.get("obs_filters") or {}).get(DEFAULT_POLICY_ID)
+        if obs_filter is not None:
+            self.obs_filter = filter_from_state(obs_filter)
+        rng = (state.get("policy_rngs") or {}).get(DEFAULT_POLICY_ID)
+        if rng is not None:
+            self.policy.set_rng_state(rng)
 
-    def run_episodes(self, num_episodes: int) -> list[tuple[float, int]]:
-        """Samples until `num_episodes` episodes have finished; returns (return, length) pairs."""
-        done: list[tuple[float, int]] = []
+    def run_episodes(self, num_episodes: int) -> list[Episode]:
+        """Samples until `num_episodes` episodes have finished; returns the first that many."""
+        done: list[Episode] = []
         while len(done) < num_episodes:
-            fragment = self.sample()
-            done.extend(zip(fragment.episode_returns, fragment.episode_lengths))
+            done.extend(self.sample().episodes)
         return done[:num_episodes]
 
     def close(self) -> None:
         self.env_batch.close()
+
+
+def _keyed(state: dict[str, Any]) -> dict[str, Any]:
+    """A runner snapshot with its per-policy entries keyed by policy id (older snapshots held
+    one policy's weights, filter and sampler state unkeyed)."""
+    weights = state.get("weights")
+    if weights is None or isinstance(weights, Mapping):
+        return state
+    keyed = dict(state)
+    keyed["weights"] = {DEFAULT_POLICY_ID: (weights, int(state.get("policy_version", 0)))}
+    for old, new in (("obs_filter", "obs_filters"), ("policy_rng", "policy_rngs")):
+        if state.get(old) is not None:
+            keyed[new] = {DEFAULT_POLICY_ID: state[old]}
+    return keyed

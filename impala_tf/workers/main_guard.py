@@ -8,22 +8,26 @@ driver script: its workers receive functions and classes defined there by value.
 
 We do the same for such scripts only: `unguarded_main_call()` tells, from the call stack and the
 script's syntax tree, whether the algorithm is being built by module-level code of the main script
-outside an `if __name__ == "__main__":` block. Then the pools start their processes inside
-`without_main_preparation()` (the children do not re-run the script) and send the config
-`by_value` (cloudpickle pickles the script's env classes and functions by value). Scripts with
-the guard keep `multiprocessing`'s usual preparation.
+outside an `if __name__ == "__main__":` block. Then the worker processes
+(`impala_tf.workers.process`) are started inside `without_main_preparation()` (the children do
+not re-run the script), and what they receive (the hosted object's factory and arguments, each
+call's arguments) goes `by_value` (cloudpickle pickles the script's env classes and functions by
+value). Scripts with the guard keep `multiprocessing`'s usual preparation.
 """
 
 from __future__ import annotations
 
 import ast
+import collections
 import contextlib
 import functools
 import inspect
+import io
 import pickle
 import sys
 from collections.abc import Iterator
 from multiprocessing import spawn
+from multiprocessing.reduction import ForkingPickler
 from typing import Any
 
 __all__ = ["by_value", "unguarded_main_call", "without_main_preparation"]
@@ -99,7 +103,11 @@ def without_main_preparation(active: bool = True) -> Iterator[None]:
 
 
 class _ByValue:
-    """Pickles its object with cloudpickle: classes and functions of `__main__` by value."""
+    """Pickles its object with cloudpickle: classes and functions of `__main__` by value.
+
+    What only `multiprocessing` knows how to pickle (pipe ends, shared arrays, locks) keeps its
+    `multiprocessing` reduction, so such objects may travel inside (to a child being started).
+    """
 
     def __init__(self, obj: Any):
         self.obj = obj
@@ -107,7 +115,14 @@ class _ByValue:
     def __reduce__(self):
         import cloudpickle
 
-        return pickle.loads, (cloudpickle.dumps(self.obj),)
+        class Pickler(cloudpickle.Pickler):
+            dispatch_table = collections.ChainMap(
+                ForkingPickler._extra_reducers, cloudpickle.Pickler.dispatch_table
+            )
+
+        with io.BytesIO() as buffer:
+            Pickler(buffer).dump(self.obj)
+            return pickle.loads, (buffer.getvalue(),)
 
 
 def by_value(obj: Any) -> Any:

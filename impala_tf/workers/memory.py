@@ -34,7 +34,7 @@ from collections.abc import Mapping
 import gymnasium as gym
 import numpy as np
 
-from impala_tf.config import ImpalaConfig
+from impala_tf.config.base import AlgorithmConfig as ImpalaConfig
 
 __all__ = [
     "ACTOR_BASE_BYTES",

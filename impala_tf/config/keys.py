@@ -1,11 +1,12 @@
 """RLlib's IMPALA config keys as tables: model defaults, old names, ignored and refused keys.
 
-`impala_tf.config.ImpalaConfig` resolves every key it is given against these tables (its module
-docstring says how), and checks values with the helpers here. Also here: RLlib's stop criteria
-in their old and new spellings (`normalize_stop_criteria`) and the YAML loader of tuned
-examples (`load_yaml`).
+`impala_tf.config.base.AlgorithmConfig` resolves every key it is given against these tables
+(its module docstring says how), and checks values with the helpers here. Also here: RLlib's
+stop criteria in their old and new spellings (`normalize_stop_criteria`) and the YAML loader of
+tuned examples (`load_yaml`).
 
-This module holds data and pure functions only; it imports neither TensorFlow nor gymnasium.
+Also the config warnings (`ConfigWarning`, each shown once per key). This module holds data
+and pure functions only; it imports neither TensorFlow nor gymnasium.
 """
 
 from __future__ import annotations
@@ -13,11 +14,16 @@ from __future__ import annotations
 import difflib
 import math
 import numbers
+import os
 import re
+import sys
+import warnings
 from collections.abc import Iterable, Mapping
 from typing import Any
 
 __all__ = [
+    "ConfigWarning",
+    "DeprecatedKeyWarning",
     "ACTIVATIONS",
     "ACTOR_BACKENDS",
     "ALIASES",
@@ -39,6 +45,8 @@ __all__ = [
     "normalize_schedule",
     "normalize_stop_criteria",
     "suggest",
+    "warn",
+    "warn_once",
 ]
 
 # RLlib's MODEL_DEFAULTS, restricted to the keys our model catalog understands.
@@ -313,3 +321,39 @@ def load_yaml(stream: Any) -> Any:
 
     Loader.add_implicit_resolver("tag:yaml.org,2002:float", YAML_FLOAT, list("-+0123456789."))
     return yaml.load(stream, Loader=Loader)  # A SafeLoader: no arbitrary objects.
+
+
+# Warnings --------------------------------------------------------------------------------------
+
+
+class ConfigWarning(UserWarning):
+    """A config setting was ignored or adjusted (the message says which and why)."""
+
+
+class DeprecatedKeyWarning(ConfigWarning, FutureWarning):
+    """An old RLlib key name was used; its value went to the new key the message names."""
+
+
+#: Keys already warned about in this process (each warning is shown once per key).
+WARNED: set[str] = set()
+_CONFIG_DIR = os.path.dirname(os.path.abspath(__file__))
+
+
+def _caller_stacklevel() -> int:
+    """The `warnings.warn` stacklevel of the first frame outside the `impala_tf.config` package."""
+    frame, level = sys._getframe(1), 1
+    while frame is not None and os.path.dirname(frame.f_code.co_filename) == _CONFIG_DIR:
+        frame, level = frame.f_back, level + 1
+    return level
+
+
+def warn(message: str, category: type[Warning]) -> None:
+    """Warns, attributed to the user's line (builder call, from_yaml, validate)."""
+    warnings.warn(message, category, stacklevel=_caller_stacklevel())
+
+
+def warn_once(key: str, message: str, category: type[Warning]) -> None:
+    """`warn`, once per `key` and process."""
+    if key not in WARNED:
+        WARNED.add(key)
+        warn(message, category)

@@ -1,10 +1,12 @@
 """The driver's connection to Ray, shared by the Ray actor and aggregator pools.
 
-`acquire(config)` connects once per process: to a Ray already initialised in this process (a
-user's or a test's own `ray.init`, left as it is), to a running cluster (`ray_address` "auto" or
-"HOST:PORT"), or to a Ray started here (`ray_address=None`: `ray.init` with `num_cpus` and the
-custom resources the actors ask for, an explicit small object store and no dashboard). Each
-pool calls `release()` when it stops; the last one shuts down a Ray that `acquire` started.
+`acquire(address, num_cpus, resources)` connects once per process: to a Ray already initialised
+in this process (a user's or a test's own `ray.init`, left as it is), to a running cluster
+(`address` "auto" or "HOST:PORT", the config's `ray_address`), or to a Ray started here
+(`address=None`: `ray.init` with exactly `num_cpus` CPUs and the custom `resources` the caller
+asks for, an explicit small object store and no dashboard). Each user (a group of Ray workers,
+`impala_tf.workers.ray_backend`) calls `release()` when it stops; the last one shuts down a Ray
+that `acquire` started.
 
 Token authentication (Ray 2.60): `ray.init()` of a new local Ray turns it on and writes a token
 to `~/.ray/auth_token` (or `RAY_AUTH_TOKEN_PATH`) if none exists. A cluster started with
@@ -19,9 +21,8 @@ from __future__ import annotations
 import logging
 import os
 import threading
+from collections.abc import Mapping
 from typing import Any
-
-from impala_tf.config import ImpalaConfig
 
 __all__ = ["RayAuthenticationError", "acquire", "release", "require_ray"]
 
@@ -99,33 +100,31 @@ def _use_token_if_available() -> None:
     maybe_enable_token_auth_if_token_available(warn_if_disabled=False)
 
 
-def _local_resources(config: ImpalaConfig) -> tuple[float, dict[str, float]]:
-    """CPUs and custom resources a Ray started here offers: enough for every actor."""
-    actors = max(1, int(config.num_env_runners))
-    needed = actors * float(config.num_cpus_per_env_runner) + int(config.num_aggregation_workers)
-    custom = {k: float(v) * actors for k, v in config.custom_resources_per_env_runner.items()}
-    return max(float(os.cpu_count() or 1), needed), custom
+def acquire(
+    address: str | None, num_cpus: float, resources: Mapping[str, float] | None = None
+) -> Any:
+    """Connects this process to Ray; returns the `ray` module.
 
-
-def acquire(config: ImpalaConfig) -> Any:
-    """Connects this process to Ray as `config.ray_address` says; returns the `ray` module.
+    Args:
+      address: "auto" or "HOST:PORT" of a running cluster (the config's `ray_address`), or
+        None: a Ray already initialised in this process, else a new local one.
+      num_cpus: CPUs of a new local Ray (ignored otherwise).
+      resources: Custom resources of a new local Ray (ignored otherwise).
 
     Raises:
       ImportError: Ray is not installed (with the install command).
       RayAuthenticationError: the cluster refused the driver's (missing) auth token.
-      ConnectionError: no Ray cluster answers at `ray_address`.
+      ConnectionError: no Ray cluster answers at `address`.
     """
     global _users, _started_here
     ray = require_ray()
     with _lock:
         if not ray.is_initialized():
-            address = config.ray_address
             if address is None:
-                num_cpus, custom = _local_resources(config)
                 ray.init(
                     address="local",  # A new Ray, never one `ray start` left on this machine.
                     num_cpus=num_cpus,
-                    resources=custom or None,
+                    resources=dict(resources or {}) or None,
                     object_store_memory=LOCAL_OBJECT_STORE_BYTES,
                     include_dashboard=False,
                     logging_level=logging.WARNING,

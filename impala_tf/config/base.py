@@ -1,0 +1,510 @@
+"""`AlgorithmConfig`: RLlib's IMPALA settings as data, with their names, defaults and aliases.
+
+`impala_tf.config.ImpalaConfig` is this class plus `build()`; everything the runtime needs of a
+config is here, so the runtime imports this module and never the one that builds it (no import
+circle). A config is a plain object whose attributes are RLlib's keys (old API stack, defaults as
+in RLlib 2.5+, `learner_queue_size=16`). It is filled in three equivalent ways, all of which go
+through `update_from_dict`:
+
+* RLlib-style builders that return `self`: `training`, `environment`, `env_runners`,
+  `resources`, `debugging`, `reporting`, `fault_tolerance`, `evaluation`, `checkpointing`,
+  `multi_agent` (plus `framework`, `api_stack` and the deprecated `rollouts`, kept so RLlib
+  scripts run);
+* `from_dict(d)`;
+* `from_yaml(path)`, reading RLlib's tuned-example format.
+
+Every key is resolved by one function against four tables (the last three, with the model
+defaults and RLlib's stop criteria, live in `impala_tf.config.keys`):
+
+* the dataclass fields (each field's metadata names its builder group), and `MODEL_DEFAULTS`
+  for the keys of the `model` dict;
+* `ALIASES`: old RLlib names, applied to the new key with one `DeprecatedKeyWarning` per name;
+* `IGNORED`: RLlib keys with no meaning here, accepted with one `ConfigWarning` per name;
+* `UNSUPPORTED`: RLlib keys whose behaviour we do not have and that no other key reproduces;
+  a non-None value is an error that says what to use instead.
+
+Anything else is an error naming the key, with a "did you mean" suggestion. Values are checked
+in one place, `validate()` (`impala_tf.config.validation`), which never changes the config.
+
+Deliberate differences from RLlib:
+
+* `num_gpus` counts learner devices. `num_gpus > 0` on a machine without a GPU is not an error
+  (RLlib raises); the runtime falls back to one CPU device with a warning. With
+  `_fake_gpus=True`, `num_gpus` logical CPU devices stand in for GPUs.
+* `sgd_minibatch_size` / `minibatch_size` have no equivalent: old-stack IMPALA trains every pass
+  on the whole train batch. `microbatch_size` is gradient accumulation (one update per train
+  batch), not minibatching, so mapping one onto the other would change the number of updates.
+* Only `batch_mode="truncate_episodes"` exists (fragments are always `rollout_fragment_length`
+  steps long, T in the [T, B] learner batches).
+
+This module holds no tensors and imports neither TensorFlow nor gymnasium at import time.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import os
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from impala_tf.config.keys import (
+    ALIASES,
+    IGNORED,
+    IGNORED_MODEL,
+    MODEL_ALIASES,
+    MODEL_DEFAULTS,
+    SYNONYMS,
+    UNSUPPORTED,
+    ConfigWarning,
+    DeprecatedKeyWarning,
+    is_number,
+    load_yaml,
+    normalize_schedule,
+    normalize_stop_criteria,
+    suggest,
+    warn_once,
+)
+from impala_tf.config.validation import validate
+
+__all__ = ["AlgorithmConfig"]
+
+
+def _key(default: Any, group: str) -> Any:
+    """Declares one config key: its RLlib default and the builder method that sets it."""
+    metadata = {"group": group}
+    if isinstance(default, (dict, list)):
+        return dataclasses.field(default_factory=lambda: copy.deepcopy(default), metadata=metadata)
+    return dataclasses.field(default=default, metadata=metadata)
+
+
+_UNSET: Any = object()
+
+
+@dataclasses.dataclass(init=False, repr=False, eq=True)
+class AlgorithmConfig:
+    """RLlib's IMPALA config: the keys as attributes, RLlib builders, aliases and validation.
+
+    Construct with defaults (`ImpalaConfig()`), or with settings
+    (`ImpalaConfig(env="CartPole-v1", lr=1e-3)`, the same as `update_from_dict`), then chain
+    builders: `ImpalaConfig().environment("CartPole-v1").training(lr=1e-3)`. Values are not
+    checked until `validate()` (called by `build()`).
+
+    See SEMANTICS.md section 1 for the meaning of each IMPALA key; the fields below are grouped
+    by the builder method that sets them.
+    """
+
+    # environment()
+    env: str | Callable[[dict], Any] | None = _key(None, "environment")
+    env_config: dict = _key({}, "environment")
+    clip_rewards: bool | float | None = _key(None, "environment")
+    # Box actions: the policy acts in [-1, 1], unsquashed to the bounds (see impala_tf.actions).
+    normalize_actions: bool = _key(True, "environment")
+    clip_actions: bool = _key(False, "environment")
+
+    # env_runners()
+    num_env_runners: int = _key(2, "env_runners")
+    num_envs_per_env_runner: int = _key(1, "env_runners")
+    rollout_fragment_length: int = _key(50, "env_runners")
+    batch_mode: str = _key("truncate_episodes", "env_runners")
+    explore: bool = _key(True, "env_runners")
+    max_requests_in_flight_per_env_runner: int = _key(2, "env_runners")
+    compress_observations: bool = _key(False, "env_runners")
+    preprocessor_pref: str | None = _key("deepmind", "env_runners")
+    observation_filter: str = _key("NoFilter", "env_runners")
+    sample_timeout_s: float | None = _key(60.0, "env_runners")
+    drop_nonfinite_episodes: bool = _key(False, "env_runners")
+    # Where the acting policy runs (impala_tf.inference): in each actor, or in the driver for all
+    # ("central", SEED RL style); "auto" keeps it in the actors unless TensorFlow actors would
+    # not fit in memory (impala_tf.actors.local.central_inference).
+    inference: str = _key("auto", "env_runners")
+    # Ray resources of each actor (`actor_backend="ray"` only; see impala_tf.actors.ray_pool).
+    num_cpus_per_env_runner: float = _key(1, "env_runners")
+    custom_resources_per_env_runner: dict = _key({}, "env_runners")
+
+    # training(): general
+    gamma: float = _key(0.99, "training")
+    lr: float = _key(0.0005, "training")
+    train_batch_size: int = _key(500, "training")
+    model: dict = _key(MODEL_DEFAULTS, "training")
+    # training(): V-trace
+    vtrace: bool = _key(True, "training")
+    vtrace_clip_rho_threshold: float | None = _key(1.0, "training")
+    vtrace_clip_pg_rho_threshold: float | None = _key(1.0, "training")
+    vtrace_drop_last_ts: bool = _key(False, "training")
+    # training(): data flow into the learner
+    num_multi_gpu_tower_stacks: int = _key(1, "training")
+    num_gpu_loader_threads: int = _key(8, "training")
+    minibatch_buffer_size: int = _key(1, "training")
+    num_sgd_iter: int = _key(1, "training")
+    learner_queue_size: int = _key(16, "training")
+    learner_queue_timeout: float = _key(300, "training")
+    microbatch_size: int | None = _key(None, "training")
+    timeout_s_sampler_manager: float = _key(0.0, "training")
+    timeout_s_aggregator_manager: float = _key(0.0, "training")
+    max_requests_in_flight_per_aggregator_worker: int = _key(2, "training")
+    broadcast_interval: int = _key(1, "training")
+    num_aggregation_workers: int = _key(0, "training")
+    # training(): replay
+    replay_proportion: float = _key(0.0, "training")
+    replay_buffer_num_slots: int = _key(0, "training")
+    # training(): optimisation
+    grad_clip: float | None = _key(40.0, "training")
+    opt_type: str = _key("adam", "training")
+    lr_schedule: list | None = _key(None, "training")
+    decay: float = _key(0.99, "training")
+    momentum: float = _key(0.0, "training")
+    epsilon: float = _key(0.1, "training")
+    vf_loss_coeff: float = _key(0.5, "training")
+    entropy_coeff: float = _key(0.01, "training")
+    entropy_coeff_schedule: list | float | None = _key(None, "training")
+    _separate_vf_optimizer: bool = _key(False, "training")
+    _lr_vf: float = _key(0.0005, "training")
+    # Not an RLlib key: updates with a non-finite loss or gradient are skipped; this many in a
+    # row raise (`impala_tf.nonfinite`).
+    max_nonfinite_updates: int = _key(10, "training")
+
+    # resources()
+    num_gpus: float = _key(1, "resources")
+    _fake_gpus: bool = _key(False, "resources")
+    # Not RLlib keys: where the actors and aggregation workers run. "local": local processes
+    # (the default); "ray": Ray actors, on a Ray started here (`ray_address=None`) or on the
+    # running cluster at `ray_address` ("auto" or "HOST:PORT").
+    actor_backend: str = _key("local", "resources")
+    ray_address: str | None = _key(None, "resources")
+
+    # debugging()
+    seed: int | None = _key(None, "debugging")
+
+    # reporting()
+    min_time_s_per_iteration: float | None = _key(10, "reporting")
+    min_sample_timesteps_per_iteration: int | None = _key(0, "reporting")
+    metrics_num_episodes_for_smoothing: int = _key(100, "reporting")
+
+    # fault_tolerance()
+    restart_failed_env_runners: bool = _key(True, "fault_tolerance")
+    max_num_env_runner_restarts: int = _key(1000, "fault_tolerance")
+
+    # evaluation()
+    evaluation_interval: int | None = _key(None, "evaluation")
+    evaluation_duration: int = _key(10, "evaluation")
+    evaluation_config: dict | None = _key({}, "evaluation")
+
+    # checkpointing()
+    keep_checkpoints_num: int | None = _key(None, "checkpointing")
+    checkpoint_freq: int = _key(1, "checkpointing")
+
+    # multi_agent() (YAML: the `multiagent:` block; see impala_tf.multi_agent)
+    policies: dict | list | set | tuple | None = _key(None, "multi_agent")
+    policy_mapping_fn: Any = _key(None, "multi_agent")
+    policies_to_train: list | None = _key(None, "multi_agent")
+
+    def __init__(self, **settings: Any) -> None:
+        for f in dataclasses.fields(self):
+            default = f.default_factory() if f.default is dataclasses.MISSING else f.default
+            setattr(self, f.name, default)
+        if settings:
+            self.update_from_dict(settings)
+
+    # Builders ---------------------------------------------------------------------------------
+
+    def training(self, **kwargs: Any) -> AlgorithmConfig:
+        """Sets learning keys (V-trace, optimiser, queues, replay, `model`); returns self."""
+        return self._apply(kwargs, group="training")
+
+    def environment(self, env: Any = _UNSET, **kwargs: Any) -> AlgorithmConfig:
+        """Sets `env`, `env_config`, `clip_rewards`, `normalize_actions`, `clip_actions`."""
+        if env is not _UNSET:
+            kwargs = {"env": env, **kwargs}
+        return self._apply(kwargs, group="environment")
+
+    def env_runners(self, **kwargs: Any) -> AlgorithmConfig:
+        """Sets sampling keys (`num_env_runners`, `rollout_fragment_length`, ...); returns self."""
+        return self._apply(kwargs, group="env_runners")
+
+    def rollouts(self, **kwargs: Any) -> AlgorithmConfig:
+        """Deprecated RLlib name of `env_runners`."""
+        warn_once(
+            "rollouts()",
+            "`config.rollouts()` is deprecated; use `config.env_runners()`.",
+            DeprecatedKeyWarning,
+        )
+        return self._apply(kwargs, group="env_runners")
+
+    def resources(self, **kwargs: Any) -> AlgorithmConfig:
+        """Sets `num_gpus` (learner devices) and `_fake_gpus`; returns self."""
+        return self._apply(kwargs, group="resources")
+
+    def debugging(self, **kwargs: Any) -> AlgorithmConfig:
+        """Sets `seed`; returns self."""
+        return self._apply(kwargs, group="debugging")
+
+    def reporting(self, **kwargs: Any) -> AlgorithmConfig:
+        """Sets iteration length and metric smoothing keys; returns self."""
+        return self._apply(kwargs, group="reporting")
+
+    def fault_tolerance(self, **kwargs: Any) -> AlgorithmConfig:
+        """Sets `restart_failed_env_runners`, `max_num_env_runner_restarts`; returns self."""
+        return self._apply(kwargs, group="fault_tolerance")
+
+    def evaluation(self, **kwargs: Any) -> AlgorithmConfig:
+        """Sets `evaluation_interval`, `evaluation_duration`, `evaluation_config`; returns self."""
+        return self._apply(kwargs, group="evaluation")
+
+    def checkpointing(self, **kwargs: Any) -> AlgorithmConfig:
+        """Sets `keep_checkpoints_num` and `checkpoint_freq` (iterations); returns self."""
+        return self._apply(kwargs, group="checkpointing")
+
+    def multi_agent(self, **kwargs: Any) -> AlgorithmConfig:
+        """Sets `policies`, `policy_mapping_fn`, `policies_to_train` (`impala_tf.multi_agent`)."""
+        from impala_tf.config.policies import multiagent_settings  # Lazy: light either way.
+
+        return self._apply(multiagent_settings(kwargs), group="multi_agent")
+
+    def framework(self, framework: Any = _UNSET, **kwargs: Any) -> AlgorithmConfig:
+        """Accepts RLlib's framework settings (`framework`, `eager_tracing`) and ignores them."""
+        if framework is not _UNSET:
+            kwargs = {"framework": framework, **kwargs}
+        return self._apply(kwargs, group="framework")
+
+    def api_stack(self, **kwargs: Any) -> AlgorithmConfig:
+        """Accepts RLlib's API-stack switches and ignores them (this is the old stack)."""
+        return self._apply(kwargs, group="api_stack")
+
+    def update_from_dict(self, config_dict: Mapping[str, Any]) -> AlgorithmConfig:
+        """Applies a flat RLlib config dict (any group, aliases allowed); returns self.
+
+        `model` is merged into the current model dict, as in RLlib; other values replace the
+        current ones (deep-copied, so later changes to `config_dict` do not leak in).
+
+        Raises:
+          ValueError: for an unknown key (with a suggestion), or an unsupported one.
+        """
+        return self._apply(config_dict, group=None)
+
+    def _apply(self, settings: Mapping[str, Any], group: str | None) -> AlgorithmConfig:
+        set_by: dict[str, str] = {}
+        if "multiagent" in settings or "replay_ratio" in settings:
+            from impala_tf.config.policies import expand_rllib_keys
+
+            settings = expand_rllib_keys(settings)
+        for key, value in settings.items():
+            name = key
+            if key in ALIASES:
+                name = ALIASES[key]
+                if key not in SYNONYMS:
+                    warn_once(
+                        key,
+                        f"Config key `{key}` is deprecated; use `{name}` (value applied to it).",
+                        DeprecatedKeyWarning,
+                    )
+            if name in IGNORED:
+                warn_once(name, f"Config key `{name}` is ignored: {IGNORED[name]}.", ConfigWarning)
+                continue
+            if name in UNSUPPORTED:
+                if value is None:
+                    warn_once(name, f"Config key `{name}` is ignored (None).", ConfigWarning)
+                    continue
+                raise ValueError(f"Config key `{name}` is not supported: {UNSUPPORTED[name]}.")
+            field = _FIELDS.get(name)
+            if field is None:
+                raise ValueError(f"Unknown IMPALA config key `{key}`.{suggest(key, _ALL_KEYS)}")
+            if group is not None and field.metadata["group"] != group:
+                raise TypeError(
+                    f"`{key}` is not a setting of `.{group}()`; set it with "
+                    f"`.{field.metadata['group']}({key}=...)`."
+                )
+            if name in set_by and set_by[name] != key and getattr(self, name) != value:
+                raise ValueError(
+                    f"Both `{set_by[name]}` and `{key}` set `{name}`, to different values; "
+                    "keep one."
+                )
+            set_by[name] = key
+            if name == "model":
+                self._merge_model(value)
+            else:
+                setattr(self, name, copy.deepcopy(value))
+        return self
+
+    def _merge_model(self, model: Any) -> None:
+        if not isinstance(model, Mapping):
+            raise ValueError(f"`model` must be a dict of model settings, got {model!r}.")
+        for key, value in model.items():
+            if key in IGNORED_MODEL:
+                warn_once(
+                    f"model.{key}",
+                    f"Model key `{key}` is ignored: {IGNORED_MODEL[key]}.",
+                    ConfigWarning,
+                )
+                continue
+            if key in MODEL_ALIASES:
+                targets = MODEL_ALIASES[key]
+                warn_once(
+                    f"model.{key}",
+                    f"Model key `{key}` is deprecated; use {' and '.join(targets)}.",
+                    DeprecatedKeyWarning,
+                )
+            elif key in MODEL_DEFAULTS:
+                targets = (key,)
+            else:
+                known = [*MODEL_DEFAULTS, *MODEL_ALIASES, *IGNORED_MODEL]
+                raise ValueError(f"Unknown model key `{key}` in `model`.{suggest(key, known)}")
+            for target in targets:
+                self.model[target] = copy.deepcopy(value)
+
+    # Serialisation ----------------------------------------------------------------------------
+
+    @classmethod
+    def from_dict(cls, config_dict: Mapping[str, Any]) -> AlgorithmConfig:
+        """Builds a config from defaults updated with `config_dict` (aliases allowed)."""
+        return cls().update_from_dict(config_dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Returns every key as a plain dict (JSON-serialisable unless `env` is a callable).
+
+        A callable `env` is kept as the object itself, so `from_dict(to_dict())` round-trips;
+        code that writes the dict to JSON/YAML must handle that case.
+        """
+        return {f.name: copy.deepcopy(getattr(self, f.name)) for f in dataclasses.fields(self)}
+
+    def copy(self) -> AlgorithmConfig:
+        """Returns an independent deep copy."""
+        return copy.deepcopy(self)
+
+    @classmethod
+    def from_yaml(cls, path: str | os.PathLike) -> tuple[AlgorithmConfig, dict[str, float]]:
+        """Reads an RLlib tuned example: `name: {env, run: IMPALA, stop: {...}, config: {...}}`.
+
+        The file holds exactly one top entry. `env` may sit at the entry level or inside
+        `config` (not both with different values). `checkpoint_freq` and `keep_checkpoints_num`
+        may also sit at the entry level (Tune's place for them). The config is not validated
+        here; `build()` does that.
+
+        Args:
+          path: Path of the YAML file.
+
+        Returns:
+          `(config, stop)`: the config, and the stop criteria normalised by
+          `normalize_stop_criteria` (canonical keys only).
+
+        Raises:
+          ValueError: for a malformed file, `run` other than IMPALA, or a bad key.
+        """
+        with open(path, encoding="utf-8") as f:
+            document = load_yaml(f)
+        if not isinstance(document, Mapping) or len(document) != 1:
+            raise ValueError(
+                f"{path}: expected exactly one top-level experiment entry "
+                "(`name: {env: ..., run: IMPALA, stop: {...}, config: {...}}`)."
+            )
+        ((name, entry),) = document.items()
+        if not isinstance(entry, Mapping):
+            raise ValueError(f"{path}: entry `{name}` must be a mapping.")
+        unknown = set(entry) - {
+            "env", "run", "stop", "config", "checkpoint_freq", "keep_checkpoints_num",
+        }  # fmt: skip
+        if unknown:
+            raise ValueError(f"{path}: unknown keys {sorted(unknown)} in entry `{name}`.")
+        run = entry.get("run")
+        if not isinstance(run, str) or run.upper() != "IMPALA":
+            raise ValueError(f"{path}: `run` must be IMPALA, got {run!r}.")
+        if not isinstance(entry.get("config") or {}, Mapping):
+            raise ValueError(f"{path}: `config` of entry `{name}` must be a mapping.")
+        settings = dict(entry.get("config") or {})
+        if "env" in entry:
+            if "env" in settings and settings["env"] != entry["env"]:
+                raise ValueError(
+                    f"{path}: `env` is {entry['env']!r} in entry `{name}` but "
+                    f"{settings['env']!r} in its config; keep one."
+                )
+            settings["env"] = entry["env"]
+        for key in ("checkpoint_freq", "keep_checkpoints_num"):
+            if key in entry:
+                settings[key] = entry[key]
+        return cls.from_dict(settings), normalize_stop_criteria(entry.get("stop"))
+
+    # Derived values ---------------------------------------------------------------------------
+
+    @property
+    def num_learner_devices(self) -> int:
+        """Devices the learner splits each train batch over: `max(1, int(num_gpus))`."""
+        return max(1, int(self.num_gpus))
+
+    @property
+    def minibatch_ring_size(self) -> int:
+        """Slots of the learner's minibatch buffer: `minibatch_buffer_size`, except with several
+        learner devices, where the buffer is the ring of `num_multi_gpu_tower_stacks`."""
+        if self.num_learner_devices > 1:
+            return int(self.num_multi_gpu_tower_stacks)
+        return int(self.minibatch_buffer_size)
+
+    @property
+    def num_epochs(self) -> int:
+        """RLlib's newer name for `num_sgd_iter`."""
+        return self.num_sgd_iter
+
+    @num_epochs.setter
+    def num_epochs(self, value: int) -> None:
+        self.num_sgd_iter = value
+
+    def lr_schedule_points(self) -> list[list[float]] | None:
+        """Returns `lr_schedule` as checked `[[timestep, lr], ...]`, or None for constant `lr`."""
+        if self.lr_schedule is None:
+            return None
+        return normalize_schedule(self.lr_schedule, "lr_schedule")
+
+    def entropy_coeff_schedule_points(self) -> list[list[float]] | None:
+        """Returns `entropy_coeff_schedule` as `[[timestep, coeff], ...]`, or None.
+
+        The legacy scalar form S means "decay `entropy_coeff` linearly to 0 at step S":
+        `[[0, entropy_coeff], [S, 0.0]]`.
+        """
+        schedule = self.entropy_coeff_schedule
+        if schedule is None:
+            return None
+        if is_number(schedule):
+            schedule = [[0, self.entropy_coeff], [schedule, 0.0]]
+        return normalize_schedule(schedule, "entropy_coeff_schedule")
+
+    def get_evaluation_config(self) -> AlgorithmConfig:
+        """Returns a copy of this config with `evaluation_config` applied (and emptied)."""
+        evaluation = self.copy()
+        overrides = evaluation.evaluation_config or {}
+        evaluation.evaluation_config = {}
+        try:
+            evaluation.update_from_dict(overrides)
+        except (TypeError, ValueError) as e:
+            raise ValueError(f"`evaluation_config`: {e}") from e
+        return evaluation
+
+    # Validation -------------------------------------------------------------------------------
+
+    def validate(self, *, require_env: bool = False) -> None:
+        """Checks every value, raising on the first bad one; never changes the config.
+
+        Args:
+          require_env: Also require `env` to be set (as `build()` does).
+
+        Raises:
+          ValueError: naming the offending key, saying what would go wrong and how to fix it.
+        """
+        validate(self, require_env=require_env)
+
+    # Python protocol --------------------------------------------------------------------------
+
+    def __repr__(self) -> str:
+        """Shows `env` and the keys that differ from the defaults (model keys by themselves)."""
+        defaults = type(self)()
+        changed = []
+        for f in dataclasses.fields(self):
+            value, default = getattr(self, f.name), getattr(defaults, f.name)
+            if f.name == "model":
+                changed += [f"model.{k}={v!r}" for k, v in value.items() if default.get(k) != v]
+            elif f.name != "env" and value != default:
+                changed.append(f"{f.name}={value!r}")
+        more = f", ... {len(changed) - 6} more" if len(changed) > 6 else ""
+        return f"{type(self).__name__}({', '.join([f'env={self.env!r}', *changed[:6]])}{more})"
+
+
+_FIELDS: dict[str, dataclasses.Field] = {f.name: f for f in dataclasses.fields(AlgorithmConfig)}
+_ALL_KEYS = [*_FIELDS, *ALIASES, *IGNORED, *UNSUPPORTED]

@@ -1,0 +1,247 @@
+"""Aggregation: fragments -> decompressed, replayed, train-batch-sized pieces per policy.
+
+`Aggregator` is what happens to every fragment between the actors and the learners, per trained
+policy: decompression of its observations (`impala_tf.sample_batch.decompress`, also of
+frame-stack coding), RLlib's mix-in replay (`replay_proportion`, `replay_buffer_num_slots`; one
+buffer per policy, RLlib's "independent" multi-agent replay) and cutting into train batches of
+`train_batch_size` (`impala_tf.batching.BatchBuilder`). Policies not in `policies_to_train` are
+dropped here.
+
+`AggregationStage` runs it in the driver, or, with `num_aggregation_workers` > 0 (RLlib's tree
+aggregation), in aggregation workers on the actors' backend (local processes or Ray actors; the
+same `impala_tf.workers` mechanism): each fragment goes to a random healthy worker
+(`num_times_no_aggregation_worker_available` when none is healthy: the driver aggregates it
+itself) and the train batches come back. A worker that dies is restarted
+(`num_aggregation_worker_restarts`); the env steps it held are lost
+(`num_env_steps_lost_in_aggregation`). `reset` drops what the workers and the driver hold (a
+restore), so nothing sampled before a restore trains after it.
+
+numpy only: aggregation workers never import TensorFlow.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import os
+import random
+from collections.abc import Mapping
+from typing import Any
+
+from impala_tf.batching import BatchBuilder
+from impala_tf.config.base import AlgorithmConfig
+from impala_tf.config.policies import policy_config
+from impala_tf.replay import MixInReplayBuffer, replay_ratio_from_proportion
+from impala_tf.rollout.fragment import Fragment
+from impala_tf.sample_batch import SampleBatch, decompress
+from impala_tf.workers import RestartPolicy, WorkerGroup, WorkerSpec
+
+__all__ = ["AggregationStage", "Aggregator", "AggregatorHost", "make_aggregator_host"]
+
+logger = logging.getLogger(__name__)
+
+#: (policy id, train batch, mean `num_grad_updates` of the weights that sampled it).
+Output = tuple[str, SampleBatch, float]
+
+
+class Aggregator:
+    """Per trained policy: decompression, mix-in replay and train-batch cutting.
+
+    Args:
+      config: The algorithm config (`replay_proportion`, `replay_buffer_num_slots` per policy).
+      rows: {policy_id: sequences per train batch} of the trained policies.
+      index: The aggregation worker's index (0: the driver); varies the replay seeds.
+      seed: The seed of the replay streams (default: `config.seed`).
+    """
+
+    def __init__(
+        self,
+        config: AlgorithmConfig,
+        rows: Mapping[str, int],
+        index: int = 0,
+        seed: int | None = None,
+    ):
+        seed = config.seed if seed is None else seed
+        self._replay: dict[str, MixInReplayBuffer | None] = {}
+        self._builders: dict[str, BatchBuilder] = {}
+        for k, pid in enumerate(sorted(rows)):
+            pconfig = policy_config(config, pid)
+            self._builders[pid] = BatchBuilder(rows[pid])
+            self._replay[pid] = None
+            if pconfig.replay_proportion > 0:
+                self._replay[pid] = MixInReplayBuffer(
+                    capacity=pconfig.replay_buffer_num_slots,
+                    replay_ratio=replay_ratio_from_proportion(pconfig.replay_proportion),
+                    seed=None if seed is None else int(seed) + 10_000 + index + 1000 * k,
+                )
+
+    def process(
+        self, batches: Mapping[str, SampleBatch], versions: Mapping[str, float]
+    ) -> list[Output]:
+        """Decompresses, mixes in replay and returns the completed train batches."""
+        out: list[Output] = []
+        for pid, batch in batches.items():
+            builder = self._builders.get(pid)
+            if builder is None:  # Not in `policies_to_train`.
+                continue
+            batch = decompress(batch)
+            replay = self._replay[pid]
+            if replay is not None:
+                replay.add(batch)
+                batch = replay.replay()
+                if batch is None:
+                    continue
+            for train_batch, version in builder.add(batch, float(versions.get(pid, 0))):
+                out.append((pid, train_batch, version))
+        return out
+
+    def get_state(self, replay: bool = True) -> dict[str, Any]:
+        """Plain data: the rows waiting to fill a train batch and (`replay`) the buffers."""
+        return {
+            pid: {
+                "pending": self._builders[pid].get_state(),
+                "replay": (
+                    self._replay[pid].get_state()
+                    if replay and self._replay[pid] is not None
+                    else None
+                ),
+            }
+            for pid in self._builders
+        }
+
+    def set_state(self, state: Mapping[str, Any]) -> None:
+        """Restores `get_state()`; a policy's buffer not in `state` stays as it is."""
+        for pid, part in state.items():
+            if pid not in self._builders:
+                continue
+            self._builders[pid].set_state(part["pending"])
+            if part.get("replay") is not None and self._replay[pid] is not None:
+                self._replay[pid].set_state(part["replay"])
+
+
+class AggregatorHost:
+    """What one aggregation worker hosts: an `Aggregator` (see `make_aggregator_host`)."""
+
+    def __init__(self, index: int, config: AlgorithmConfig, rows: Mapping[str, int]):
+        self._config, self._rows, self._index = config, dict(rows), index
+        self.aggregator = Aggregator(config, rows, index + 1)
+
+    def process(
+        self, batches: Mapping[str, SampleBatch], versions: Mapping[str, float]
+    ) -> list[Output]:
+        return self.aggregator.process(batches, versions)
+
+    def reset(self, seed: int | None) -> None:
+        """Drops the waiting rows and the replay buffers; new replay streams from `seed`."""
+        self.aggregator = Aggregator(self._config, self._rows, self._index + 1, seed)
+
+    def pid(self) -> int:
+        return os.getpid()
+
+
+def make_aggregator_host(
+    index: int, config: AlgorithmConfig, rows: Mapping[str, int]
+) -> AggregatorHost:
+    """The worker factory of aggregation workers (`impala_tf.workers.WorkerSpec.factory`)."""
+    return AggregatorHost(index, config, rows)
+
+
+class AggregationStage:
+    """Aggregation in the driver or in aggregation workers (see the module docstring).
+
+    Args:
+      config: The algorithm config.
+      rows: {policy_id: sequences per train batch} of the trained policies.
+      counters: The driver's counters.
+      backend: The workers' backend (the actors'), used when `num_aggregation_workers` > 0.
+    """
+
+    def __init__(
+        self,
+        config: AlgorithmConfig,
+        rows: Mapping[str, int],
+        counters: collections.Counter,
+        backend: Any = None,
+    ):
+        self.config = config
+        self.rows = dict(rows)
+        self.counters = counters
+        self.local = Aggregator(config, self.rows)
+        self.workers: WorkerGroup | None = None
+        self._rng = random.Random(config.seed)
+        self._steps: dict[int, int] = {}  # Call id -> env steps it carries.
+        self._barrier = 0  # Replies to calls with smaller ids predate a reset: dropped.
+        self._last_call = -1
+        self.restarts = RestartPolicy(
+            "aggregation worker",
+            enabled=True,
+            max_restarts=None,
+            enabled_key="num_aggregation_workers",
+            max_key="num_aggregation_workers",
+        )
+        if int(config.num_aggregation_workers) > 0:
+            spec = WorkerSpec(
+                role="aggregation worker",
+                factory=make_aggregator_host,
+                make_args=lambda _: (config, self.rows),
+                start_method="spawn",  # numpy only: spawning is safe and cheap.
+                num_cpus=1.0,
+            )
+            self.workers = WorkerGroup(backend, spec, int(config.num_aggregation_workers))
+
+    def process(self, fragment: Fragment) -> list[Output]:
+        """Aggregates `fragment` here, or sends it to a worker (its batches come from `fetch`)."""
+        versions = fragment.policy_versions
+        if self.workers is not None:
+            healthy = self.workers.healthy_ids()
+            if healthy:
+                worker = self._rng.choice(healthy)
+                call_id = self.workers.call(worker, "process", fragment.batches, versions)
+                if call_id is not None:
+                    self._steps[call_id] = fragment.env_steps
+                    self._last_call = max(self._last_call, call_id)
+                    return []
+            self.counters["num_times_no_aggregation_worker_available"] += 1
+        return self.local.process(fragment.batches, versions)
+
+    def fetch(self, timeout_s: float = 0.0) -> list[Output]:
+        """The train batches the workers finished; restarts the workers that died."""
+        if self.workers is None:
+            return []
+        replies, failures = self.workers.poll(timeout_s)
+        out: list[Output] = []
+        for reply in replies:
+            self._steps.pop(reply.call_id, None)
+            self.restarts.succeeded(reply.worker_id)
+            if reply.call_id >= self._barrier:
+                out.extend(reply.value)
+        for failure in failures:
+            lost = sum(self._steps.pop(c, 0) for c in failure.lost_calls)
+            worker, error = failure.worker_id, failure.error
+            logger.warning("Aggregation worker %d failed (%s); restarting it.", worker, error)
+            self.restarts.on_failure(failure)
+            self.workers.restart(failure.worker_id)
+            self.counters["num_aggregation_worker_restarts"] += 1
+            self.counters["num_env_steps_lost_in_aggregation"] += lost
+        return out
+
+    def reset(self, seed: int | None, state: Mapping[str, Any] | None = None) -> None:
+        """Drops everything held (a restore); the driver's part restarts from `state` if given.
+
+        Replay streams start anew from `seed`; replies to fragments sent before are dropped.
+        """
+        self.local = Aggregator(self.config, self.rows, seed=seed)
+        if state:
+            self.local.set_state(state)
+        if self.workers is not None:
+            self._barrier = self._last_call + 1
+            for worker in self.workers.healthy_ids():
+                self.workers.call(worker, "reset", seed, reply=False)
+
+    def pids(self) -> dict[int, int]:
+        """{worker id: OS pid} of the healthy aggregation workers ({} without workers)."""
+        return {} if self.workers is None else self.workers.pids()
+
+    def stop(self) -> None:
+        if self.workers is not None:
+            self.workers.stop()

@@ -1,0 +1,156 @@
+"""`RuntimePlan`: every mode of a run, decided once per build from the config and the env.
+
+The only reader of `actor_backend`, `inference` and deterministic mode. A plan holds the env's
+spaces (probed once, `impala_tf.envs.spaces`), the trained policies, where the actors run
+(`"process"`: local processes, the embedded default; `"ray"`: Ray actors), where they act
+(central inference or each actor), whether their processes need TensorFlow, and the schedule
+(asynchronous, or lockstep for deterministic runs). The driver's collaborators read the plan;
+none of them looks at those keys again.
+
+`inference: "auto"` keeps acting in each actor: MLPs act in numpy there, and on an idle 2-core
+machine per-actor CNN inference trained 1.7x the env steps/s of central inference, since the
+driver also runs the learner (`tools/bench_atari.py --compare_inference`, BENCHMARKS.md). Only
+when TensorFlow actors would not fit in this machine's memory (`impala_tf.workers.memory`:
+RLlib's 128-worker Pong on a 24 GB machine) does "auto" pick central inference, whose actors
+never import TensorFlow, rather than refuse the pool. On Ray, "auto" always acts in the actors
+(they are spread over the cluster's memory).
+
+This module imports no TensorFlow: `impala_tf.driver.factory` makes the plan, then starts the
+actors' fork server, then imports TensorFlow, so that the two imports overlap.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import gymnasium as gym
+import numpy as np
+
+from impala_tf.config.base import AlgorithmConfig
+from impala_tf.config.policies import policy_config, policy_ids_to_train
+from impala_tf.envs.spaces import EnvSpaces, probe_spaces
+from impala_tf.numpy_policy import supports
+from impala_tf.workers.memory import ActorMemoryError, check_actor_memory
+
+__all__ = ["RuntimePlan", "check_deterministic", "derived_seed", "make_plan"]
+
+#: Fork-server preload of actors that act in numpy or through the inference server.
+_NUMPY_PRELOAD = ("impala_tf.rollout.host",)
+#: Fork-server preload of actors that run TensorFlow policies (imported once, quietly).
+_TENSORFLOW_PRELOAD = ("impala_tf.workers._quiet_tf", "impala_tf.policy", "impala_tf.rollout.host")
+
+
+@dataclasses.dataclass(frozen=True)
+class RuntimePlan:
+    """The modes of one run (see the module docstring).
+
+    Attributes:
+      spaces: The env's policies and spaces, probed once.
+      trained: The ids of the policies the learners update (`policies_to_train`).
+      backend: Where actors and aggregation workers run: "process" or "ray".
+      central_inference: The driver's inference server acts for every actor.
+      actors_need_tensorflow: Some policy runs in TensorFlow inside the actors.
+      deterministic: Lockstep sampling and training (reproducible seeded runs).
+    """
+
+    spaces: EnvSpaces
+    trained: tuple[str, ...]
+    backend: str
+    central_inference: bool
+    actors_need_tensorflow: bool
+    deterministic: bool
+
+    @property
+    def policy_ids(self) -> list[str]:
+        return self.spaces.policy_ids
+
+    @property
+    def multi_agent(self) -> bool:
+        return self.spaces.multi_agent
+
+    @property
+    def preload(self) -> tuple[str, ...]:
+        """Modules the actors' fork server imports once for every actor."""
+        return _TENSORFLOW_PRELOAD if self.actors_need_tensorflow else _NUMPY_PRELOAD
+
+
+def make_plan(
+    config: AlgorithmConfig, deterministic: bool = False, spaces: EnvSpaces | None = None
+) -> RuntimePlan:
+    """Decides the run's modes for a validated `config` (probing the env once unless `spaces`).
+
+    Raises:
+      ValueError: `deterministic` with a config that cannot run in lockstep (the message lists
+        what to change), or a policy mapping that names an unknown policy.
+    """
+    if deterministic:
+        check_deterministic(config)
+    spaces = probe_spaces(config) if spaces is None else spaces
+    backend = "ray" if config.actor_backend == "ray" else "process"
+    numpy_actors = all(
+        supports(obs, act, policy_config(config, pid).model)
+        for pid, (obs, act) in spaces.policies.items()
+    )
+    central = _central_inference(config, spaces, backend, numpy_actors)
+    return RuntimePlan(
+        spaces=spaces,
+        trained=tuple(p for p in policy_ids_to_train(config) if p in spaces.policies),
+        backend=backend,
+        central_inference=central,
+        actors_need_tensorflow=not (central or numpy_actors),
+        deterministic=bool(deterministic),
+    )
+
+
+def _central_inference(
+    config: AlgorithmConfig, spaces: EnvSpaces, backend: str, numpy_actors: bool
+) -> bool:
+    if config.inference != "auto":
+        return config.inference == "central"
+    if backend == "ray" or numpy_actors:
+        return False
+    try:
+        check_actor_memory(config, largest_observation_space(spaces), numpy_policy=False)
+    except ActorMemoryError:
+        return True
+    return False
+
+
+def largest_observation_space(spaces: EnvSpaces) -> gym.Space:
+    """The policies' observation space with the most bytes (what sizes an actor's fragments)."""
+
+    def size(space: gym.Space) -> int:
+        return int(np.prod(space.shape or ())) * np.dtype(space.dtype or np.float32).itemsize
+
+    return max((obs for obs, _ in spaces.policies.values()), key=size)
+
+
+def check_deterministic(config: AlgorithmConfig) -> None:
+    """Raises ValueError listing what keeps `config` from running in lockstep (deterministic)."""
+    problems = []
+    if config.seed is None:
+        problems.append("a `seed`")
+    if config.num_env_runners > 1:
+        problems.append(f"one actor (`num_env_runners` <= 1, got {config.num_env_runners})")
+    if config.num_aggregation_workers:
+        problems.append("`num_aggregation_workers=0`")
+    if config.min_time_s_per_iteration:
+        problems.append(
+            "`min_time_s_per_iteration=0` (iterations must end on sample counts, "
+            "`min_sample_timesteps_per_iteration`, not on wall-clock time)"
+        )
+    if config.minibatch_ring_size > 1 and config.num_sgd_iter > 1:
+        problems.append(
+            "`minibatch_buffer_size=1` or `num_sgd_iter=1` (the buffer would wait for "
+            "further batches before finishing the passes over the first)"
+        )
+    if problems:
+        raise ValueError("deterministic=True needs " + "; ".join(problems) + ".")
+
+
+def derived_seed(seed: int | None, *keys: int) -> int | None:
+    """A seed for a new random stream of a seeded run (None for an unseeded one)."""
+    if seed is None:
+        return None
+    entropy = [int(seed) % 2**63, *(int(k) for k in keys)]
+    return int(np.random.SeedSequence(entropy).generate_state(1)[0])

@@ -1,0 +1,263 @@
+"""`EnvRunnerGroup`: the actors, their sample requests, restarts and observation filters.
+
+The actors are `num_env_runners` workers (`impala_tf.workers.WorkerGroup`: local processes or Ray
+actors, as the plan says) each hosting an env runner (`impala_tf.rollout.host`). This module is
+RLlib's env-runner group seen from the driver:
+
+* sampling is asynchronous: each actor has at most `max_requests_in_flight_per_env_runner` sample
+  requests outstanding (`top_up`), or exactly one in lockstep (`request_idle`); an actor that
+  does not answer within `sample_timeout_s` is killed and reported (the worker group's timeout);
+* a failed actor is restarted (`restart_failed_env_runners`, `max_num_env_runner_restarts`; the
+  `impala_tf.workers.RestartPolicy` rules) with the newest weights and, in a seeded run, env and
+  sampler seeds of its own (a new process would otherwise replay the episodes of the one it
+  replaces); `num_env_runner_failures` and `num_env_runner_restarts` count them;
+* the master observation filters (`observation_filter`, one per policy) merge each fragment's
+  changes and go to the actors with the weights;
+* with central inference the driver's `InferenceServer` acts for every actor: broadcasts load
+  the server once and the actors get the versions only;
+* after a restore, fragments requested before it are dropped (`drop_in_flight`).
+
+Before any local actor starts, `impala_tf.workers.memory.check_actor_memory` refuses a pool that
+would not fit in this machine's memory (`ActorMemoryError`, naming `num_env_runners`).
+"""
+
+from __future__ import annotations
+
+import collections
+import functools
+import logging
+import os
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+from impala_tf import filters as filter_lib
+from impala_tf.config.base import AlgorithmConfig
+from impala_tf.config.policies import policy_config
+from impala_tf.driver.plan import RuntimePlan, derived_seed, largest_observation_space
+from impala_tf.envs.faults import StepProgress, env_name
+from impala_tf.rollout.fragment import Fragment
+from impala_tf.rollout.host import make_runner_host
+from impala_tf.workers import (
+    ProcessBackend,
+    RestartPolicy,
+    WorkerFailure,
+    WorkerGroup,
+    WorkerSpec,
+)
+from impala_tf.workers.memory import check_actor_memory
+
+__all__ = ["EnvRunnerGroup", "make_backend"]
+
+logger = logging.getLogger(__name__)
+
+#: How long a deterministic save waits for an actor's snapshot.
+_STATE_TIMEOUT_S = 120.0
+
+
+def make_backend(config: AlgorithmConfig, plan: RuntimePlan) -> Any:
+    """The worker backend of the plan: local processes, or Ray (`ray_address`)."""
+    if plan.backend == "process":
+        return ProcessBackend()
+    from impala_tf.workers.ray_backend import RayBackend  # Ray is an optional extra.
+
+    actors = max(1, int(config.num_env_runners))
+    cpus = actors * float(config.num_cpus_per_env_runner) + int(config.num_aggregation_workers)
+    resources = {k: float(v) * actors for k, v in config.custom_resources_per_env_runner.items()}
+    return RayBackend(config.ray_address, max(float(os.cpu_count() or 1), cpus), resources)
+
+
+def _describe_hang(env: str, progress: Any) -> str:
+    where = f" {StepProgress(progress).describe()}" if progress is not None else ""
+    return f"env {env} hangs{where}"
+
+
+class EnvRunnerGroup:
+    """The actors (see the module docstring).
+
+    Args:
+      config: The algorithm config.
+      plan: The run's plan (backend, spaces, inference, preload).
+      counters: The driver's counters (failures and restarts are counted here).
+    """
+
+    def __init__(self, config: AlgorithmConfig, plan: RuntimePlan, counters: collections.Counter):
+        self.config = config
+        self.plan = plan
+        self.counters = counters
+        self.num_actors = max(1, int(config.num_env_runners))
+        if plan.backend == "process":
+            check_actor_memory(
+                config,
+                largest_observation_space(plan.spaces),
+                numpy_policy=not plan.actors_need_tensorflow,
+            )
+        self.filters = {
+            pid: filter_lib.get_filter(config.observation_filter, obs.shape)
+            for pid, (obs, _) in plan.spaces.policies.items()
+        }
+        self.server = None
+        self._endpoint = None
+        if plan.central_inference:
+            from impala_tf.inference import InferenceServer  # TensorFlow: the driver's.
+
+            self.server = InferenceServer(
+                {
+                    pid: (obs, act, policy_config(config, pid).model)
+                    for pid, (obs, act) in plan.spaces.policies.items()
+                }
+            )
+        enabled = bool(config.restart_failed_env_runners)
+        spec = WorkerSpec(
+            role="actor",
+            factory=make_runner_host,
+            make_args=self._factory_args,
+            preload=plan.preload,
+            needs_tensorflow=plan.actors_need_tensorflow,
+            shared_progress=True,
+            describe_hang=functools.partial(_describe_hang, env_name(config.env)),
+            num_cpus=float(config.num_cpus_per_env_runner),
+            resources=dict(config.custom_resources_per_env_runner),
+            max_restarts=int(config.max_num_env_runner_restarts) if enabled else 0,
+            timeout_s=config.sample_timeout_s,
+        )
+        self.restarts = RestartPolicy(
+            "actor", enabled=enabled, max_restarts=int(config.max_num_env_runner_restarts)
+        )
+        self.in_flight = {i: 0 for i in range(self.num_actors)}
+        self._barrier = 0  # Sample calls with smaller ids predate a restore: dropped.
+        self._last_call = -1
+        try:
+            self.workers = WorkerGroup(make_backend(config, plan), spec, self.num_actors)
+        except BaseException:
+            if self.server is not None:
+                self.server.stop()
+            raise
+
+    def _factory_args(self, actor_id: int) -> tuple:
+        endpoint, shapes = None, None
+        if self.server is not None:
+            shapes = self.server.state_shapes
+            if self.plan.backend == "process":
+                endpoint = self.server.attach(actor_id)
+            else:
+                if self._endpoint is None:
+                    import ray
+
+                    self._endpoint = self.server.listen(advertise=ray.util.get_node_ip_address())
+                endpoint = self._endpoint
+        return (self.config, self.plan.multi_agent, endpoint, shapes)
+
+    # Sampling -----------------------------------------------------------------------------------
+
+    def _call(self, actor_id: int, method: str, *args, **kwargs) -> int | None:
+        call_id = self.workers.call(actor_id, method, *args, **kwargs)
+        if call_id is not None:
+            self._last_call = max(self._last_call, call_id)
+        return call_id
+
+    def top_up(self) -> None:
+        """Keeps `max_requests_in_flight_per_env_runner` sample requests out per healthy actor."""
+        limit = int(self.config.max_requests_in_flight_per_env_runner)
+        for actor_id in self.workers.healthy_ids():
+            for _ in range(limit - self.in_flight[actor_id]):
+                if self._call(actor_id, "sample") is None:
+                    break
+                self.in_flight[actor_id] += 1
+
+    def request_idle(self) -> None:
+        """One sample request to each healthy actor with none outstanding (lockstep)."""
+        for actor_id in self.workers.healthy_ids():
+            if self.in_flight[actor_id] == 0 and self._call(actor_id, "sample") is not None:
+                self.in_flight[actor_id] = 1
+
+    def fetch(self, timeout_s: float) -> tuple[list[Fragment], list[WorkerFailure]]:
+        """The fragments ready now (waiting up to `timeout_s` for one) and the actors that failed.
+
+        Each fragment's filter changes are merged into the master filters here.
+        """
+        replies, failures = self.workers.poll(timeout_s)
+        fragments = []
+        for reply in replies:
+            if reply.method != "sample":
+                continue
+            self.in_flight[reply.worker_id] = max(0, self.in_flight[reply.worker_id] - 1)
+            self.restarts.succeeded(reply.worker_id)
+            if reply.call_id < self._barrier:
+                continue
+            fragment = reply.value
+            for pid, delta in (fragment.filter_deltas or {}).items():
+                if delta is not None:
+                    self.filters[pid].apply_changes(delta)
+            fragments.append(fragment)
+        return fragments, failures
+
+    def handle_failures(
+        self, failures: Iterable[WorkerFailure], weights: Callable[[], Mapping]
+    ) -> None:
+        """Restarts failed actors with `weights()` or raises (the `RestartPolicy` rules)."""
+        for failure in failures:
+            self.in_flight[failure.worker_id] = 0
+            self.counters["num_env_runner_failures"] += 1
+            self.restarts.on_failure(failure)  # Raises when no restart is allowed.
+            logger.warning("Restarting actor %d after: %s", failure.worker_id, failure.error)
+            self.workers.restart(failure.worker_id)
+            self.counters["num_env_runner_restarts"] += 1
+            self.broadcast(weights(), [failure.worker_id])
+            seed = self.config.seed
+            if seed is not None:  # A new process would replay its predecessor's episodes.
+                restarts = int(self.counters["num_env_runner_restarts"])
+                reseed = derived_seed(seed, restarts, 4, failure.worker_id)
+                self._call(failure.worker_id, "set_state", {"seed": reseed}, reply=False)
+
+    # Weights, filters and states ----------------------------------------------------------------
+
+    def filters_to_send(self) -> dict[str, filter_lib.Filter] | None:
+        """The master observation filters as the actors receive them (None without filters)."""
+        if self.config.observation_filter == "NoFilter":
+            return None
+        return {pid: f.as_serializable() for pid, f in self.filters.items()}
+
+    def broadcast(self, weights: Mapping[str, tuple], actor_ids: Iterable[int]) -> None:
+        """Sends {policy_id: (weights, num_grad_updates)} and the filters to `actor_ids`."""
+        if self.server is not None:
+            self.server.set_weights(weights)
+            weights = {pid: (None, version) for pid, (_, version) in weights.items()}
+        filters = self.filters_to_send()
+        for actor_id in actor_ids:
+            self._call(actor_id, "set_weights", weights, filters, coalesce=True, reply=False)
+
+    def get_states(self) -> dict[int, dict]:
+        """Snapshots of the idle actors' runners (`get_state`), for an exact resume."""
+        return self.workers.call_and_wait(
+            self.workers.healthy_ids(), "get_state", timeout_s=_STATE_TIMEOUT_S
+        )
+
+    def set_states(self, states: Mapping[int, dict]) -> None:
+        """Applies each actor's runner state (in order with the other calls sent to it)."""
+        for actor_id, state in states.items():
+            self._call(actor_id, "set_state", state, reply=False)
+
+    def drop_in_flight(self) -> None:
+        """Fragments of sample requests sent before now will be dropped (a restore)."""
+        self._barrier = self._last_call + 1
+
+    # Introspection and shutdown -----------------------------------------------------------------
+
+    def healthy_ids(self) -> list[int]:
+        return self.workers.healthy_ids()
+
+    def num_in_flight(self) -> int:
+        return int(sum(self.in_flight.values()))
+
+    def pids(self) -> dict[int, int]:
+        """{actor id: OS pid} of the healthy actors."""
+        return self.workers.pids()
+
+    def stop(self) -> None:
+        """Ends every actor and the inference server. Safe to call twice."""
+        if self.server is not None:
+            # First: actors waiting for an answer see EOF and exit instead of finishing a fragment.
+            self.server.stop()
+        workers = getattr(self, "workers", None)
+        if workers is not None:
+            workers.stop()

@@ -1,0 +1,183 @@
+"""Saving and restoring a driver: one checkpoint layout for one policy or many.
+
+`save` writes every policy's learner, the driver's plain-data state and, when there is some,
+the runtime state JSON cannot hold (`impala_tf.checkpoints.store` has the layout and the atomic
+write). `restore` reads any layout back (also checkpoints written before this one) and restarts
+the run from there; nothing sampled or queued before a restore trains after it.
+
+What a checkpoint holds, beyond the learners (weights, optimizer slots, update and step counters,
+hence the schedules), all read under the learner locks so each policy's parts come from one
+update: the iteration and total time, the counters, the episode window, the broadcast
+bookkeeping, the merged observation filters, the rows waiting to fill a train batch and, in
+deterministic mode only (they can be large), the replay buffers and a snapshot of the (idle)
+actors: their weights, action samplers and, when they can be pickled, their envs mid-episode.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+from impala_tf import filters as filter_lib
+from impala_tf.checkpoints.store import (
+    learner_checkpoint,
+    learner_prefix,
+    read_runtime_state,
+    read_state,
+    resolve_checkpoint_dir,
+    write_checkpoint,
+)
+from impala_tf.config.base import AlgorithmConfig
+from impala_tf.driver.aggregation import AggregationStage
+from impala_tf.driver.broadcast import Broadcaster
+from impala_tf.driver.learners import LearnerGroup
+from impala_tf.driver.metrics import Metrics
+from impala_tf.driver.plan import RuntimePlan, derived_seed
+from impala_tf.driver.sampling import EnvRunnerGroup
+from impala_tf.rollout.fragment import DEFAULT_POLICY_ID
+
+__all__ = ["Progress", "SavedState"]
+
+logger = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass
+class Progress:
+    """How far the run is: `training_iteration` and `time_total_s`."""
+
+    iteration: int = 0
+    time_total_s: float = 0.0
+
+
+class SavedState:
+    """Writes and reads a driver's checkpoints (see the module docstring).
+
+    Args:
+      config: The algorithm config (stored with the checkpoint).
+      plan: The run's plan.
+      progress: The iteration and total time.
+      metrics: The counters and episode window.
+      learners: The learner group.
+      actors: The env runner group (filters, snapshots, reseeding).
+      aggregation: The aggregation stage (its waiting rows and replay buffers).
+      broadcaster: The broadcast bookkeeping.
+    """
+
+    def __init__(
+        self,
+        config: AlgorithmConfig,
+        plan: RuntimePlan,
+        progress: Progress,
+        metrics: Metrics,
+        learners: LearnerGroup,
+        actors: EnvRunnerGroup,
+        aggregation: AggregationStage,
+        broadcaster: Broadcaster,
+    ):
+        self.config = config
+        self.plan = plan
+        self.progress = progress
+        self.metrics = metrics
+        self.learners = learners
+        self.actors = actors
+        self.aggregation = aggregation
+        self.broadcaster = broadcaster
+
+    def save(self, checkpoint_dir: str) -> str:
+        """Writes a checkpoint to `checkpoint_dir` (replaced atomically); returns it."""
+        deterministic = self.plan.deterministic
+        state = {
+            "iteration": self.progress.iteration,
+            "time_total_s": self.progress.time_total_s,
+            **self.metrics.get_state(),
+            "steps_since_broadcast": self.broadcaster.steps_since_broadcast,
+            "deterministic": deterministic,
+            "multi_agent": self.plan.multi_agent,
+            "policy_ids": self.plan.policy_ids,
+            "observation_filters": {p: f.get_state() for p, f in self.actors.filters.items()},
+        }
+        runtime: dict[str, Any] = {"aggregator": self.aggregation.local.get_state(deterministic)}
+        if deterministic:
+            runtime["actors"] = self._actor_snapshots()
+        with self.learners.locked():
+            return write_checkpoint(
+                checkpoint_dir, self.learners.learners, self.config, state, runtime
+            )
+
+    def _actor_snapshots(self) -> dict[int, dict]:
+        snapshots = self.actors.get_states()
+        for actor_id, snapshot in snapshots.items():
+            if snapshot.get("envs") is None:
+                logger.warning(
+                    "The envs of actor %d cannot be pickled (%s): a run resumed from this "
+                    "checkpoint starts new episodes and will not match an uninterrupted run.",
+                    actor_id,
+                    snapshot.get("envs_error"),
+                )
+        return snapshots
+
+    def restore(self, checkpoint_dir: str) -> None:
+        """Restores what `save` (or an older layout) wrote; the run continues from there.
+
+        The actors continue from their snapshots when the checkpoint has them (deterministic
+        mode); otherwise they get the restored weights and start new episodes, with env and
+        sampler seeds derived from `seed` and the restored step count (so a resumed run does
+        not replay the random streams of its beginning). A replay buffer not in the checkpoint
+        starts empty. Fragments requested before the restore are dropped, and so are the train
+        batches queued, loaded or buffered for the learners, their accumulated microbatch
+        gradients, and the rows held by the aggregation workers.
+
+        Raises:
+          ValueError: the checkpoint lacks a policy of this run.
+        """
+        checkpoint_dir = resolve_checkpoint_dir(checkpoint_dir)
+        state = read_state(checkpoint_dir)
+        missing = sorted(set(self.plan.policy_ids) - set(state["policy_ids"]))
+        if missing:
+            raise ValueError(
+                f"{checkpoint_dir} has no policies {missing} (it has {state['policy_ids']})."
+            )
+        runtime = read_runtime_state(checkpoint_dir)
+        with self.learners.locked():
+            # No batch taken before the restore trains after it; accumulators start empty.
+            self.learners.flush()
+            for pid, learner in self.learners.learners.items():
+                prefix = learner_prefix(checkpoint_dir, pid)
+                learner_checkpoint(learner).read(prefix).assert_consumed()
+        self.progress.iteration = int(state["iteration"])
+        self.progress.time_total_s = float(state["time_total_s"])
+        self.metrics.set_state(state)
+        self.broadcaster.steps_since_broadcast = int(state.get("steps_since_broadcast", 0))
+        for pid, saved in state["observation_filters"].items():
+            if saved is not None and pid in self.actors.filters:
+                self.actors.filters[pid] = filter_lib.filter_from_state(saved)
+        counters = self.metrics.counters
+        self.actors.restarts.restarts = int(counters["num_env_runner_restarts"])
+        steps, seed = int(counters["num_env_steps_sampled"]), self.config.seed
+        # A fresh replay stream (unless the checkpoint has the buffers), not the first one.
+        self.aggregation.reset(derived_seed(seed, steps, 2), runtime.get("aggregator"))
+        snapshots = runtime.get("actors") or {}
+        states: dict[int, dict] = {}
+        for actor_id in self.actors.healthy_ids():
+            actor_state = dict(snapshots.get(actor_id) or {})
+            if actor_state.get("envs") is None:
+                actor_state["seed"] = derived_seed(seed, steps, 3, actor_id)
+            states[actor_id] = actor_state
+        self.actors.drop_in_flight()
+        self.actors.set_states(states)
+        weights = self.learners.weights()
+        self.broadcaster.send([i for i, s in states.items() if s.get("weights") is None], weights)
+        held = [_keyed_weights(s) for s in states.values() if s.get("weights") is not None]
+        if held and len(held) == len(states):
+            # The actors continue with the weights they held: broadcasts go on from those.
+            self.broadcaster.sent = {**weights, **held[0]}
+
+
+def _keyed_weights(snapshot: Mapping[str, Any]) -> dict[str, tuple]:
+    """A runner snapshot's weights as {policy_id: (weights, version)} (older ones: a list)."""
+    weights = snapshot["weights"]
+    if isinstance(weights, Mapping):
+        return {pid: (w, int(v)) for pid, (w, v) in weights.items()}
+    return {DEFAULT_POLICY_ID: (weights, int(snapshot.get("policy_version", 0)))}

@@ -1,0 +1,90 @@
+"""Making envs from a config: a gymnasium id or an `env_creator(env_config)`, seeded as RLlib.
+
+`make_env(config, worker_index, vector_index)` builds one env (DeepMind preprocessing for Atari,
+`impala_tf.envs.atari`); `make_env_batch` builds an env runner's envs as one `EnvBatch` (ale-py's
+native vector env where it covers the config); `env_seed` is RLlib's seed of env j of runner i.
+A user's env creator receives an `EnvContext`: its `env_config` with RLlib's `worker_index`,
+`vector_index` and `num_workers`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import gymnasium as gym
+
+from impala_tf.config.base import AlgorithmConfig
+from impala_tf.envs import atari
+from impala_tf.envs.batch import AtariVectorEnvBatch, EnvBatch, GymEnvBatch
+from impala_tf.envs.faults import EnvGuard
+
+__all__ = ["EnvContext", "env_seed", "make_env", "make_env_batch"]
+
+#: Seeds of env j in env runner i are `seed + i * _MAX_ENVS_PER_RUNNER + j`, as RLlib derives them.
+_MAX_ENVS_PER_RUNNER = 1000
+
+
+class EnvContext(dict):
+    """The `env_config` dict handed to a user's env creator, with RLlib's extra attributes.
+
+    Attributes:
+      worker_index: 1-based index of the env runner (0 is the driver/evaluation).
+      vector_index: Index of the env within its runner.
+      num_workers: Number of env runners.
+    """
+
+    def __init__(self, env_config: dict, worker_index: int, vector_index: int, num_workers: int):
+        super().__init__(env_config or {})
+        self.worker_index = worker_index
+        self.vector_index = vector_index
+        self.num_workers = num_workers
+
+
+def env_seed(seed: int | None, worker_index: int, vector_index: int) -> int | None:
+    """The seed of env `vector_index` of env runner `worker_index` (None if `seed` is None)."""
+    if seed is None:
+        return None
+    return int(seed) + worker_index * _MAX_ENVS_PER_RUNNER + vector_index
+
+
+def make_env(config: AlgorithmConfig, worker_index: int = 0, vector_index: int = 0) -> gym.Env:
+    """Creates one env from `config.env`: a registered gymnasium id or an `env_creator` callable.
+
+    A gymnasium id is made with `gym.make(id, **env_config)`; a callable is called with an
+    `EnvContext` holding `env_config` (RLlib's convention). An Atari env gets DeepMind
+    preprocessing when `preprocessor_pref` is "deepmind" (`impala_tf.envs.atari`), with
+    episodic life only for training runners (`worker_index >= 1`; 0 is evaluation).
+    """
+    env: str | Callable[..., gym.Env] | None = config.env
+    if env is None:
+        raise ValueError("`env` is not set: pass a gymnasium id or an env_creator(env_config)")
+    if callable(env):
+        context = EnvContext(config.env_config, worker_index, vector_index, config.num_env_runners)
+        made = env(context)
+        if not isinstance(made, gym.Env):
+            raise TypeError(f"env_creator {env!r} returned {type(made).__name__}, not a gym.Env")
+        if atari.deepmind_enabled(config) and atari.is_atari(made):
+            return atari.wrap_deepmind(made, config.model, training=worker_index > 0)
+        return made
+    import impala_tf.envs  # noqa: F401 - registers the shipped envs in this (actor) process.
+
+    if atari.is_atari(env, config.env_config):
+        return atari.make_atari_env(env, config, training=worker_index > 0)
+    return gym.make(env, **(config.env_config or {}))
+
+
+def make_env_batch(
+    config: AlgorithmConfig, worker_index: int, num_envs: int, guard: EnvGuard | None = None
+) -> EnvBatch:
+    """The `num_envs` envs of env runner `worker_index`, as one `EnvBatch`.
+
+    Training runners (`worker_index >= 1`) of an Atari config that ale-py's `AtariVectorEnv`
+    covers (`atari.vector_env_kwargs`) get it; everything else gets `make_env` envs. `guard`
+    calls and checks the envs (`impala_tf.envs.faults.EnvGuard`).
+    """
+    seeds = [env_seed(config.seed, worker_index, j) for j in range(num_envs)]
+    if worker_index >= 1 and all(s is None or s > 0 for s in seeds):
+        kwargs = atari.vector_env_kwargs(config, training=True, num_envs=num_envs)
+        if kwargs is not None:
+            return AtariVectorEnvBatch(guard=guard, **kwargs)
+    return GymEnvBatch([make_env(config, worker_index, j) for j in range(num_envs)], guard)

@@ -1,0 +1,95 @@
+"""The spaces of a config's policies, probed once per build from one env.
+
+`probe_spaces(config)` builds one env (worker index 0) and returns `EnvSpaces`: whether the env
+is multi-agent (`impala_tf.multi_agent.env.MultiAgentEnv`) and each policy's (observation
+space, action space). A single-agent env has one policy, `"default_policy"`, with the env's
+spaces. For a multi-agent env, agents are mapped with `policy_mapping_fn` (episode 0); a
+policy's `PolicySpec` spaces win, else it takes the spaces of the first agent mapped to it, else
+(no agent maps to it) the env's common spaces. Everything the driver builds (learners, the
+actors' memory guard, the inference server, evaluation) reads these, so a build makes its env
+once.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import gymnasium as gym
+
+import impala_tf.config.policies as policy_specs
+from impala_tf.config.base import AlgorithmConfig
+from impala_tf.envs.make import make_env
+from impala_tf.multi_agent.env import MultiAgentEnv
+
+__all__ = ["EnvSpaces", "policy_spaces", "probe_spaces"]
+
+
+@dataclasses.dataclass(frozen=True)
+class EnvSpaces:
+    """What a build needs to know about its env.
+
+    Attributes:
+      multi_agent: The env is a `MultiAgentEnv` (its runners step it per agent).
+      policies: {policy_id: (observation_space, action_space)}, sorted by policy id.
+    """
+
+    multi_agent: bool
+    policies: dict[str, tuple[gym.Space, gym.Space]]
+
+    @property
+    def policy_ids(self) -> list[str]:
+        return sorted(self.policies)
+
+
+def probe_spaces(config: AlgorithmConfig) -> EnvSpaces:
+    """Builds one env of `config` and reads its policies' spaces (see the module docstring).
+
+    Raises:
+      ValueError: `policies`/`policy_mapping_fn` are set for an env that is not multi-agent, or
+        an agent maps to a policy that `policies` does not name.
+    """
+    env = make_env(config, 0, 0)
+    try:
+        if isinstance(env.unwrapped, MultiAgentEnv):  # Also behind wrappers (a video recorder).
+            return EnvSpaces(True, policy_spaces(config, env.unwrapped))
+        if config.policies is not None or config.policy_mapping_fn is not None:
+            raise ValueError(
+                f"The env {config.env!r} is not a MultiAgentEnv (impala_tf.multi_agent.env), "
+                "but `policies`/`policy_mapping_fn` are set."
+            )
+        spaces = (env.observation_space, env.action_space)
+        return EnvSpaces(False, {policy_specs.DEFAULT_POLICY_ID: spaces})
+    finally:
+        env.close()
+
+
+def policy_spaces(config: Any, env: MultiAgentEnv) -> dict[str, tuple[gym.Space, gym.Space]]:
+    """{policy_id: (observation_space, action_space)} of a multi-agent env's policies.
+
+    Raises:
+      ValueError: an agent maps to a policy that `policies` does not name.
+    """
+    specs = policy_specs.normalize_policies(config.policies)
+    mapping = policy_specs.resolve_mapping_fn(config.policy_mapping_fn)
+    episode = policy_specs.EpisodeInfo(0)
+    by_policy: dict[str, Any] = {}
+    for agent in env.possible_agents:
+        pid = mapping(agent, episode, worker=None)
+        if pid not in specs:
+            raise ValueError(
+                f"`policy_mapping_fn` maps agent {agent!r} to {pid!r}, which is not in "
+                f"`policies` {sorted(specs)}."
+            )
+        by_policy.setdefault(pid, agent)
+    out = {}
+    for pid, spec in sorted(specs.items()):
+        agent = by_policy.get(pid)
+        obs = spec.observation_space or (
+            env.get_observation_space(agent) if agent is not None else env.observation_space
+        )
+        act = spec.action_space or (
+            env.get_action_space(agent) if agent is not None else env.action_space
+        )
+        out[pid] = (obs, act)
+    return out

@@ -1,0 +1,216 @@
+"""The one evaluation path: training-time evaluation, `impala-evaluate` and export.
+
+An `Evaluator` runs whole episodes in one env of an env runner in the calling process (worker
+index 0, the driver's; the single-agent or multi-agent runner, as `impala_tf.rollout` picks),
+acting with the weights and observation filters it is given, the filters not updated. As in
+RLlib it acts with the evaluation config's `explore` (default True: sampled actions, the policy
+that was trained); `evaluation_config={"explore": False}` evaluates the greedy policy. Each
+`run` starts new episodes seeded from its `seed`, so an evaluation is reproducible.
+
+* `Impala.evaluate()` runs one with the learners' current weights (RLlib's `evaluation` entry
+  of the result, `evaluation_metrics`);
+* `evaluate_checkpoint` runs one with a checkpoint's policies (`impala-evaluate`);
+* `load_policy_model` rebuilds one policy's model from a checkpoint (`impala-export`).
+
+Episode statistics come from `impala_tf.driver.metrics.summarize_episodes`, the one summary:
+returns summed over a multi-agent episode's agents, and `policy_reward_*` per policy.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from impala_tf import filters as filter_lib
+from impala_tf.checkpoints.store import read_state, resolve_checkpoint_dir, restore_model
+from impala_tf.config.base import AlgorithmConfig
+from impala_tf.config.policies import policy_config
+from impala_tf.driver.metrics import new_api_episode_stats, summarize_episodes
+from impala_tf.envs.spaces import EnvSpaces, probe_spaces
+from impala_tf.models import build_model
+from impala_tf.rollout import make_env_runner
+from impala_tf.rollout.fragment import Episode
+
+__all__ = [
+    "Evaluator",
+    "evaluate_checkpoint",
+    "evaluation_metrics",
+    "load_checkpoint_policies",
+    "load_policy_model",
+    "policy_episodes",
+]
+
+
+class Evaluator:
+    """Runs evaluation episodes one after another in one env (see the module docstring).
+
+    Args:
+      config: The evaluation config (`AlgorithmConfig.get_evaluation_config()` applied).
+      multi_agent: The env is a `MultiAgentEnv`.
+      explore: Overrides the config's `explore`.
+    """
+
+    def __init__(self, config: AlgorithmConfig, multi_agent: bool, explore: bool | None = None):
+        config = config.copy()
+        config.env_runners(num_envs_per_env_runner=1)
+        self.config = config
+        self.runner = make_env_runner(
+            config, multi_agent, worker_index=0, explore=explore, update_filter=False
+        )
+
+    def run(
+        self,
+        weights: Mapping[str, tuple],
+        filters: Mapping[str, filter_lib.Filter] | None,
+        num_episodes: int,
+        seed: int | None,
+    ) -> list[Episode]:
+        """`num_episodes` new episodes with these weights ({policy_id: (weights, version)})."""
+        self.runner.set_weights(weights, filters)
+        self.runner.reset(seed)
+        return self.runner.run_episodes(int(num_episodes))
+
+    def close(self) -> None:
+        self.runner.close()
+
+
+def evaluation_metrics(
+    episodes: Sequence[Episode], multi_agent: bool, elapsed_s: float
+) -> dict[str, Any]:
+    """RLlib's `evaluation` entry of a result dict for the episodes of one evaluation."""
+    summary = summarize_episodes(episodes, multi_agent)
+    metrics = {
+        "episode_reward_mean": summary["episode_reward_mean"],
+        "episode_reward_min": summary["episode_reward_min"],
+        "episode_reward_max": summary["episode_reward_max"],
+        "episode_len_mean": summary["episode_len_mean"],
+        "episodes_this_iter": summary["num_episodes"],
+        "num_env_steps_sampled_this_iter": summary["num_env_steps"],
+        "policy_reward_mean": summary["policy_reward_mean"],
+        "policy_reward_min": summary["policy_reward_min"],
+        "policy_reward_max": summary["policy_reward_max"],
+        "time_this_iter_s": elapsed_s,
+    }
+    metrics["env_runners"] = new_api_episode_stats(summary)
+    return metrics
+
+
+def policy_episodes(episodes: Sequence[Episode], policy_id: str) -> list[Episode]:
+    """Each episode's return as the mean return of `policy_id`'s agents in it.
+
+    Episodes where the policy controlled no agent are left out.
+    """
+    out = []
+    for episode in episodes:
+        mine = episode.policy_returns.get(policy_id)
+        if mine:
+            mean = float(np.mean(mine))
+            out.append(Episode(mean, episode.length, {policy_id: list(mine)}))
+    return out
+
+
+def load_checkpoint_policies(
+    checkpoint_dir: str, config: AlgorithmConfig, spaces: EnvSpaces
+) -> tuple[dict[str, tuple], dict[str, filter_lib.Filter] | None]:
+    """Every policy's weights and the run's observation filters, from a checkpoint.
+
+    Each policy's model is rebuilt from its config and spaces and its `model` part restored
+    (`impala_tf.checkpoints.store.restore_model`).
+
+    Returns:
+      ({policy_id: (weights, 0)}, {policy_id: Filter} or None without filters).
+    """
+    checkpoint_dir = resolve_checkpoint_dir(checkpoint_dir)
+    weights = {}
+    for pid, (obs, act) in spaces.policies.items():
+        model = build_model(obs, act, policy_config(config, pid).model)
+        restore_model(model, checkpoint_dir, pid)
+        weights[pid] = (model.get_weights(), 0)
+    saved = read_state(checkpoint_dir)["observation_filters"]
+    filters = {
+        pid: filter_lib.filter_from_state(state)
+        for pid, state in saved.items()
+        if state is not None and pid in spaces.policies
+    }
+    return weights, filters or None
+
+
+def evaluate_checkpoint(
+    checkpoint_dir: str,
+    config: AlgorithmConfig,
+    num_episodes: int,
+    explore: bool | None = None,
+    policy_id: str | None = None,
+    spaces: EnvSpaces | None = None,
+) -> list[Episode]:
+    """Runs `num_episodes` episodes with a checkpoint's policies (`impala-evaluate`).
+
+    Args:
+      checkpoint_dir: Anything `resolve_checkpoint_dir` accepts.
+      config: The config to run (the checkpoint's, its `evaluation_config` applied; its `seed`
+        seeds the episodes).
+      num_episodes: Episodes to run.
+      explore: Overrides the config's `explore`.
+      policy_id: Report the mean return of this policy's agents per episode instead of the
+        return summed over the agents.
+      spaces: The env's spaces when the caller probed them already.
+
+    Raises:
+      ValueError: `policy_id` is not a policy of the checkpoint (the message lists them).
+    """
+    spaces = probe_spaces(config) if spaces is None else spaces
+    if policy_id is not None and policy_id not in spaces.policies:
+        raise ValueError(
+            f"--policy_id={policy_id}: no such policy in {checkpoint_dir}; it has "
+            f"{spaces.policy_ids}."
+        )
+    weights, filters = load_checkpoint_policies(checkpoint_dir, config, spaces)
+    evaluator = Evaluator(config, spaces.multi_agent, explore)
+    try:
+        episodes = evaluator.run(weights, filters, num_episodes, config.seed)
+    finally:
+        evaluator.close()
+    return episodes if policy_id is None else policy_episodes(episodes, policy_id)
+
+
+def load_policy_model(
+    checkpoint_dir: str, config: AlgorithmConfig, policy_id: str | None = None
+) -> tuple[Any, Any, filter_lib.Filter | None]:
+    """One policy's model, action space and observation filter, from a checkpoint (export).
+
+    Args:
+      checkpoint_dir: Anything `resolve_checkpoint_dir` accepts.
+      config: The checkpoint's config.
+      policy_id: The policy; None for a checkpoint with one policy.
+
+    Returns:
+      (the `ActorCritic` with the policy's weights, its action space, its merged observation
+      filter or None for `NoFilter`).
+
+    Raises:
+      ValueError: `policy_id` is None for a checkpoint of several policies, or names none of
+        them (the message lists them).
+    """
+    checkpoint_dir = resolve_checkpoint_dir(checkpoint_dir)
+    spaces = probe_spaces(config)
+    if policy_id is None:
+        if len(spaces.policies) > 1:
+            raise ValueError(
+                f"{checkpoint_dir} holds several policies {spaces.policy_ids}: pass --policy_id."
+            )
+        policy_id = spaces.policy_ids[0]
+    if policy_id not in spaces.policies:
+        raise ValueError(
+            f"--policy_id={policy_id}: no such policy in {checkpoint_dir}; it has "
+            f"{spaces.policy_ids}."
+        )
+    obs, act = spaces.policies[policy_id]
+    model = build_model(obs, act, policy_config(config, policy_id).model)
+    restore_model(model, checkpoint_dir, policy_id)
+    saved = read_state(checkpoint_dir)["observation_filters"].get(policy_id)
+    obs_filter = filter_lib.filter_from_state(saved) if saved is not None else None
+    if isinstance(obs_filter, filter_lib.NoFilter):
+        obs_filter = None
+    return model, act, obs_filter

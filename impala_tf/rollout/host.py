@@ -1,0 +1,94 @@
+"""What an actor worker hosts: an env runner whose fragments are packed for transport.
+
+The worker mechanism (`impala_tf.workers`) runs `make_runner_host` in each actor (a local process
+or a Ray actor) and calls the host's methods: `sample` (one fragment, observations packed with
+`impala_tf.frames.encode_observations`: frame-stack coding, and zlib with RLlib's
+`compress_observations`; the aggregation stage unpacks them), `set_weights` (sent coalesced: only
+the newest weights are applied before a sample), `get_state`/`set_state` (exact resumes,
+reseeding). With central inference the host first connects to the driver's inference server
+(`impala_tf.inference.connect`: a pipe end for local processes, a TCP endpoint for Ray actors).
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from collections.abc import Mapping
+from typing import Any
+
+from impala_tf.config.base import AlgorithmConfig
+from impala_tf.envs.faults import StepProgress
+from impala_tf.frames import encode_observations
+from impala_tf.rollout import make_env_runner
+from impala_tf.rollout.fragment import Fragment
+
+__all__ = ["RunnerHost", "make_runner_host"]
+
+
+class RunnerHost:
+    """An env runner as an actor worker serves it (see the module docstring).
+
+    Args:
+      actor_id: The actor's index (0-based); the runner is `worker_index = actor_id + 1`.
+      config: The algorithm config.
+      multi_agent: The env is multi-agent.
+      endpoint: Central inference: where the driver's inference server listens (None: the
+        actor runs its policies itself).
+      state_shapes: Central inference: {policy_id: per-env recurrent state shapes}.
+      progress: Shared progress array for hang reports (local processes only).
+    """
+
+    def __init__(
+        self,
+        actor_id: int,
+        config: AlgorithmConfig,
+        multi_agent: bool,
+        endpoint: Any = None,
+        state_shapes: Mapping[str, list] | None = None,
+        progress: Any = None,
+    ):
+        remote = None
+        if endpoint is not None:
+            from impala_tf.inference import connect
+
+            remote = (connect(endpoint, actor_id), dict(state_shapes or {}))
+        self.actor_id = actor_id
+        self.runner = make_env_runner(
+            config,
+            multi_agent,
+            worker_index=actor_id + 1,
+            progress=StepProgress(progress),
+            remote=remote,
+        )
+        self._encode = functools.partial(
+            encode_observations, compress_observations=config.compress_observations
+        )
+
+    def sample(self) -> Fragment:
+        fragment = self.runner.sample()
+        fragment.actor_id = self.actor_id
+        return fragment.map_batches(self._encode)
+
+    def set_weights(self, weights: Mapping, filters: Mapping | None = None) -> None:
+        self.runner.set_weights(weights, filters)
+
+    def get_state(self) -> dict:
+        return self.runner.get_state()
+
+    def set_state(self, state: dict) -> None:
+        self.runner.set_state(state)
+
+    def pid(self) -> int:
+        return os.getpid()
+
+
+def make_runner_host(
+    actor_id: int,
+    config: AlgorithmConfig,
+    multi_agent: bool,
+    endpoint: Any = None,
+    state_shapes: Mapping[str, list] | None = None,
+    progress: Any = None,
+) -> RunnerHost:
+    """The worker factory of actors (`impala_tf.workers.WorkerSpec.factory`)."""
+    return RunnerHost(actor_id, config, multi_agent, endpoint, state_shapes, progress)

@@ -1,0 +1,582 @@
+"""`MultiAgentEnvRunner`: steps multi-agent envs with several policies; per-policy fragments.
+
+B is the number of envs (`num_envs_per_env_runner`), T is time (`rollout_fragment_length`), R the
+sequences a policy completed in one fragment, L = `model.max_seq_len`, C = ceil(T / L) and H a
+recurrent state's size.
+
+The runner owns B `MultiAgentEnv`s (`impala_tf.multi_agent.env`). Each env step, the agents that
+have an observation are grouped by the policy `policy_mapping_fn` maps them to (asked once per
+agent and episode) and each policy acts for its agents in one batched call. Every (env, agent,
+policy) keeps its own stream of steps, across episodes, like one env of the single-agent
+`impala_tf.rollout.env_runner.EnvRunner` (`truncate_episodes`); whenever a stream holds T steps
+they become one [1, T] sequence of its policy's batch. So `sample()` steps the envs T times
+(T * B env steps) and returns the `Fragment` (`impala_tf.rollout.fragment`) both runners emit:
+per policy, a `SampleBatch` of the sequences completed meanwhile ([R, T, ...], R varies; steps
+not yet filling a sequence wait for the next call), with the single-agent runner's columns. It
+counts RLlib's two step counters: `env_steps` (T * B) and `agent_steps` (one per agent that
+acted).
+
+`values_bootstrapped[t]` of an agent's step is the behaviour value of that agent's next
+observation: 0 after the agent's termination, V(final observation) after a truncation (its own
+or the episode's `__all__`), else the value computed when it next acts (computed one step
+ahead, as the single-agent runner does, so it is known before the step is emitted). An agent
+that did not act in the step that ends the episode (turn-based envs) has its last step closed
+then: terminated by its own flag, else truncated, bootstrapped from the final observation the
+env gave it or, without one, from V of its last observation. Rewards an agent receives in steps
+where it does not act are added to its last step.
+
+Recurrent policies (`model.use_lstm`) keep one state per (env, agent): the agents of a policy
+are stepped with their states batched, and an agent's state restarts from zeros when its episode
+ends. Each sequence carries `state_in_i` [R, C, H], the agent's state at the start of each of
+its C chunks of L steps, exactly as `EnvRunner` emits them (`impala_tf.sequences`).
+
+Observations pass through one filter per policy (`observation_filter`; RLlib keeps one per
+policy too); the fragment carries each policy's changes (`filter_deltas`).
+
+Episodes: the return of an episode is the sum over its agents (RLlib's `episode_reward`), its
+length counts env steps, and `Episode.policy_returns[policy_id]` lists the return of each agent
+that acted with that policy (RLlib's `policy_reward_mean` inputs).
+
+With central inference (`remote`), each policy acts through an `impala_tf.inference.RemotePolicy`
+on the one connection to the driver's inference server, and this module never imports
+TensorFlow.
+
+`get_state()` pickles the envs together with everything in flight (the streams, the steps
+waiting for their bootstrap value, the actions computed one step ahead, the recurrent states
+and the episodes' bookkeeping), so that `set_state(get_state())` continues exactly.
+"""
+
+from __future__ import annotations
+
+import collections
+import pickle
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+
+import impala_tf.config.policies as policy_specs
+from impala_tf.actions import ActionAdapter
+from impala_tf.config.base import AlgorithmConfig
+from impala_tf.envs.faults import StepProgress
+from impala_tf.envs.make import env_seed, make_env
+from impala_tf.envs.spaces import policy_spaces
+from impala_tf.filters import Filter, filter_from_state, get_filter
+from impala_tf.multi_agent.env import ALL, MultiAgentEnv
+from impala_tf.numpy_policy import make_policy
+from impala_tf.rollout.env_runner import Weights
+from impala_tf.rollout.fragment import POLICY_VERSION, Episode, Fragment
+from impala_tf.sample_batch import SampleBatch
+
+__all__ = ["MultiAgentEnvRunner"]
+
+# One step of a stream is a list (its bootstrap value and reward may be filled in later):
+_OBS, _ACT, _LOGITS, _LOGP, _VF, _REW, _TERM, _TRUNC, _VB, _VERSION = range(10)
+# A computed action (`_act`) is a tuple: (policy id, filtered obs, action, env action, logits,
+# logp, value, version, state in, state out).
+_E_PID, _E_ACT_ENV, _E_STATE_IN, _E_STATE_OUT = 0, 3, 8, 9
+
+#: Policy k's action sampler is seeded `env_seed(seed, worker_index, 0) + _SEED_STRIDE * (k + 1)`.
+_SEED_STRIDE = 7919
+
+#: What `get_state()` pickles into `"envs"`: the envs and everything in flight.
+_IN_FLIGHT = (
+    "envs",
+    "_obs",
+    "_next",
+    "_next_versions",
+    "_streams",
+    "_awaiting",
+    "_states",
+    "_episode_counter",
+    "_episode_ids",
+    "_agent_policy",
+    "_agent_return",
+    "_episode_length",
+    "_done_agents",
+)
+
+
+class _Stream:
+    """The steps of one (env, agent, policy) not yet emitted, and its chunk start states."""
+
+    __slots__ = ("steps", "starts")
+
+    def __init__(self):
+        self.steps: list[list] = []
+        self.starts: list[tuple] = []  # State at every step whose index % T % L == 0.
+
+    def __getstate__(self):
+        return self.steps, self.starts
+
+    def __setstate__(self, state):
+        self.steps, self.starts = state
+
+
+class MultiAgentEnvRunner:
+    """Steps `num_envs_per_env_runner` multi-agent envs with every policy; see the module doc.
+
+    Args:
+      config: The algorithm config (with `policies`, `policy_mapping_fn`).
+      worker_index: 1-based index of this runner; it derives the env and sampling seeds.
+      explore: Overrides `config.explore` (evaluation passes False).
+      update_filter: Update the observation filters with what is seen (actors); False applies
+        them unchanged (evaluation).
+      progress: Shared progress record (kept for the pool's hang reports).
+      remote: With central inference (`impala_tf.inference`): this actor's connection to the
+        driver's inference server and {policy_id: per-env shapes of the model's recurrent
+        state}. Every policy then acts through a `RemotePolicy` and TensorFlow is never
+        imported.
+    """
+
+    def __init__(
+        self,
+        config: AlgorithmConfig,
+        worker_index: int = 1,
+        explore: bool | None = None,
+        update_filter: bool = True,
+        progress: StepProgress | None = None,
+        remote: tuple[Any, Mapping[str, list[tuple[int, ...]]]] | None = None,
+    ):
+        self.config = config
+        self.worker_index = worker_index
+        self.num_envs = int(config.num_envs_per_env_runner)
+        self.horizon = int(config.rollout_fragment_length)
+        self.progress = progress if progress is not None else StepProgress()
+        self.envs: list[gym.Env] = [make_env(config, worker_index, j) for j in range(self.num_envs)]
+        # Through wrappers (e.g. impala-evaluate's frame recorder) to the multi-agent env.
+        base = self.envs[0].unwrapped
+        if not isinstance(base, MultiAgentEnv):
+            raise ValueError(
+                f"The env {config.env!r} is not a MultiAgentEnv (impala_tf.multi_agent.env), "
+                "but the multi-agent runner steps it."
+            )
+        self.spaces = policy_spaces(config, base)
+        self.policy_ids: Sequence[str] = tuple(sorted(self.spaces))
+        self.mapping = policy_specs.resolve_mapping_fn(config.policy_mapping_fn)
+        explore = config.explore if explore is None else explore
+        self.policies: dict[str, Any] = {}
+        self.filters: dict[str, Filter] = {}
+        self._adapters: dict[str, ActionAdapter] = {}
+        self._obs_dtypes: dict[str, np.dtype] = {}
+        self._zero_state: dict[str, tuple] = {}
+        self._chunk: dict[str, int] = {}
+        seeds = self._policy_seeds(config.seed)
+        for pid in self.policy_ids:
+            obs_space, act_space = self.spaces[pid]
+            model = policy_specs.policy_config(config, pid).model
+            if remote is not None:
+                from impala_tf.inference import RemotePolicy
+
+                conn, state_shapes = remote
+                policy = RemotePolicy(
+                    conn, pid, act_space, state_shapes.get(pid, []), explore, seeds[pid]
+                )
+            else:
+                policy = make_policy(obs_space, act_space, model, explore=explore, seed=seeds[pid])
+            self.policies[pid] = policy
+            self._obs_dtypes[pid] = np.dtype(obs_space.dtype or np.float32)
+            if config.observation_filter != "NoFilter" and not np.issubdtype(
+                self._obs_dtypes[pid], np.floating
+            ):
+                raise ValueError(
+                    f"`observation_filter` {config.observation_filter!r} standardises "
+                    f"observations and needs a float observation space; policy {pid!r} has "
+                    f"{obs_space}."
+                )
+            self.filters[pid] = get_filter(config.observation_filter, obs_space.shape)
+            self._adapters[pid] = ActionAdapter(
+                act_space, config.normalize_actions, config.clip_actions
+            )
+            self._zero_state[pid] = tuple(s[0] for s in policy.initial_state(1))
+            self._chunk[pid] = int(model["max_seq_len"])
+        self.versions = {pid: 0 for pid in self.policy_ids}
+        self._update_filter = bool(update_filter)
+        self._reset_all(config.seed)
+
+    def _policy_seeds(self, seed: int | None) -> dict[str, int | None]:
+        base = env_seed(seed, self.worker_index, 0)
+        return {
+            pid: None if base is None else base + _SEED_STRIDE * (k + 1)
+            for k, pid in enumerate(self.policy_ids)
+        }
+
+    # Episodes ---------------------------------------------------------------------------------
+
+    def _new_episode(self, j: int) -> None:
+        self._episode_counter += 1
+        self._episode_ids[j] = self._episode_counter
+        self._agent_policy[j] = {}
+        self._agent_return[j] = collections.defaultdict(float)
+        self._episode_length[j] = 0
+        self._done_agents[j] = set()
+        self._awaiting[j] = {}  # agent -> its last step, waiting for its bootstrap value.
+        self._states[j] = {}  # agent -> its recurrent state (recurrent policies only).
+
+    def _reset_all(self, seed: int | None) -> None:
+        n = self.num_envs
+        self._episode_counter = 0
+        self._episode_ids = [0] * n
+        self._agent_policy: list[dict[Any, str]] = [{} for _ in range(n)]
+        self._agent_return: list[dict[Any, float]] = [{} for _ in range(n)]
+        self._episode_length = [0] * n
+        self._done_agents: list[set] = [set() for _ in range(n)]
+        self._awaiting: list[dict[Any, list]] = [{} for _ in range(n)]
+        self._states: list[dict[Any, tuple]] = [{} for _ in range(n)]
+        self._streams: dict[tuple, _Stream] = {}
+        self._obs: list[dict] = []
+        for j, env in enumerate(self.envs):
+            self._new_episode(j)
+            obs, _ = env.reset(seed=env_seed(seed, self.worker_index, j))
+            self._obs.append(dict(obs))
+        self._next: list[dict] | None = None  # Per env: agent -> its action, computed ahead.
+        self._next_versions: dict[str, int] = {}  # Per policy: the version that computed them.
+
+    def _policy_of(self, j: int, agent: Any) -> str:
+        pid = self._agent_policy[j].get(agent)
+        if pid is None:
+            episode = policy_specs.EpisodeInfo(self._episode_ids[j], j, self.worker_index)
+            pid = self.mapping(agent, episode, worker=None)
+            if pid not in self.policies:
+                raise ValueError(
+                    f"`policy_mapping_fn` maps agent {agent!r} to {pid!r}, which is not in "
+                    f"`policies` {sorted(self.policies)}."
+                )
+            self._agent_policy[j][agent] = pid
+        return pid
+
+    # Acting -----------------------------------------------------------------------------------
+
+    def _act(self, items: list[tuple[str, Any, tuple]]) -> tuple[list[tuple], dict[str, int]]:
+        """Runs each policy once on its agents' observations.
+
+        Args:
+          items: (policy id, raw observation, recurrent state in) per agent.
+
+        Returns:
+          Per item: (policy id, filtered obs, action, env action, logits, logp, value, version,
+          state in, state out); and {policy id: the version of the weights that acted}.
+        """
+        out: list[Any] = [None] * len(items)
+        versions: dict[str, int] = {}
+        groups: dict[str, list[int]] = {}
+        for i, item in enumerate(items):
+            groups.setdefault(item[0], []).append(i)
+        for pid, rows in groups.items():
+            raw = np.asarray([items[i][1] for i in rows], dtype=self._obs_dtypes[pid])
+            obs = self.filters[pid](raw, update=self._update_filter)
+            zero = self._zero_state[pid]
+            state = tuple(
+                np.stack([items[i][2][s] for i in rows]) for s in range(len(zero))
+            )  # fmt: skip
+            step = self.policies[pid].step(obs, state)
+            env_actions = self._adapters[pid](step.actions)
+            version = getattr(step, "version", None)
+            version = versions[pid] = self.versions[pid] if version is None else int(version)
+            logp, values = step.logp.tolist(), step.values.tolist()
+            actions, logits, new_state = step.actions, step.logits, step.state
+            for k, i in enumerate(rows):
+                out[i] = (
+                    pid,
+                    obs[k],
+                    actions[k],
+                    env_actions[k],
+                    logits[k],
+                    logp[k],
+                    values[k],
+                    version,
+                    items[i][2],
+                    tuple(s[k] for s in new_state) if zero else (),
+                )
+        return out, versions
+
+    def _compute_next(self) -> None:
+        """Computes every waiting agent's next action (and so its previous step's bootstrap)."""
+        keys, items = [], []
+        for j in range(self.num_envs):
+            done, states = self._done_agents[j], self._states[j]
+            for agent, o in self._obs[j].items():
+                if agent in done:
+                    continue
+                pid = self._policy_of(j, agent)
+                keys.append((j, agent))
+                items.append((pid, o, states.get(agent) or self._zero_state[pid]))
+        nxt: list[dict] = [{} for _ in range(self.num_envs)]
+        entries, self._next_versions = self._act(items)
+        for (j, agent), entry in zip(keys, entries):
+            nxt[j][agent] = entry
+            waiting = self._awaiting[j].pop(agent, None)
+            if waiting is not None:
+                waiting[_VB] = entry[6]
+        self._next = nxt
+
+    def set_weights(self, weights: Weights, filters: Mapping[str, Filter] | None = None) -> None:
+        """Loads {policy_id: (weights, num_grad_updates)} for some or all policies (weights
+        None: central inference, the driver's server holds them).
+
+        `filters`, when given, holds the driver's merged observation filters: each policy's
+        filter is synced to its own (RLlib's `sync_filters`).
+
+        Raises:
+          ValueError: a policy id this runner does not act with.
+        """
+        unknown = sorted(set(weights) - set(self.policies))
+        if unknown:
+            raise ValueError(f"Weights for {unknown}, but this runner acts with {self.policy_ids}.")
+        for pid, (policy_weights, version) in weights.items():
+            if policy_weights is not None:
+                self.policies[pid].set_weights(policy_weights)
+            self.versions[pid] = int(version)
+        for pid, f in (filters or {}).items():
+            if f is not None and pid in self.filters:
+                self.filters[pid].sync(f)
+
+    def get_weights(self) -> dict[str, list[np.ndarray]]:
+        return {pid: p.get_weights() for pid, p in self.policies.items()}
+
+    def sample(self) -> Fragment:
+        """Steps every env `rollout_fragment_length` times; returns the completed sequences."""
+        start = time.perf_counter()
+        if self._next is None:
+            self._compute_next()
+        episodes: list[Episode] = []
+        agent_steps = 0
+        versions = dict(self.versions)  # Raised to the versions that acted (central inference).
+        for _ in range(self.horizon):
+            for pid, version in self._next_versions.items():
+                if version > versions[pid]:
+                    versions[pid] = version
+            finals: list[tuple[list, str, Any, tuple]] = []
+            for j, env in enumerate(self.envs):
+                agent_steps += self._step_env(j, env, finals, episodes)
+            if finals:
+                values, _ = self._act([(pid, o, s) for _, pid, o, s in finals])
+                for (step, *_), entry in zip(finals, values):
+                    step[_VB] = entry[6]
+            self._compute_next()
+        self.progress.set(0, -1, StepProgress.IDLE)
+        return Fragment(
+            batches=self._emit(),
+            env_steps=self.horizon * self.num_envs,
+            agent_steps=agent_steps,
+            policy_versions=versions,
+            episodes=episodes,
+            actor_id=self.worker_index - 1,
+            sample_time_s=time.perf_counter() - start,
+            filter_deltas=self._flush_filters(),
+        )
+
+    def _step_env(self, j: int, env: gym.Env, finals: list, episodes: list[Episode]) -> int:
+        """Steps env j with its agents' actions; returns the number of agents that acted.
+
+        Steps to bootstrap from a final observation are appended to `finals` as (step, policy
+        id, final observation, state); an ended episode is appended to `episodes`.
+        """
+        acting = self._next[j]
+        if not acting:  # Every agent waits (cannot happen in a well-formed env).
+            raise RuntimeError(f"env {j}: no agent has an observation to act on.")
+        obs, rewards, terms, truncs, _ = env.step({a: e[_E_ACT_ENV] for a, e in acting.items()})
+        self._episode_length[j] += 1
+        returns, awaiting = self._agent_return[j], self._awaiting[j]
+        for agent, reward in rewards.items():
+            returns[agent] += reward
+            if agent not in acting and agent in awaiting:
+                awaiting[agent][_REW] += float(reward)
+        episode_over = bool(terms.get(ALL)) or bool(truncs.get(ALL))
+        done, states, streams = self._done_agents[j], self._states[j], self._streams
+        horizon = self.horizon
+        for agent, e in acting.items():
+            pid = e[_E_PID]
+            stream = streams.get((j, agent, pid))
+            if stream is None:
+                stream = streams[(j, agent, pid)] = _Stream()
+            term = bool(terms.get(agent, False))
+            trunc = bool(truncs.get(agent, False)) or (episode_over and not term)
+            reward = float(rewards.get(agent, 0.0))
+            step = [e[1], e[2], e[4], e[5], e[6], reward, term, trunc, None, e[7]]
+            steps = stream.steps
+            if e[_E_STATE_IN] and len(steps) % horizon % self._chunk[pid] == 0:
+                stream.starts.append(e[_E_STATE_IN])
+            steps.append(step)
+            if term:
+                step[_VB] = 0.0
+            elif trunc:
+                final = obs.get(agent)
+                if final is None:
+                    raise RuntimeError(
+                        f"Agent {agent!r} was truncated without a final observation."
+                    )
+                finals.append((step, pid, final, e[_E_STATE_OUT]))
+            else:
+                awaiting[agent] = step
+                if e[_E_STATE_OUT]:
+                    states[agent] = e[_E_STATE_OUT]
+                continue
+            done.add(agent)
+            states.pop(agent, None)
+        if awaiting and (episode_over or len(terms) + len(truncs) > 2 * len(acting) + 2):
+            self._close_waiting(j, obs, terms, truncs, episode_over, finals)
+        if episode_over:
+            agent_policy = self._agent_policy[j]
+            policy_returns: dict[str, list[float]] = {}
+            for agent, pid in agent_policy.items():
+                policy_returns.setdefault(pid, []).append(float(returns.get(agent, 0.0)))
+            ret = float(sum(returns.values()))
+            episodes.append(Episode(ret, self._episode_length[j], policy_returns))
+            self._new_episode(j)
+            obs, _ = env.reset()
+        self._obs[j] = obs
+        return len(acting)
+
+    def _close_waiting(
+        self, j: int, obs: dict, terms: dict, truncs: dict, episode_over: bool, finals: list
+    ) -> None:
+        """Ends the last step of agents done in a step they did not act in (turn-based envs)."""
+        awaiting, acting = self._awaiting[j], self._next[j]
+        for agent in [a for a in awaiting if a not in acting]:
+            term = bool(terms.get(agent, False))
+            trunc = bool(truncs.get(agent, False)) or (episode_over and not term)
+            if not (term or trunc):
+                continue
+            step = awaiting.pop(agent)
+            step[_TERM], step[_TRUNC] = term, trunc
+            self._done_agents[j].add(agent)
+            state = self._states[j].pop(agent, None)
+            if term:
+                step[_VB] = 0.0
+            elif obs.get(agent) is None:
+                step[_VB] = step[_VF]  # No final observation: V of the last one it acted on.
+            else:
+                pid = self._agent_policy[j][agent]
+                finals.append((step, pid, obs[agent], state or self._zero_state[pid]))
+
+    def _emit(self) -> dict[str, SampleBatch]:
+        """Pops every completed [T] sequence into its policy's [R, T, ...] batch."""
+        horizon = self.horizon
+        seqs: dict[str, list[tuple[list, list]]] = {}
+        for key in sorted(self._streams, key=str):
+            stream = self._streams[key]
+            steps = stream.steps
+            while len(steps) >= horizon and steps[horizon - 1][_VB] is not None:
+                chunks = -(-horizon // self._chunk[key[2]])
+                seqs.setdefault(key[2], []).append((steps[:horizon], stream.starts[:chunks]))
+                stream.steps = steps = steps[horizon:]
+                stream.starts = stream.starts[chunks:]
+        out = {}
+        for pid in sorted(seqs):
+            rows = seqs[pid]
+            cols = list(zip(*(step for steps, _ in rows for step in steps)))
+            shape = (len(rows), horizon)
+
+            def col(i: int, dtype: Any = None, cols: list = cols, shape: tuple = shape):
+                values = np.asarray(cols[i], dtype)
+                return values.reshape(shape + values.shape[1:])
+
+            columns = {
+                "obs": col(_OBS),
+                "actions": col(_ACT),
+                "rewards": col(_REW, np.float32),
+                "terminateds": col(_TERM, bool),
+                "truncateds": col(_TRUNC, bool),
+                "action_dist_inputs": col(_LOGITS, np.float32),
+                "action_logp": col(_LOGP, np.float32),
+                "vf_preds": col(_VF, np.float32),
+                "values_bootstrapped": col(_VB, np.float32),
+                POLICY_VERSION: col(_VERSION, np.int64),
+            }
+            for s in range(len(self._zero_state[pid])):
+                columns[f"state_in_{s}"] = np.asarray(
+                    [[start[s] for start in starts] for _, starts in rows]
+                )
+            out[pid] = SampleBatch(columns)
+        return out
+
+    def _flush_filters(self) -> dict[str, Filter] | None:
+        if not self._update_filter or self.config.observation_filter == "NoFilter":
+            return None
+        out = {}
+        for pid, f in self.filters.items():
+            out[pid] = f.delta()
+            f.reset_buffer()
+        return out
+
+    # Resuming ---------------------------------------------------------------------------------
+
+    def reset(self, seed: int | None) -> None:
+        """Starts new episodes in every env, as if this runner had been built with `seed`.
+
+        The envs are reset with the seeds `env_seed(seed, worker_index, j)` and the action
+        samplers restart from their seeds; with `seed=None` both continue from unseeded
+        randomness. Unfinished episodes and steps not yet emitted are dropped; weights are kept.
+        """
+        self._reset_all(seed)
+        for pid, seed_of in self._policy_seeds(seed).items():
+            self.policies[pid].reseed(seed_of)
+
+    def get_state(self) -> dict[str, Any]:
+        """A picklable snapshot of this runner, for an exact resume (`set_state`).
+
+        It holds each policy's weights and version, observation filter and action sampler
+        state, and, when the envs can be pickled, the envs with everything in flight
+        (`"envs"`, bytes). Envs that cannot be pickled give `"envs": None` and the reason in
+        `"envs_error"`: a runner restored from such a snapshot starts new episodes.
+        """
+        envs, error = None, None
+        try:
+            envs = pickle.dumps(
+                {name: getattr(self, name) for name in _IN_FLIGHT},
+                protocol=pickle.HIGHEST_PROTOCOL,
+            )
+        except Exception as e:  # noqa: BLE001 - any env may refuse; the snapshot says why.
+            error = f"{type(e).__name__}: {e}"
+        return {
+            "weights": {
+                pid: (p.get_weights(), self.versions[pid]) for pid, p in self.policies.items()
+            },
+            "obs_filters": {pid: f.get_state() for pid, f in self.filters.items()},
+            "policy_rngs": {pid: p.get_rng_state() for pid, p in self.policies.items()},
+            "envs": envs,
+            "envs_error": error,
+        }
+
+    def set_state(self, state: dict[str, Any]) -> None:
+        """Restores a `get_state()` snapshot; each key is optional.
+
+        Keys: `"weights"` ({policy_id: (weights, num_grad_updates)}); `"envs"` (bytes: replaces
+        the envs and everything in flight); `"seed"` (when there are no `"envs"`: new
+        episodes, as `reset(seed)`); `"obs_filters"`; `"policy_rngs"` (the action samplers'
+        states, applied last). Snapshots of the earlier multi-agent runner (`"obs_filter"` keyed
+        by policy id) are read too.
+        """
+        if state.get("weights") is not None:
+            self.set_weights(state["weights"])
+        if state.get("envs") is not None:
+            in_flight = pickle.loads(state["envs"])
+            self.close()
+            for name in _IN_FLIGHT:
+                setattr(self, name, in_flight[name])
+        elif "seed" in state:
+            self.reset(state["seed"])
+        filters = state.get("obs_filters")
+        legacy = state.get("obs_filter")
+        if filters is None and isinstance(legacy, Mapping) and "name" not in legacy:
+            filters = legacy
+        for pid, f in (filters or {}).items():
+            if pid in self.filters and f is not None:
+                self.filters[pid] = filter_from_state(f)
+        for pid, rng in (state.get("policy_rngs") or {}).items():
+            if pid in self.policies and rng is not None:
+                self.policies[pid].set_rng_state(rng)
+
+    def run_episodes(self, num_episodes: int) -> list[Episode]:
+        """Samples until `num_episodes` episodes have finished; returns the first that many."""
+        done: list[Episode] = []
+        while len(done) < num_episodes:
+            done.extend(self.sample().episodes)
+        return done[:num_episodes]
+
+    def close(self) -> None:
+        for env in self.envs:
+            env.close()

@@ -1,0 +1,328 @@
+"""`impala_tf.inference.InferenceServer`: many policies, pipe and TCP endpoints, errors, stop.
+
+Observations are [B, ...] with B the number of envs of a request. The module imports no
+TensorFlow at the top, so that the spawned TCP actor (`_tcp_actor`) stays light.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import socket
+import sys
+import threading
+import time
+
+import gymnasium as gym
+import numpy as np
+import pytest
+
+from impala_tf.inference import (
+    InferenceError,
+    InferenceServer,
+    RemotePolicy,
+    TcpEndpoint,
+    connect,
+)
+
+LSTM = {"use_lstm": True, "lstm_cell_size": 8, "fcnet_hiddens": [8]}
+SPECS = {
+    "p0": (gym.spaces.Box(-1.0, 1.0, (4,), np.float32), gym.spaces.Discrete(2), {}),
+    "p1": (
+        gym.spaces.Box(-1.0, 1.0, (3,), np.float32),
+        gym.spaces.Discrete(5),
+        {"fcnet_hiddens": [8]},
+    ),
+}
+RNN = {"rnn": (gym.spaces.Box(-1.0, 1.0, (4,), np.float32), gym.spaces.Discrete(3), LSTM)}
+
+
+def _local(policy_id: str, specs: dict = SPECS, explore: bool = True, seed: int | None = None):
+    """An `ActorPolicy` for `specs[policy_id]` (TensorFlow: imported here, not in the actor)."""
+    from impala_tf.policy import ActorPolicy
+
+    obs_space, action_space, model = specs[policy_id]
+    return ActorPolicy(obs_space, action_space, model, explore=explore, seed=seed)
+
+
+def _obs(policy_id: str, batch: int, seed: int, specs: dict = SPECS) -> np.ndarray:
+    shape = specs[policy_id][0].shape
+    return np.random.default_rng(seed).uniform(-1, 1, (batch, *shape)).astype(np.float32)
+
+
+def _remote(conn, policy_id: str, server_or_shapes, seed: int = 7, specs: dict = SPECS):
+    shapes = server_or_shapes
+    if isinstance(server_or_shapes, InferenceServer):
+        shapes = server_or_shapes.state_shapes[policy_id]
+    return RemotePolicy(conn, policy_id, specs[policy_id][1], shapes, seed=seed)
+
+
+def _served(specs: dict = SPECS, version: int = 3) -> tuple[InferenceServer, dict]:
+    """A server loaded with fresh weights of `specs` (version `version`); and those weights."""
+    server = InferenceServer(specs)
+    weights = {pid: _local(pid, specs).get_weights() for pid in specs}
+    server.set_weights({pid: (w, version) for pid, w in weights.items()})
+    return server, weights
+
+
+def _inference_threads() -> list[str]:
+    return [t.name for t in threading.enumerate() if t.name.startswith("impala-inference")]
+
+
+def _tcp_actor(endpoint: TcpEndpoint, actor_id: int, steps: list, results) -> None:
+    """A remote actor (spawned): acts with p0 and p1 over TCP, reports, waits for the stop."""
+    conn = connect(endpoint, actor_id)
+    policies = {pid: _remote(conn, pid, [], seed=11) for pid in SPECS}
+    out = []
+    for pid, obs in steps:
+        step = policies[pid].step(obs)
+        out.append((step.actions, step.logits, step.values, step.version))
+    results.send((out, "tensorflow" in sys.modules))
+    try:
+        conn.recv()  # Nothing comes until the server stops.
+        results.send("no EOFError")
+    except EOFError:
+        results.send("EOFError")
+
+
+def test_two_policies_act_as_local_policies_with_the_same_weights_and_seed():
+    server, weights = _served()
+    try:
+        assert server.state_shapes == {"p0": [], "p1": []}
+        conn = server.attach(0)
+        remotes = {pid: _remote(conn, pid, server) for pid in SPECS}  # One connection.
+        for pid in SPECS:
+            local = _local(pid, seed=7)
+            local.set_weights(weights[pid])
+            assert not remotes[pid].is_recurrent
+            for i in range(3):
+                obs = _obs(pid, 5, seed=i)
+                got, want = remotes[pid].step(obs), local.step(obs)
+                np.testing.assert_allclose(got.logits, want.logits, rtol=1e-5, atol=1e-6)
+                np.testing.assert_allclose(got.values, want.values, rtol=1e-5, atol=1e-6)
+                np.testing.assert_array_equal(got.actions, want.actions)
+                np.testing.assert_allclose(got.logp, want.logp, rtol=1e-5, atol=1e-6)
+                assert got.logits.shape == (5, SPECS[pid][1].n) and got.version == 3
+        greedy = RemotePolicy(conn, "p1", SPECS["p1"][1], [], explore=False)
+        obs = _obs("p1", 4, seed=9)
+        step = greedy.step(obs)
+        np.testing.assert_array_equal(step.actions, np.argmax(step.logits, axis=-1))
+        # The server's own copy never samples: its model's logits are the local ones.
+        got = server.get_weights()
+        assert set(got) == {"p0", "p1"}
+        for pid in SPECS:
+            for a, b in zip(got[pid], weights[pid]):
+                np.testing.assert_array_equal(a, b)
+    finally:
+        server.stop()
+
+
+def test_waiting_requests_are_answered_with_one_forward_pass_per_policy():
+    server, weights = _served()
+    try:
+        conns = [server.attach(i) for i in range(4)]
+        requests = [("p0", _obs("p0", 2, 0)), ("p1", _obs("p1", 1, 1)), ("p0", _obs("p0", 3, 2))]
+        requests.append(("p1", _obs("p1", 4, 3)))
+        with server.paused():  # All four wait before any is read.
+            for conn, (pid, obs) in zip(conns, requests):
+                conn.send((pid, obs, ()))
+        replies = [conn.recv() for conn in conns]
+        assert server.stats() == {"num_requests": 4, "num_batches": 2, "mean_batch": 5.0}
+        for (pid, obs), reply in zip(requests, replies):
+            assert reply[0] == "ok" and reply[4] == 3
+            local = _local(pid)
+            local.set_weights(weights[pid])
+            logits, values, _ = local.forward(obs)
+            np.testing.assert_allclose(reply[1], logits, rtol=1e-5, atol=1e-6)
+            np.testing.assert_allclose(reply[2], values, rtol=1e-5, atol=1e-6)
+    finally:
+        server.stop()
+
+
+def test_versions_follow_set_weights_per_policy_and_none_keeps_the_weights():
+    server, weights = _served(version=3)
+    try:
+        conn = server.attach(0)
+        p0, p1 = _remote(conn, "p0", server), _remote(conn, "p1", server)
+        obs0, obs1 = _obs("p0", 2, 0), _obs("p1", 2, 1)
+        before = p0.step(obs0)
+        assert before.version == 3 and p1.step(obs1).version == 3
+        server.set_weights({"p0": (None, 5)})
+        after = p0.step(obs0)
+        assert after.version == 5 and p1.step(obs1).version == 3
+        np.testing.assert_array_equal(after.logits, before.logits)  # Weights kept.
+        fresh = _local("p1")
+        server.set_weights({"p1": (fresh.get_weights(), 8)})
+        step = p1.step(obs1)
+        assert step.version == 8 and p0.step(obs0).version == 5
+        np.testing.assert_allclose(step.logits, fresh.forward(obs1)[0], rtol=1e-5, atol=1e-6)
+        # A bad entry changes nothing, not even the valid entries beside it.
+        with pytest.raises(ValueError, match=r"no policies \['p9'\]"):
+            server.set_weights({"p0": (None, 6), "p9": (None, 1)})
+        with pytest.raises(ValueError, match="weights of policy 'p1' have shapes"):
+            server.set_weights({"p0": (None, 6), "p1": (weights["p0"], 9)})
+        assert p0.step(obs0).version == 5
+        step = p1.step(obs1)
+        assert step.version == 8
+        np.testing.assert_allclose(step.logits, fresh.forward(obs1)[0], rtol=1e-5, atol=1e-6)
+    finally:
+        server.stop()
+
+
+def test_a_recurrent_policy_returns_the_next_state():
+    specs = {**RNN, "p0": SPECS["p0"]}
+    server, weights = _served(specs, version=1)
+    try:
+        assert server.state_shapes == {"rnn": [(8,), (8,)], "p0": []}
+        conn = server.attach(0)
+        remote = _remote(conn, "rnn", server, specs=specs)
+        local = _local("rnn", specs)
+        local.set_weights(weights["rnn"])
+        assert remote.is_recurrent
+        state, local_state = remote.initial_state(3), local.initial_state(3)
+        assert [s.shape for s in state] == [s.shape for s in local_state] == [(3, 8), (3, 8)]
+        for i in range(3):
+            obs = _obs("rnn", 3, i, specs)
+            step = remote.step(obs, state)
+            logits, values, local_state = local.forward(obs, local_state)
+            np.testing.assert_allclose(step.logits, logits, rtol=1e-5, atol=1e-6)
+            np.testing.assert_allclose(step.values, values, rtol=1e-5, atol=1e-6)
+            assert len(step.state) == 2
+            for got, want in zip(step.state, local_state):
+                np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+            assert not np.allclose(step.state[0], state[0])  # The state moved on.
+            state = step.state
+        with pytest.raises(InferenceError, match="recurrent state of shapes"):
+            remote.step(_obs("rnn", 2, 0, specs), state)  # 3 states for 2 observations.
+        with pytest.raises(InferenceError, match="recurrent state of shapes"):
+            remote.step(_obs("rnn", 3, 0, specs), ())
+    finally:
+        server.stop()
+
+
+def test_bad_requests_are_answered_with_errors_while_others_are_served():
+    server, _ = _served()
+    try:
+        conns = [server.attach(i) for i in range(5)]
+        text = np.full((1, 4), "x")  # The right shape, but the model cannot take it.
+        requests = [
+            ("p7", _obs("p0", 1, 0)),
+            ("p0", _obs("p1", 2, 0)),  # p1's observations sent to p0.
+            ("p0", text),
+            ("p1", _obs("p1", 2, 1)),
+        ]
+        with server.paused():
+            for conn, (pid, obs) in zip(conns, requests):
+                conn.send((pid, obs, ()))
+            conns[4].send("not a request")
+        replies = [conn.recv() for conn in conns]
+        assert [r[0] for r in replies] == ["error", "error", "error", "ok", "error"]
+        assert "no policy 'p7'" in replies[0][1] and "['p0', 'p1']" in replies[0][1]
+        assert "observations of shape (3,) for policy 'p0'" in replies[1][1]
+        assert replies[3][1].shape == (2, 5)
+        assert server.stats()["num_requests"] == 1
+        # The actor raises the error; its connection keeps working.
+        remote = RemotePolicy(conns[0], "p7", SPECS["p0"][1], [])
+        with pytest.raises(InferenceError, match="no policy 'p7'"):
+            remote.step(_obs("p0", 1, 0))
+        with pytest.raises(InferenceError, match=r"observations of shape \(3,\)"):
+            _remote(conns[0], "p0", []).step(_obs("p1", 1, 0))
+        assert _remote(conns[0], "p0", []).step(_obs("p0", 1, 0)).actions.shape == (1,)
+        conns[1].close()  # An actor that leaves is dropped; the others are still served.
+        assert _remote(conns[2], "p1", []).step(_obs("p1", 1, 0)).actions.shape == (1,)
+    finally:
+        server.stop()
+
+
+def test_a_tcp_actor_gets_the_answers_a_pipe_actor_gets():
+    server, _ = _served(version=4)
+    spawn = multiprocessing.get_context("spawn")
+    results, child_results = spawn.Pipe(duplex=False)
+    try:
+        steps = [("p0", _obs("p0", 3, 0)), ("p1", _obs("p1", 2, 1)), ("p0", _obs("p0", 3, 2))]
+        conn = server.attach(0)
+        policies = {pid: _remote(conn, pid, [], seed=11) for pid in SPECS}
+        want = [policies[pid].step(obs) for pid, obs in steps]
+        endpoint = server.listen("127.0.0.1")
+        assert endpoint.address == ("127.0.0.1", endpoint.port) and len(endpoint.authkey) == 32
+        assert server.listen("127.0.0.1") == endpoint  # Listening starts once.
+        child = spawn.Process(target=_tcp_actor, args=(endpoint, 1, steps, child_results))
+        child.start()
+        child_results.close()
+        assert results.poll(60), "the TCP actor did not report"
+        got, child_has_tensorflow = results.recv()
+        assert not child_has_tensorflow  # A central-inference actor stays light.
+        for (actions, logits, values, version), w in zip(got, want):
+            np.testing.assert_array_equal(actions, w.actions)
+            np.testing.assert_allclose(logits, w.logits, rtol=1e-6, atol=1e-7)
+            np.testing.assert_allclose(values, w.values, rtol=1e-6, atol=1e-7)
+            assert version == w.version == 4
+        server.stop()
+        assert results.poll(30) and results.recv() == "EOFError"  # The waiting actor exits.
+        child.join(30)
+        assert child.exitcode == 0
+        with pytest.raises((EOFError, BrokenPipeError)):  # And so does the pipe actor.
+            policies["p0"].step(_obs("p0", 1, 0))
+    finally:
+        server.stop()
+        results.close()
+
+
+def test_tcp_refuses_a_wrong_authkey_and_a_reconnect_replaces_the_connection():
+    server, _ = _served()
+    try:
+        endpoint = server.listen("127.0.0.1", advertise="127.0.0.1")
+        with pytest.raises(multiprocessing.AuthenticationError):
+            connect(endpoint._replace(authkey=os.urandom(32)), 3)
+        first = connect(endpoint, 3)
+        assert _remote(first, "p0", []).step(_obs("p0", 1, 0)).version == 3
+        second = connect(endpoint, 3)
+        assert first.poll(10)  # The server closed the old connection of actor 3.
+        with pytest.raises(EOFError):
+            first.recv()
+        assert _remote(second, "p1", []).step(_obs("p1", 2, 0)).logits.shape == (2, 5)
+        other = connect(endpoint, 4)  # Another actor's connection stays.
+        server.detach(3)
+        assert second.poll(10)
+        with pytest.raises(EOFError):
+            second.recv()
+        assert _remote(other, "p0", []).step(_obs("p0", 1, 0)).actions.shape == (1,)
+        for conn in (first, second, other):
+            conn.close()
+    finally:
+        server.stop()
+
+
+def test_stop_ends_every_thread_and_closes_every_descriptor():
+    def fds() -> int:
+        return len(os.listdir("/proc/self/fd"))
+
+    server, _ = _served()
+    server.stop()  # TensorFlow's own threads and files are open from here on.
+    before = fds()
+    server, _ = _served()
+    pipe_end = server.attach(0)
+    endpoint = server.listen("127.0.0.1")
+    tcp = connect(endpoint, 1)
+    assert _remote(tcp, "p0", []).step(_obs("p0", 1, 0)).version == 3
+    silent = socket.create_connection(endpoint.address)  # Never authenticates.
+    deadline = time.monotonic() + 10
+    while "impala-inference-handshake" not in _inference_threads():
+        assert time.monotonic() < deadline, "no handshake started"
+        time.sleep(0.01)
+    started = time.monotonic()
+    server.stop()
+    assert time.monotonic() - started < 4  # Not held by the silent peer.
+    assert _inference_threads() == []
+    with pytest.raises(EOFError):
+        tcp.recv()
+    with pytest.raises(EOFError):
+        pipe_end.recv()
+    with pytest.raises(RuntimeError, match="stopped"):
+        server.attach(2)
+    with pytest.raises(RuntimeError, match="stopped"):
+        server.listen()
+    server.stop()  # Twice is fine.
+    for end in (pipe_end, tcp, silent):
+        end.close()
+    assert fds() == before

@@ -1,0 +1,42 @@
+"""Benchmarks and run checks for impala_tf, run from the repository root as modules.
+
+Each tool is a module with a command line; run it from the repository root (the working directory
+puts `impala_tf`, `tools` and `tests` on the path, so no PYTHONPATH is needed):
+
+    .venv/bin/python -m tools.bench_cartpole --seeds 0 1 --timeout 120
+
+Benchmarks (each rewrites its own section of BENCHMARKS.md unless `--no-write`):
+
+* `tools.bench_atari` - Pong: env, learner and inference bounds, impala-train throughput, the
+  run's memory and CPU; `--backend=both` compares the Ray and the local actor pool.
+* `tools.bench_cartpole` - CartPole: wall time to return 450 and env steps/s over seeds, beside
+  RLlib with `--rllib-python`.
+* `tools.bench_pendulum` - Pendulum: time and env steps to -700 and -200, beside RLlib.
+* `tools.bench_learner` - learner updates vs bare Keras, 1 vs 2 devices, microbatch memory, GPU.
+* `tools.bench_vtrace` - V-trace against RLlib's `tf.scan` and a numpy loop.
+* `tools.bench_scaling` - per-actor and learner figures, and where the Ray design stops scaling.
+* `tools.bench_actor_inference` - one actor's CNN inference rate on one TF thread (prints only).
+* `tools.measure_actor_memory` - Rss, Pss and private memory of actor processes (prints only;
+  the figures behind `impala_tf.workers.memory`'s estimates).
+
+Run checks (exit 1 when a check fails):
+
+* `tools.soak` - hours of CartPole: memory, step rate and file descriptors stay flat.
+* `tools.storm` - actors SIGKILLed every few seconds: the run goes on and nothing leaks.
+
+Figures and plots:
+
+* `tools.plot_results` - learning curves from impala-train logdirs, and when they reach a return.
+
+Libraries the tools share (imported as `from tools import benchlib, proclib`):
+
+* `tools.benchlib` - median timing, the machine line, BENCHMARKS.md sections.
+* `tools.proclib` - the process tree and /proc/<pid> readers (stat, CPU, RSS, fds, threads).
+
+Tools that start other tools or `impala-train` run them as `python -m ...` from the repository
+root, so a subprocess imports the same code the tool does.
+"""
+
+from __future__ import annotations
+
+__all__: list[str] = []
