@@ -19,7 +19,7 @@ import time
 from impala_tf.actors.local import LocalActorPool
 from impala_tf.config import ImpalaConfig
 from impala_tf.workers.memory import read_smaps_rollup
-from tests import envs
+from tests.support import envs
 from tools import proclib
 
 __all__ = ["main"]

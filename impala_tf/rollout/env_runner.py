@@ -71,6 +71,7 @@ from impala_tf.envs.faults import EnvGuard, StepProgress, env_name
 from impala_tf.envs.make import env_seed, make_env_batch
 from impala_tf.filters import Filter, filter_from_state, get_filter
 from impala_tf.numpy_policy import make_policy
+from impala_tf.remote_policy import RemotePolicy
 from impala_tf.rollout.fragment import DEFAULT_POLICY_ID, POLICY_VERSION, Episode, Fragment
 from impala_tf.sample_batch import SampleBatch
 
@@ -127,8 +128,6 @@ class EnvRunner:
         explore = config.explore if explore is None else explore
         seed = env_seed(config.seed, worker_index, 0)
         if remote is not None:
-            from impala_tf.inference import RemotePolicy
-
             conn, state_shapes = remote
             self.policy = RemotePolicy(
                 conn, DEFAULT_POLICY_ID, self.action_space, state_shapes[DEFAULT_POLICY_ID],

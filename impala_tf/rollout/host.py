@@ -19,6 +19,7 @@ from typing import Any
 from impala_tf.config.base import AlgorithmConfig
 from impala_tf.envs.faults import StepProgress
 from impala_tf.frames import encode_observations
+from impala_tf.remote_policy import connect
 from impala_tf.rollout import make_env_runner
 from impala_tf.rollout.fragment import Fragment
 
@@ -49,8 +50,6 @@ class RunnerHost:
     ):
         remote = None
         if endpoint is not None:
-            from impala_tf.inference import connect
-
             remote = (connect(endpoint, actor_id), dict(state_shapes or {}))
         self.actor_id = actor_id
         self.runner = make_env_runner(

@@ -66,14 +66,22 @@ from impala_tf.envs.spaces import policy_spaces
 from impala_tf.filters import Filter, filter_from_state, get_filter
 from impala_tf.multi_agent.env import ALL, MultiAgentEnv
 from impala_tf.numpy_policy import make_policy
+from impala_tf.remote_policy import RemotePolicy
+from impala_tf.rollout.agent_streams import (
+    STEP_REW,
+    STEP_TERM,
+    STEP_TRUNC,
+    STEP_VB,
+    STEP_VF,
+    AgentStream,
+    emit_sequences,
+)
 from impala_tf.rollout.env_runner import Weights
-from impala_tf.rollout.fragment import POLICY_VERSION, Episode, Fragment
+from impala_tf.rollout.fragment import Episode, Fragment
 from impala_tf.sample_batch import SampleBatch
 
 __all__ = ["MultiAgentEnvRunner"]
 
-# One step of a stream is a list (its bootstrap value and reward may be filled in later):
-_OBS, _ACT, _LOGITS, _LOGP, _VF, _REW, _TERM, _TRUNC, _VB, _VERSION = range(10)
 # A computed action (`_act`) is a tuple: (policy id, filtered obs, action, env action, logits,
 # logp, value, version, state in, state out).
 _E_PID, _E_ACT_ENV, _E_STATE_IN, _E_STATE_OUT = 0, 3, 8, 9
@@ -97,22 +105,6 @@ _IN_FLIGHT = (
     "_episode_length",
     "_done_agents",
 )
-
-
-class _Stream:
-    """The steps of one (env, agent, policy) not yet emitted, and its chunk start states."""
-
-    __slots__ = ("steps", "starts")
-
-    def __init__(self):
-        self.steps: list[list] = []
-        self.starts: list[tuple] = []  # State at every step whose index % T % L == 0.
-
-    def __getstate__(self):
-        return self.steps, self.starts
-
-    def __setstate__(self, state):
-        self.steps, self.starts = state
 
 
 class MultiAgentEnvRunner:
@@ -168,8 +160,6 @@ class MultiAgentEnvRunner:
             obs_space, act_space = self.spaces[pid]
             model = policy_specs.policy_config(config, pid).model
             if remote is not None:
-                from impala_tf.inference import RemotePolicy
-
                 conn, state_shapes = remote
                 policy = RemotePolicy(
                     conn, pid, act_space, state_shapes.get(pid, []), explore, seeds[pid]
@@ -225,7 +215,7 @@ class MultiAgentEnvRunner:
         self._done_agents: list[set] = [set() for _ in range(n)]
         self._awaiting: list[dict[Any, list]] = [{} for _ in range(n)]
         self._states: list[dict[Any, tuple]] = [{} for _ in range(n)]
-        self._streams: dict[tuple, _Stream] = {}
+        self._streams: dict[tuple, AgentStream] = {}
         self._obs: list[dict] = []
         for j, env in enumerate(self.envs):
             self._new_episode(j)
@@ -309,7 +299,7 @@ class MultiAgentEnvRunner:
             nxt[j][agent] = entry
             waiting = self._awaiting[j].pop(agent, None)
             if waiting is not None:
-                waiting[_VB] = entry[6]
+                waiting[STEP_VB] = entry[6]
         self._next = nxt
 
     def set_weights(self, weights: Weights, filters: Mapping[str, Filter] | None = None) -> None:
@@ -354,7 +344,7 @@ class MultiAgentEnvRunner:
             if finals:
                 values, _ = self._act([(pid, o, s) for _, pid, o, s in finals])
                 for (step, *_), entry in zip(finals, values):
-                    step[_VB] = entry[6]
+                    step[STEP_VB] = entry[6]
             self._compute_next()
         self.progress.set(0, -1, StepProgress.IDLE)
         return Fragment(
@@ -383,7 +373,7 @@ class MultiAgentEnvRunner:
         for agent, reward in rewards.items():
             returns[agent] += reward
             if agent not in acting and agent in awaiting:
-                awaiting[agent][_REW] += float(reward)
+                awaiting[agent][STEP_REW] += float(reward)
         episode_over = bool(terms.get(ALL)) or bool(truncs.get(ALL))
         done, states, streams = self._done_agents[j], self._states[j], self._streams
         horizon = self.horizon
@@ -391,7 +381,7 @@ class MultiAgentEnvRunner:
             pid = e[_E_PID]
             stream = streams.get((j, agent, pid))
             if stream is None:
-                stream = streams[(j, agent, pid)] = _Stream()
+                stream = streams[(j, agent, pid)] = AgentStream()
             term = bool(terms.get(agent, False))
             trunc = bool(truncs.get(agent, False)) or (episode_over and not term)
             reward = float(rewards.get(agent, 0.0))
@@ -401,7 +391,7 @@ class MultiAgentEnvRunner:
                 stream.starts.append(e[_E_STATE_IN])
             steps.append(step)
             if term:
-                step[_VB] = 0.0
+                step[STEP_VB] = 0.0
             elif trunc:
                 final = obs.get(agent)
                 if final is None:
@@ -441,57 +431,22 @@ class MultiAgentEnvRunner:
             if not (term or trunc):
                 continue
             step = awaiting.pop(agent)
-            step[_TERM], step[_TRUNC] = term, trunc
+            step[STEP_TERM], step[STEP_TRUNC] = term, trunc
             self._done_agents[j].add(agent)
             state = self._states[j].pop(agent, None)
             if term:
-                step[_VB] = 0.0
+                step[STEP_VB] = 0.0
             elif obs.get(agent) is None:
-                step[_VB] = step[_VF]  # No final observation: V of the last one it acted on.
+                step[STEP_VB] = step[
+                    STEP_VF
+                ]  # No final observation: V of the last one it acted on.
             else:
                 pid = self._agent_policy[j][agent]
                 finals.append((step, pid, obs[agent], state or self._zero_state[pid]))
 
     def _emit(self) -> dict[str, SampleBatch]:
         """Pops every completed [T] sequence into its policy's [R, T, ...] batch."""
-        horizon = self.horizon
-        seqs: dict[str, list[tuple[list, list]]] = {}
-        for key in sorted(self._streams, key=str):
-            stream = self._streams[key]
-            steps = stream.steps
-            while len(steps) >= horizon and steps[horizon - 1][_VB] is not None:
-                chunks = -(-horizon // self._chunk[key[2]])
-                seqs.setdefault(key[2], []).append((steps[:horizon], stream.starts[:chunks]))
-                stream.steps = steps = steps[horizon:]
-                stream.starts = stream.starts[chunks:]
-        out = {}
-        for pid in sorted(seqs):
-            rows = seqs[pid]
-            cols = list(zip(*(step for steps, _ in rows for step in steps)))
-            shape = (len(rows), horizon)
-
-            def col(i: int, dtype: Any = None, cols: list = cols, shape: tuple = shape):
-                values = np.asarray(cols[i], dtype)
-                return values.reshape(shape + values.shape[1:])
-
-            columns = {
-                "obs": col(_OBS),
-                "actions": col(_ACT),
-                "rewards": col(_REW, np.float32),
-                "terminateds": col(_TERM, bool),
-                "truncateds": col(_TRUNC, bool),
-                "action_dist_inputs": col(_LOGITS, np.float32),
-                "action_logp": col(_LOGP, np.float32),
-                "vf_preds": col(_VF, np.float32),
-                "values_bootstrapped": col(_VB, np.float32),
-                POLICY_VERSION: col(_VERSION, np.int64),
-            }
-            for s in range(len(self._zero_state[pid])):
-                columns[f"state_in_{s}"] = np.asarray(
-                    [[start[s] for start in starts] for _, starts in rows]
-                )
-            out[pid] = SampleBatch(columns)
-        return out
+        return emit_sequences(self._streams, self.horizon, self._chunk, self._zero_state)
 
     def _flush_filters(self) -> dict[str, Filter] | None:
         if not self._update_filter or self.config.observation_filter == "NoFilter":

@@ -1,0 +1,144 @@
+"""The actor's side of central inference: reaching the driver's `InferenceServer` and acting.
+
+`connect` turns the endpoint an actor was given into a `multiprocessing.connection.Connection`:
+a pipe end (local actor processes) as is, or a `TcpEndpoint` (Ray actors, maybe on another
+machine) by opening an authenticated TCP connection and announcing the actor's id.
+`RemotePolicy` is an acting policy whose forward pass runs in the server: it sends
+`(policy_id, obs, state)` and samples the actions itself from the logits it gets back. See
+`impala_tf.inference` for the server and the protocol. numpy only: an actor that acts through
+the server never imports TensorFlow.
+"""
+
+from __future__ import annotations
+
+from multiprocessing import connection
+from typing import NamedTuple
+
+import gymnasium as gym
+import numpy as np
+
+from impala_tf.action_sampler import ActionSampler
+from impala_tf.policy_step import PolicyStep
+
+__all__ = ["Endpoint", "InferenceError", "RemotePolicy", "TcpEndpoint", "connect"]
+
+
+class InferenceError(RuntimeError):
+    """The inference server could not serve a request (raised in the actor)."""
+
+
+class TcpEndpoint(NamedTuple):
+    """Where a remote actor finds the inference server (picklable: sent to Ray actors).
+
+    Attributes:
+      host: The address the actor connects to (the driver's IP, `listen`'s `advertise`).
+      port: The server's TCP port.
+      authkey: The secret the actor authenticates with.
+    """
+
+    host: str
+    port: int
+    authkey: bytes
+
+    @property
+    def address(self) -> tuple[str, int]:
+        return (self.host, self.port)
+
+
+#: What an actor is given to reach the server: a pipe end (local processes) or a TCP endpoint.
+Endpoint = connection.Connection | TcpEndpoint
+
+
+def connect(endpoint: Endpoint, actor_id: int) -> connection.Connection:
+    """Opens the actor's connection to the server (in the actor).
+
+    Args:
+      endpoint: A pipe end from `InferenceServer.attach` (returned as is) or a `TcpEndpoint`
+        from `InferenceServer.listen` (connected, authenticated, and told `actor_id`).
+      actor_id: The actor's id; a TCP connection announcing an id replaces the server's older
+        connection of that id.
+
+    Returns:
+      The connection to give `RemotePolicy`.
+
+    Raises:
+      multiprocessing.AuthenticationError: The endpoint's authkey is not the server's.
+      OSError: The server cannot be reached.
+    """
+    if not isinstance(endpoint, TcpEndpoint):
+        return endpoint
+    conn = connection.Client(endpoint.address, authkey=bytes(endpoint.authkey))
+    try:
+        conn.send(int(actor_id))
+    except BaseException:
+        conn.close()
+        raise
+    return conn
+
+
+class RemotePolicy:
+    """An actor's policy whose forward pass runs in the driver's `InferenceServer`.
+
+    Same interface as `impala_tf.numpy_policy.NumpyPolicy` and `impala_tf.policy.ActorPolicy`;
+    it holds no weights (`set_weights` is a no-op: the server holds them) and each `PolicyStep`
+    carries the version of the weights that computed it.
+
+    Args:
+      conn: The actor's connection to the server (`connect`), shared by all its policies.
+      policy_id: The id of the policy on the server ("default_policy" for single-agent).
+      action_space: The policy's action space.
+      state_shapes: Shapes of the recurrent state arrays per env ([] if not recurrent), as
+        `InferenceServer.state_shapes[policy_id]`.
+      explore: Sample (True) or take the mode.
+      seed: Seed of the action sampler.
+    """
+
+    def __init__(
+        self,
+        conn: connection.Connection,
+        policy_id: str,
+        action_space: gym.Space,
+        state_shapes: list[tuple[int, ...]],
+        explore: bool = True,
+        seed: int | None = None,
+    ):
+        self._conn = conn
+        self.policy_id = str(policy_id)
+        self.action_space = action_space
+        self.sampler = ActionSampler(action_space, explore, seed)
+        self._state_shapes = [tuple(s) for s in state_shapes]
+        self.is_recurrent = bool(self._state_shapes)
+
+    def initial_state(self, batch_size: int) -> tuple:
+        """The zero recurrent state for `batch_size` envs (() if none)."""
+        return tuple(np.zeros((batch_size, *s), np.float32) for s in self._state_shapes)
+
+    def step(self, obs: np.ndarray, state: tuple = ()) -> PolicyStep:
+        """Sends the observations [B, ...] to the server and samples from its logits.
+
+        Raises:
+          InferenceError: The server could not serve the request.
+          EOFError: The server is gone.
+        """
+        self._conn.send((self.policy_id, np.ascontiguousarray(obs), tuple(state)))
+        reply = self._conn.recv()
+        if reply[0] == "error":
+            raise InferenceError(f"the driver's inference server failed: {reply[1]}")
+        _, logits, values, new_state, version = reply
+        actions, logp = self.sampler(logits)
+        return PolicyStep(actions, logits, logp, values, tuple(new_state), int(version))
+
+    def set_weights(self, weights: list[np.ndarray] | None) -> None:
+        """Nothing to load: the server holds the weights."""
+
+    def get_weights(self) -> list[np.ndarray]:
+        return []
+
+    def get_rng_state(self) -> dict:
+        return self.sampler.get_state()
+
+    def set_rng_state(self, state: dict) -> None:
+        self.sampler.set_state(state)
+
+    def reseed(self, seed: int | None) -> None:
+        self.sampler.reseed(seed)

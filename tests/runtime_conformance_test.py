@@ -1,0 +1,216 @@
+"""Every runtime scenario on every placement: backend (processes, Ray) x policies (1, 2).
+
+One behaviour, one test, every placement (Sample Factory's `test_example.py`): the same driver
+runs a single-agent CartPole (one policy) and a two-agent MultiAgentCartPole (policies p0, p1,
+`tests.support.configs.small_config`), with actors as local processes or as Ray actors. Tests
+wait on the counters the result dict exposes, never on sleeps.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import signal
+
+import numpy as np
+import pytest
+
+from impala_tf import checkpoints
+from impala_tf.config import ImpalaConfig
+from tests.support import envs
+from tests.support.configs import BACKENDS, POLICY_COUNTS, small_config
+from tests.support.processes import alive, wait_until
+
+PLACEMENTS = [(b, p) for b in BACKENDS for p in POLICY_COUNTS]
+
+
+@pytest.fixture(scope="module")
+def ray_session(tmp_path_factory):
+    """One Ray for the module's Ray placements (the runtime reuses an initialised Ray)."""
+    import ray
+
+    from tests.support.ray import ray_environment
+
+    with ray_environment(str(tmp_path_factory.mktemp("ray-home"))):
+        ray.init(
+            address="local",
+            num_cpus=8,
+            include_dashboard=False,
+            object_store_memory=128 * 2**20,
+            logging_level=logging.WARNING,
+        )
+        try:
+            yield
+        finally:
+            ray.shutdown()
+
+
+@pytest.fixture(params=PLACEMENTS, ids=[f"{b}-{p}policies" for b, p in PLACEMENTS])
+def placement(request) -> tuple[str, int]:
+    backend, policies = request.param
+    if backend == "ray":
+        request.getfixturevalue("ray_session")
+    return backend, policies
+
+
+def _config(placement: tuple[str, int], **overrides) -> ImpalaConfig:
+    backend, policies = placement
+    return small_config(policies=policies, backend=backend, **overrides)
+
+
+def _policies(placement: tuple[str, int]) -> list[str]:
+    return ["default_policy"] if placement[1] == 1 else ["p0", "p1"]
+
+
+def _train_until(algo, predicate, max_iterations: int = 40) -> dict:
+    """Trains until `predicate(result)` holds; fails after `max_iterations` iterations."""
+    result = None
+    for _ in range(max_iterations):
+        result = algo.train()
+        if predicate(result):
+            return result
+    raise AssertionError(f"not reached in {max_iterations} iterations; last result: {result}")
+
+
+def test_iterations_report_rllib_results_with_consistent_counters(placement):
+    algo = _config(placement).build()
+    try:
+        pids = list(algo.actors.pids().values())
+        results = [algo.train() for _ in range(3)]
+    finally:
+        algo.stop()
+    if placement[0] == "local":  # Ray actors are Ray's processes to reap.
+        assert wait_until(lambda: not any(alive(p) for p in pids), 10), "stop() ends actors"
+    last = results[-1]
+    assert [r["training_iteration"] for r in results] == [1, 2, 3]
+    assert 0 < last["num_env_steps_trained"] <= last["num_samples_added_to_queue"]
+    assert last["num_agent_steps_trained"] <= last["num_agent_steps_sampled"]
+    assert last["timesteps_total"] == last["num_env_steps_sampled"]
+    if placement[1] == 1:
+        assert last["num_agent_steps_sampled"] == last["num_env_steps_sampled"]
+    else:  # Two agents act per env step until one is done.
+        assert last["num_agent_steps_sampled"] > last["num_env_steps_sampled"]
+    assert last["num_weight_broadcasts"] > 0
+    assert last["episodes_total"] > 0 and math.isfinite(last["episode_reward_mean"])
+    assert last["num_healthy_workers"] == 2
+    assert sorted(last["info"]["learner"]) == _policies(placement)
+    for info in last["info"]["learner"].values():
+        assert info["num_grad_updates_lifetime"] >= 1
+        assert all(math.isfinite(info["learner_stats"][k]) for k in ("policy_loss", "vf_loss"))
+    expected_policy_rewards = [] if placement[1] == 1 else ["p0", "p1"]
+    assert sorted(last["policy_reward_mean"]) == expected_policy_rewards
+
+
+def test_a_killed_actor_is_restarted_and_counted(placement):
+    algo = _config(placement).build()
+    try:
+        algo.train()
+        old = algo.actors.pids()[0]
+        os.kill(old, signal.SIGKILL)
+        result = _train_until(algo, lambda r: r["num_env_runner_restarts"] >= 1)
+        assert result["num_env_runner_failures"] >= 1
+        assert wait_until(lambda: 0 in algo.actors.pids() and algo.actors.pids()[0] != old, 60)
+        sampled = result["num_env_steps_sampled"]
+        after = _train_until(algo, lambda r: r["num_env_steps_sampled"] > sampled)
+        assert after["num_healthy_workers"] == 2
+    finally:
+        algo.stop()
+
+
+def test_a_killed_actor_raises_without_restarts(placement):
+    algo = _config(placement, restart_failed_env_runners=False).build()
+    try:
+        algo.train()
+        os.kill(algo.actors.pids()[1], signal.SIGKILL)
+        with pytest.raises(RuntimeError, match="restart_failed_env_runners"):
+            _train_until(algo, lambda r: False)
+    finally:
+        algo.stop()
+
+
+def test_a_hung_actor_is_killed_after_the_sample_timeout_and_restarted(placement, tmp_path, caplog):
+    agents = 0 if placement[1] == 1 else 2
+    env_config = {"marker": str(tmp_path / "hung"), "after": 30, "num_agents": agents}
+    config = _config(placement, sample_timeout_s=3.0).environment(
+        envs.hanging_env, env_config=env_config
+    )
+    algo = config.build()
+    try:
+        with caplog.at_level(logging.WARNING, logger="impala_tf.driver.sampling"):
+            result = _train_until(algo, lambda r: r["num_env_runner_restarts"] >= 1)
+        assert os.path.exists(tmp_path / "hung")
+        assert result["num_env_runner_failures"] >= 1
+        assert "sample_timeout_s=3" in caplog.text
+        sampled = result["num_env_steps_sampled"]
+        assert _train_until(algo, lambda r: r["num_env_steps_sampled"] > sampled)
+    finally:
+        algo.stop()
+
+
+def test_a_killed_aggregation_worker_is_restarted_and_its_steps_counted(placement):
+    algo = _config(placement, num_aggregation_workers=1).build()
+    try:
+        algo.train()
+        (pid,) = algo.aggregation.pids().values()
+        os.kill(pid, signal.SIGKILL)
+        result = _train_until(algo, lambda r: r["num_aggregation_worker_restarts"] >= 1)
+        trained = result["num_env_steps_trained"]
+        after = _train_until(algo, lambda r: r["num_env_steps_trained"] > trained)
+        assert after["num_aggregation_worker_restarts"] >= 1
+        assert len(algo.aggregation.pids()) == 1
+    finally:
+        algo.stop()
+
+
+def test_save_then_restore_returns_to_the_saved_weights_counters_and_iteration(placement, tmp_path):
+    algo = _config(placement).build()
+    try:
+        for _ in range(2):
+            algo.train()
+        path = algo.save(str(tmp_path / "checkpoint"))
+        stored = checkpoints.read_state(path)
+        for _ in range(2):
+            algo.train()
+        moved_on = {p: algo.get_policy_weights(p) for p in _policies(placement)}
+        algo.restore(path)
+        assert algo.iteration == stored["iteration"] == 2
+        assert dict(algo.metrics.counters) == stored["counters"]
+        restored = {p: algo.get_policy_weights(p) for p in _policies(placement)}
+        result = algo.train()
+    finally:
+        algo.stop()
+    assert result["training_iteration"] == 3
+    assert result["num_env_steps_sampled"] > stored["counters"]["num_env_steps_sampled"]
+    for pid in restored:  # Training after the save moved the weights; the restore undid it.
+        assert any(not np.array_equal(a, b) for a, b in zip(restored[pid], moved_on[pid]))
+    other = _config(placement).build()
+    try:
+        other.restore(path)
+        for pid, arrays in restored.items():
+            for a, b in zip(arrays, other.get_policy_weights(pid)):
+                np.testing.assert_array_equal(a, b)
+    finally:
+        other.stop()
+
+
+def test_evaluation_during_training_reports_summed_and_per_policy_returns(placement):
+    config = _config(
+        placement,
+        evaluation_interval=1,
+        evaluation_duration=3,
+        evaluation_config={"explore": False},
+    )
+    algo = config.build()
+    try:
+        result = algo.train()
+    finally:
+        algo.stop()
+    evaluation = result["evaluation"]
+    assert evaluation["episodes_this_iter"] == 3
+    assert math.isfinite(evaluation["episode_reward_mean"])
+    assert evaluation["env_runners"]["num_episodes"] == 3
+    per_policy = evaluation["policy_reward_mean"]
+    assert sorted(per_policy) == ([] if placement[1] == 1 else ["p0", "p1"])
+    if placement[1] == 2:  # The summed return is the sum over the agents' own returns.
+        assert evaluation["episode_reward_mean"] == pytest.approx(sum(per_policy.values()))
