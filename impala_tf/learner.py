@@ -31,9 +31,14 @@ Multiple devices: build the learner inside `strategy.scope()` (`tf.distribute.Mi
 Each replica computes the gradient of the summed loss on its shard of sequences; the gradients
 are summed across replicas (so the update equals the single-device update on the whole batch),
 then clipped by global norm, then applied; stats are reduced across replicas the same way.
-That sum is the update's only all-reduce of gradients: the optimizers are Keras optimizers told
-that their gradients are already summed (`_pre_reduced`), where a stock Keras optimizer would
-all-reduce them a second time.
+That sum is the update's only all-reduce of gradients. A Keras optimizer's `apply_gradients`
+would all-reduce them a second time (in replica context, Keras' TF optimizer sums whatever each
+replica gives it), so the summed gradients leave replica context through the public
+`ReplicaContext.merge_call` and are applied in cross-replica context, each variable's copy on each
+device by `StrategyExtended.update` with the optimizer's own `update_step` (`_apply_summed`), as
+`apply_gradients` does after its all-reduce for a plain optimizer (no `clipnorm`, weight decay,
+EMA or variable constraints: `_check_plain` rejects them). The optimizers are stock Keras
+Adam / RMSprop: same variables and checkpoints as before.
 RLlib's multi-GPU towers *average* the replica gradients; their per-tower loss is the same summed
 V-trace loss, so with n towers of B/n sequences our sum equals their average of n x the shard
 losses: averaging gradients of n * L_shard and summing gradients of L_shard are the same number.
@@ -49,15 +54,14 @@ parts (gradients, then the update) without the variables in between.
 
 Non-finite updates: when the all-reduced loss sums or the gradient's global norm are not finite,
 the update is skipped (no variable, optimizer slot or counter changes) and the stats report
-`update_skipped` = 1.0 (`impala_tf.nonfinite` counts and saves them). On one device this is a
-`tf.cond` around the update; under a `tf.distribute` strategy the optimizer's cross-replica
-synchronisation cannot run inside a `tf.cond`, so the update runs and `skip_nonfinite`, wrapped
-around `strategy.run`, restores the state it snapshotted before.
+`update_skipped` = 1.0 (`impala_tf.nonfinite` counts and saves them). The skip is a `tf.cond`
+around the cross-replica update, the same on one device, under any `tf.distribute` strategy, in
+`fit` and in the learner thread: it runs no cross-replica synchronisation, which a `tf.cond` in
+replica context could not hold.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 import gymnasium as gym
@@ -66,7 +70,7 @@ import numpy as np
 import tensorflow as tf
 
 from impala_tf import distributions, losses, sequences
-from impala_tf.config import ImpalaConfig
+from impala_tf.config.base import AlgorithmConfig
 from impala_tf.models import build_model
 
 __all__ = ["ImpalaLearner", "piecewise_linear", "STATS_KEYS"]
@@ -90,25 +94,59 @@ STATS_KEYS = (
 _STATE_PREFIX = "state_in_"
 
 
-def _pre_reduced(optimizer_class: type[keras.optimizers.Optimizer]) -> type:
-    """`optimizer_class` for gradients already summed over the replicas.
+def _check_plain(optimizer: keras.optimizers.Optimizer, variables: list[keras.Variable]) -> None:
+    """Raises if `optimizer.apply_gradients` would do more than `_apply_summed` does.
 
-    Under a `tf.distribute` strategy a Keras 3 optimizer all-reduces (sums) the gradients it is
-    given before applying them (`_all_reduce_sum_gradients`). The learner must sum them first
-    itself, to clip by the global norm of the whole batch's gradient and to skip non-finite
-    updates, so this subclass applies the gradients as given: one all-reduce per update.
+    Args:
+      optimizer: A Keras optimizer.
+      variables: The variables it trains.
+
+    Raises:
+      ValueError: naming the optimizer options or the variables `_apply_summed` would ignore.
     """
+    options = ("clipnorm", "clipvalue", "global_clipnorm", "weight_decay", "use_ema")
+    options += ("loss_scale_factor", "gradient_accumulation_steps")
+    used = [name for name in options if getattr(optimizer, name)]
+    constrained = [
+        v.path for v in variables if v.constraint is not None or v.overwrite_with_gradient
+    ]
+    if used or constrained:
+        raise ValueError(
+            f"The learner applies gradients itself (one all-reduce per update) and supports "
+            f"neither optimizer options {used} of {optimizer.name} nor constrained or "
+            f"overwrite-with-gradient variables {constrained}."
+        )
 
-    class PreReduced(optimizer_class):
-        def _all_reduce_sum_gradients(self, grads_and_vars):
-            return list(grads_and_vars)
 
-    PreReduced.__name__ = PreReduced.__qualname__ = optimizer_class.__name__
-    return PreReduced
+def _apply_summed(
+    strategy: tf.distribute.Strategy,
+    optimizer: keras.optimizers.Optimizer,
+    grads: list[Any],
+    variables: list[keras.Variable],
+) -> None:
+    """Applies gradients already summed over the replicas; call it in cross-replica context.
 
+    In replica context Keras' TF optimizer all-reduces the gradients it is given, and in
+    cross-replica context its `apply_gradients` fails under `MirroredStrategy` (it asks for a
+    replica context). This is what `apply_gradients` runs after its all-reduce for an optimizer
+    that `_check_plain` accepts: `update_step` (Keras' public hook for an optimizer's rule) on
+    each device's copy of each variable, then `iterations` + 1.
 
-_Adam = _pre_reduced(keras.optimizers.Adam)
-_RMSprop = _pre_reduced(keras.optimizers.RMSprop)
+    Args:
+      strategy: The strategy of the cross-replica context (`merge_call`'s first argument).
+      optimizer: The Keras optimizer whose slots and step count the update uses.
+      grads: float gradients, one per variable: tensors (one device) or per-replica values
+        that are equal on every replica (the all-reduced sum).
+      variables: The Keras variables `optimizer` was built on.
+    """
+    learning_rate = optimizer.learning_rate
+
+    def update(variable: tf.Variable, grad: tf.Tensor) -> None:
+        optimizer.update_step(grad, variable, learning_rate)
+
+    for grad, variable in zip(grads, variables):
+        strategy.extended.update(variable.value, update, args=(grad,), group=False)
+    optimizer.iterations.assign_add(1)
 
 
 def piecewise_linear(points: list[list[float]] | None, t: tf.Tensor, default: float) -> tf.Tensor:
@@ -160,7 +198,7 @@ class ImpalaLearner(keras.Model):
 
     def __init__(
         self,
-        config: ImpalaConfig,
+        config: AlgorithmConfig,
         observation_space: gym.Space,
         action_space: gym.Space,
         model: keras.Model | None = None,
@@ -174,13 +212,10 @@ class ImpalaLearner(keras.Model):
         self._lr_points = config.lr_schedule_points()
         self._entropy_points = config.entropy_coeff_schedule_points()
         self._separate_vf = bool(config._separate_vf_optimizer)
-        # Built inside a `tf.distribute` strategy's scope: updates are reverted, not skipped in
-        # place, when non-finite (see `skip_nonfinite`).
-        self._distributed = tf.distribute.has_strategy()
 
         self.policy_optimizer = self._make_optimizer(config.lr)
         self.value_optimizer = (
-            _Adam(learning_rate=config._lr_vf, epsilon=1e-8, name="value_adam")
+            keras.optimizers.Adam(learning_rate=config._lr_vf, epsilon=1e-8, name="value_adam")
             if self._separate_vf
             else None
         )
@@ -196,6 +231,8 @@ class ImpalaLearner(keras.Model):
         else:
             self.policy_optimizer.build(self.model.trainable_variables)
             self._groups = ((self.policy_optimizer, list(self.model.trainable_variables)),)
+        for optimizer, variables in self._groups:
+            _check_plain(optimizer, variables)
         counter = dict(
             dtype=tf.int64,
             trainable=False,
@@ -215,8 +252,8 @@ class ImpalaLearner(keras.Model):
         # RLlib uses tf1's AdamOptimizer (epsilon 1e-8) and RMSPropOptimizer(lr, decay, momentum,
         # epsilon); Keras' RMSprop calls `decay` rho.
         if self.config.opt_type == "adam":
-            return _Adam(learning_rate=lr, epsilon=1e-8, name="policy_adam")
-        return _RMSprop(
+            return keras.optimizers.Adam(learning_rate=lr, epsilon=1e-8, name="policy_adam")
+        return keras.optimizers.RMSprop(
             learning_rate=lr,
             rho=self.config.decay,
             momentum=self.config.momentum,
@@ -417,20 +454,8 @@ class ImpalaLearner(keras.Model):
             tf.reduce_all(tf.math.is_finite(tf.stack(list(sums)))),
         )
 
-        def update() -> tf.Tensor:
-            for (optimizer, variables), group in zip(self._groups, clipped_groups):
-                # Already summed over replicas: the optimizer applies them as they are.
-                optimizer.apply_gradients(list(zip(group, variables)))
-            self.num_grad_updates.assign_add(1)
-            self.num_agent_steps_trained.assign_add(rows)
-            return tf.constant(True)
-
-        if tf.distribute.has_strategy():
-            # The optimizer's cross-replica sync (`merge_call`) cannot run inside `tf.cond`: it
-            # updates, and `skip_nonfinite` (around `strategy.run`) reverts a non-finite one.
-            update()
-        else:
-            tf.cond(finite, update, lambda: tf.constant(False))
+        # Out of replica context, so that the optimizers apply the summed gradients as they are.
+        ctx.merge_call(self._cross_replica_update, args=(clipped_groups, rows, finite))
         return {
             "cur_lr": cur_lr,
             "policy_loss": sums.pi_loss / num_valid,
@@ -459,42 +484,36 @@ class ImpalaLearner(keras.Model):
             variables.extend(optimizer.variables)
         return [*variables, self.num_grad_updates, self.num_agent_steps_trained]
 
-    def skip_nonfinite(
-        self, run_update: Callable[[], dict[str, tf.Tensor]]
-    ) -> dict[str, tf.Tensor]:
-        """Runs `run_update` (cross-replica: e.g. `strategy.run(train_step)`) all or nothing.
-
-        Under a `tf.distribute` strategy the update cannot be made conditional inside the replica
-        function, so the state is snapshotted first and restored when the update reports
-        `update_skipped`; without one, `_apply` skips in place and this only calls `run_update`.
-        Call it in a `tf.function`.
+    def _cross_replica_update(
+        self,
+        strategy: tf.distribute.Strategy,
+        groups: list[list[Any]],
+        rows: Any,
+        finite: Any,
+    ) -> None:
+        """The update in cross-replica context (a `merge_call`); a no-op when not `finite`.
 
         Args:
-          run_update: Returns one replica's (all-reduced) stats of `train_step` or
-            `apply_accumulated`.
-
-        Returns:
-          The stats, with the step counters read after any restore.
+          strategy: The current strategy (`merge_call` passes it).
+          groups: For each `self._groups` entry its clipped, summed gradients: tensors on one
+            device, per-replica values (equal on every replica) under a strategy.
+          rows: int64 scalar, env steps of the whole batch (per replica, all equal).
+          finite: bool scalar, whether the update is finite (per replica, all equal).
         """
-        if not self._distributed:
-            return run_update()
-        variables = self.state_variables()
-        # Reads before the update's writes (automatic control dependencies keep the order);
-        # the runtime copies a variable's buffer on write while this read still holds it.
-        snapshot = [tf.identity(v.value if isinstance(v, keras.Variable) else v) for v in variables]
-        stats = dict(run_update())
-        skipped = stats["update_skipped"] > 0.5
+        # Every replica computed `finite` and `rows` from the same all-reduced values; replica 0's
+        # decide for all, so the copies of the variables cannot diverge.
+        finite = strategy.experimental_local_results(finite)[0]
+        rows = strategy.experimental_local_results(rows)[0]
 
-        def restore() -> tf.Tensor:
-            for variable, old in zip(variables, snapshot):
-                variable.assign(old)
+        def update() -> tf.Tensor:
+            for (optimizer, variables), grads in zip(self._groups, groups):
+                _apply_summed(strategy, optimizer, grads, variables)
+            self.num_grad_updates.assign_add(1)
+            self.num_agent_steps_trained.assign_add(rows)
             return tf.constant(True)
 
-        restored = tf.cond(skipped, restore, lambda: tf.constant(False))
-        with tf.control_dependencies([restored]):
-            stats["num_agent_steps_trained"] = self.num_agent_steps_trained.read_value()
-            stats["num_grad_updates_lifetime"] = self.num_grad_updates.read_value()
-        return stats
+        # No cross-replica synchronisation runs inside: the `tf.cond` holds on every strategy.
+        tf.cond(finite, update, lambda: tf.constant(False))
 
     # Convenience for non-Keras callers ------------------------------------------------------
 

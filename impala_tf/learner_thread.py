@@ -164,7 +164,7 @@ class LearnerThread(threading.Thread):
         self.outqueue: queue.Queue = queue.Queue()
         self._stopped = threading.Event()
         self._timeout = float(config.learner_queue_timeout)
-        size, passes = int(config.minibatch_buffer_size), int(config.num_sgd_iter)
+        size, passes = config.minibatch_ring_size, int(config.num_sgd_iter)
         if self.microbatching:
             # Passes re-stream the host batch: the ring holds train batches off the inqueue.
             self.minibatch_buffer = MinibatchBuffer(self._wait_for_batch, size, passes)
@@ -309,23 +309,17 @@ class LearnerThread(threading.Thread):
         return data, self._units.popleft()
 
     def _distributed_step(self, data):
-        def run():
-            outputs = self.strategy.run(self.learner.train_step, args=(data,))
-            # Every replica returns the same (all-reduced) stats.
-            return self.strategy.experimental_local_results(outputs)[0]
-
-        return self.learner.skip_nonfinite(run)
+        outputs = self.strategy.run(self.learner.train_step, args=(data,))
+        # Every replica returns the same (all-reduced) stats.
+        return self.strategy.experimental_local_results(outputs)[0]
 
     def _distributed_accumulate(self, data):
         rows = self.strategy.run(self.learner.accumulate_step, args=(data,))
         return self.strategy.experimental_local_results(rows)[0]
 
     def _distributed_apply(self):
-        def run():
-            outputs = self.strategy.run(self.learner.apply_accumulated)
-            return self.strategy.experimental_local_results(outputs)[0]
-
-        return self.learner.skip_nonfinite(run)
+        outputs = self.strategy.run(self.learner.apply_accumulated)
+        return self.strategy.experimental_local_results(outputs)[0]
 
     def _distributed_reset(self):
         self.strategy.run(self.learner.reset_accumulators)

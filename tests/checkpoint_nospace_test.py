@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import errno
+import inspect
 import os
 
 import numpy as np
@@ -10,14 +11,17 @@ import pytest
 import tensorflow as tf
 
 from impala_tf import checkpoints
-from impala_tf.checkpoints import CheckpointWriteError, read_driver_state, restore_model
+from impala_tf.checkpoints import CheckpointWriteError, read_driver_state, restore_model, store
 from tests.checkpoints_test import _learner
 
 
 def _fill_then_fail(real):
-    """Wraps a write function: writes part of its output, then fails as a full disk does."""
+    """Stands in for `real` (`json.dump`, `pickle.dump`): takes what it takes, writes part of
+    the output to its file, then fails as a full disk does."""
+    signature = inspect.signature(real)
 
-    def write(obj, f, *args, **kwargs):
+    def write(*args, **kwargs):
+        f = signature.bind(*args, **kwargs).args[1]  # (obj, fp) or (obj, file).
         f.write(b"\x80partial" if "b" in f.mode else "{partial")
         f.flush()
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
@@ -25,8 +29,9 @@ def _fill_then_fail(real):
     return write
 
 
-def _tf_full(self, *args, **kwargs):
-    raise tf.errors.ResourceExhaustedError(None, None, "/x: No space left on device")
+def _tf_full(self, file_prefix, options=None):
+    """`tf.train.Checkpoint.write` on a full disk (TensorFlow's error for ENOSPC)."""
+    raise tf.errors.ResourceExhaustedError(None, None, f"{file_prefix}: No space left on device")
 
 
 @pytest.mark.parametrize("where", ["json", "pickle", "tensorflow"])
@@ -38,9 +43,9 @@ def test_no_space_keeps_the_previous_checkpoint(tmp_path, monkeypatch, where):
     before = sorted(os.listdir(tmp_path))
     learner.set_policy_weights([w * 0 + 2 for w in learner.get_policy_weights()])
     if where == "json":
-        monkeypatch.setattr(checkpoints.json, "dump", _fill_then_fail(checkpoints.json.dump))
+        monkeypatch.setattr(store.json, "dump", _fill_then_fail(store.json.dump))
     elif where == "pickle":
-        monkeypatch.setattr(checkpoints.pickle, "dump", _fill_then_fail(checkpoints.pickle.dump))
+        monkeypatch.setattr(store.pickle, "dump", _fill_then_fail(store.pickle.dump))
     else:
         monkeypatch.setattr(tf.train.Checkpoint, "write", _tf_full)
     with pytest.raises(CheckpointWriteError) as info:
@@ -65,7 +70,7 @@ def test_no_space_for_a_new_numbered_checkpoint_names_the_newest_earlier_one(tmp
     first = checkpoints.write_checkpoint(
         checkpoints.checkpoint_path(root, 1), learner, config, {"iteration": 1}
     )
-    monkeypatch.setattr(checkpoints.json, "dump", _fill_then_fail(checkpoints.json.dump))
+    monkeypatch.setattr(store.json, "dump", _fill_then_fail(store.json.dump))
     second = checkpoints.checkpoint_path(root, 2)
     with pytest.raises(CheckpointWriteError, match="No space left on device") as info:
         checkpoints.write_checkpoint(second, learner, config, {"iteration": 2})
@@ -80,6 +85,6 @@ def test_other_write_errors_are_named_too(tmp_path, monkeypatch):
     def denied(*args, **kwargs):
         raise PermissionError(errno.EACCES, "Permission denied")
 
-    monkeypatch.setattr(checkpoints.json, "dump", denied)
+    monkeypatch.setattr(store.json, "dump", denied)
     with pytest.raises(CheckpointWriteError, match="PermissionError.*no earlier checkpoint"):
         checkpoints.write_checkpoint(str(tmp_path / "c"), learner, config, {})

@@ -1,7 +1,9 @@
-"""Tests of the checkpoint layout: numbered checkpoints, pruning, finding the newest, the
-runtime-state pickle, and atomic writes under SIGKILL.
+"""Tests of the checkpoint layout: one learner per policy under `policies/<id>/`, numbered
+checkpoints, pruning, finding the newest, the runtime-state pickle, and atomic writes under
+SIGKILL.
 
-(`write_checkpoint` / `restore_model` round trips are in tests/evaluate_test.py.)
+(`write_checkpoint` / `restore_model` round trips are in tests/evaluate_test.py; checkpoints of
+the older layouts in tests/legacy_checkpoint_test.py.)
 """
 
 from __future__ import annotations
@@ -10,8 +12,8 @@ import json
 import os
 import random
 import signal
-import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -28,6 +30,7 @@ from impala_tf.checkpoints import (
     read_runtime_state,
     resolve_checkpoint_dir,
 )
+from tests.support.processes import kill_session, log_tail, run_in_background, wait_for_line
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -97,8 +100,8 @@ def test_resolve_finds_the_newest_in_a_logdir(tmp_path):
 
 
 def _learner(hiddens):
-    from impala_tf.actors.env_runner import make_env
     from impala_tf.config import ImpalaConfig
+    from impala_tf.envs.make import make_env
     from impala_tf.learner import ImpalaLearner
 
     config = ImpalaConfig().environment("CartPole-v1").training(model={"fcnet_hiddens": hiddens})
@@ -106,6 +109,34 @@ def _learner(hiddens):
     learner = ImpalaLearner(config, env.observation_space, env.action_space)
     env.close()
     return config, learner
+
+
+def test_every_policy_has_its_learner_under_policies(tmp_path):
+    config, first = _learner([4])
+    _, second = _learner([4])
+    second.set_policy_weights([w * 0 + 2 for w in second.get_policy_weights()])
+    path = checkpoints.write_checkpoint(
+        str(tmp_path / "ckpt"), {"p1": second, "p0": first}, config, {"iteration": 5}
+    )
+    assert sorted(os.listdir(path)) == [DRIVER_STATE_FILE, checkpoints.POLICIES_DIR]
+    for pid in ("p0", "p1"):
+        assert checkpoints.learner_prefix(path, pid) == os.path.join(
+            path, "policies", pid, "learner"
+        )
+    state = read_driver_state(path)
+    assert (state["format"], state["policy_ids"], state["iteration"]) == (2, ["p0", "p1"], 5)
+    _, fresh = _learner([4])
+    checkpoints.learner_checkpoint(fresh).read(
+        checkpoints.learner_prefix(path, "p1")
+    ).assert_consumed()
+    for weight in fresh.get_policy_weights():
+        np.testing.assert_array_equal(weight, 2)
+    with pytest.raises(ValueError, match=r"No policy 'p2'.*\['p0', 'p1'\]"):
+        checkpoints.learner_prefix(path, "p2")
+    # One learner is the single-agent run's "default_policy".
+    single = checkpoints.write_checkpoint(str(tmp_path / "single"), first, config)
+    assert read_driver_state(single)["policy_ids"] == ["default_policy"]
+    assert os.path.isfile(checkpoints.learner_prefix(single) + ".index")
 
 
 def test_runtime_state_is_written_only_when_given(tmp_path):
@@ -149,32 +180,27 @@ while True:
 def test_sigkill_during_saves_leaves_the_previous_checkpoint_loadable(tmp_path):
     """Savers of ~12 MB checkpoints are SIGKILLed at random moments (mostly mid-write)."""
     rng = random.Random()
+    env = {**os.environ, "PYTHONPATH": REPO, "TF_CPP_MIN_LOG_LEVEL": "2"}
     procs = {}
     for mode in ("numbered", "same_dir"):
         root = tmp_path / mode
         root.mkdir()
-        procs[mode] = subprocess.Popen(
-            [sys.executable, "-c", _SAVER, str(root), mode],
-            cwd=REPO,
-            env={**os.environ, "PYTHONPATH": REPO, "TF_CPP_MIN_LOG_LEVEL": "2"},
-            stdout=subprocess.PIPE,
-            stderr=subprocess.DEVNULL,
-            text=True,
-        )
+        argv = [sys.executable, "-c", _SAVER, str(root), mode]
+        procs[mode] = run_in_background(argv, REPO, env, tmp_path / f"{mode}.log")
     last_saved = {}
-    for mode, proc in procs.items():
-        for line in proc.stdout:  # Wait for two complete saves, then kill at a random moment.
-            if line.split() == ["saved", "2"]:
-                break
-        else:
-            pytest.fail(f"the {mode} saver died before its second save")
-        try:
-            proc.wait(timeout=rng.uniform(0.0, 0.6))
-        except subprocess.TimeoutExpired:
+    try:
+        for mode, proc in procs.items():
+            log = tmp_path / f"{mode}.log"
+            # Two complete saves, then a kill at a random moment of the saves that follow.
+            wait_for_line(log, r"^saved 2$", timeout_s=120, process=proc)
+            time.sleep(rng.uniform(0.0, 0.6))
             proc.send_signal(signal.SIGKILL)
-        proc.wait(timeout=30)
-        assert proc.returncode == -signal.SIGKILL
-        last_saved[mode] = max(int(line.split()[1]) for line in ["saved 2", *proc.stdout])
+            assert proc.wait(timeout=30) == -signal.SIGKILL, log_tail(log)
+            saved = [line.split() for line in log.read_text().splitlines()]
+            last_saved[mode] = max(int(w[1]) for w in saved if len(w) == 2 and w[0] == "saved")
+    finally:
+        for proc in procs.values():
+            kill_session(proc)
 
     _, fresh = _learner([1024, 1024])
     for mode, saved in last_saved.items():
@@ -182,9 +208,9 @@ def test_sigkill_during_saves_leaves_the_previous_checkpoint_loadable(tmp_path):
         iteration = read_driver_state(directory)["iteration"]
         # The last completed save, or the one being renamed into place when the kill came.
         assert iteration in (saved, saved + 1), (mode, saved, iteration)
-        checkpoints.learner_checkpoint(fresh).read(
-            os.path.join(directory, checkpoints.LEARNER_PREFIX)
-        ).assert_consumed()
+        prefix = checkpoints.learner_prefix(directory)
+        assert prefix == os.path.join(directory, "policies", "default_policy", "learner")
+        checkpoints.learner_checkpoint(fresh).read(prefix).assert_consumed()
         assert int(fresh.num_grad_updates.numpy()) == iteration
         for weight in fresh.get_policy_weights():
             np.testing.assert_array_equal(weight, iteration)

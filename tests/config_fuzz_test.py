@@ -3,7 +3,8 @@
 Generated keys (real, aliased, ignored and made up), types and values. Every rejection must be a
 `ValueError`/`TypeError` naming the key; an accepted config must survive what training derives
 from it without processes (schedules, batch layout, the tensor signature, the model on
-CartPole's spaces) and round-trip through `to_dict`/`from_dict`.
+CartPole's spaces) and round-trip through `to_dict`/`from_dict`. Accepted or not, `validate()`
+leaves the config unchanged.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from hypothesis import strategies as st
 from impala_tf import batching, pipeline
 from impala_tf.bin.train import parse_overrides
 from impala_tf.config import MODEL_DEFAULTS, ImpalaConfig
-from impala_tf.config_keys import ALIASES
+from impala_tf.config.keys import ALIASES
 from impala_tf.models import build_model
 
 _FIELDS = sorted(ImpalaConfig().to_dict())
@@ -100,17 +101,37 @@ def _check_accepted(config: ImpalaConfig) -> None:
 
 
 def _validate(settings_: dict) -> ImpalaConfig | None:
-    """Builds and validates; checks the error or the accepted config. None if rejected."""
+    """Builds and validates; checks the error or the accepted config. None if rejected.
+
+    Either way `validate()` leaves the config as it was (it never adjusts a value).
+    """
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         try:
             config = ImpalaConfig.from_dict(settings_)
+        except Exception as e:  # noqa: BLE001 - the assertion says what was raised.
+            _assert_names_a_key(e, settings_)
+            return None
+        before = config.copy()
+        try:
             config.validate()
         except Exception as e:  # noqa: BLE001 - the assertion says what was raised.
             _assert_names_a_key(e, settings_)
             return None
+        finally:
+            _assert_unchanged(config, before)
         _check_accepted(config)
         return config
+
+
+def _assert_unchanged(config: ImpalaConfig, before: ImpalaConfig) -> None:
+    """Every key as it was (NaN equal to NaN: a rejected lr=nan stays nan)."""
+    for key, value in before.to_dict().items():
+        now = getattr(config, key)
+        same = now == value or (
+            isinstance(value, float) and isinstance(now, float) and math.isnan(value)
+        )
+        assert same, f"validate() changed `{key}` from {value!r} to {now!r}"
 
 
 @_FUZZ
@@ -248,13 +269,24 @@ def test_set_model_then_a_model_key_is_a_usage_error():
 
 
 def test_fuzz_finds_what_it_should():
-    """The properties can fail: a bad value that names no key, and a round trip that differs."""
+    """The properties can fail: a bad value that names no key, a changed config, and a round trip
+    that differs."""
     try:
         _assert_names_a_key(ValueError("something is wrong"), {"lr": -1})
     except AssertionError:
         pass
     else:
         raise AssertionError("_assert_names_a_key accepted a message without the key")
+    adjusted = ImpalaConfig(num_gpus=2, minibatch_buffer_size=1)
+    before = adjusted.copy()
+    adjusted.minibatch_buffer_size = 3  # What validate() used to do in multi-device mode.
+    try:
+        _assert_unchanged(adjusted, before)
+    except AssertionError as e:
+        assert "`minibatch_buffer_size` from 1 to 3" in str(e)
+    else:
+        raise AssertionError("_assert_unchanged missed a changed key")
+    _assert_unchanged(ImpalaConfig(lr=float("nan")), ImpalaConfig(lr=float("nan")))
     config = ImpalaConfig(lr=0.1)
     assert ImpalaConfig.from_dict(config.to_dict()) == config
     assert ImpalaConfig.from_dict({**config.to_dict(), "lr": 0.2}) != config

@@ -1,19 +1,25 @@
-"""Tests for impala_tf.config: defaults, builders, aliases, validation, YAML and stop criteria."""
+"""Tests for impala_tf.config: defaults, builders, aliases, validation, YAML, stop criteria and
+`build()` (real builds: the one factory behind `build()` and `impala-train`).
+
+`ForkServerProbe` below is loaded by `impala-train --learner_callbacks` as
+`tests.config_test:ForkServerProbe`.
+"""
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import os
 import pathlib
 import pickle
 import subprocess
 import sys
-import types
 import warnings
 
 import gymnasium as gym
+import keras
 import pytest
 
-from impala_tf import config as config_lib
 from impala_tf.config import (
     MODEL_DEFAULTS,
     ConfigWarning,
@@ -21,8 +27,15 @@ from impala_tf.config import (
     ImpalaConfig,
     normalize_stop_criteria,
 )
+from tests.support.configs import small_config
+from tests.support.envs import HugeRewardCartPole
+from tests.support.processes import descendants, kill_session, log_tail, run_in_background
+from tools import proclib
 
-CONFIGS = pathlib.Path(__file__).resolve().parent.parent / "configs"
+REPO = pathlib.Path(__file__).resolve().parent.parent
+CONFIGS = REPO / "configs"
+#: Each config key's builder group (the dataclass field metadata that `ImpalaConfig` declares).
+GROUPS = {f.name: f.metadata["group"] for f in dataclasses.fields(ImpalaConfig)}
 
 
 # Defaults ---------------------------------------------------------------------------------------
@@ -112,8 +125,7 @@ def test_import_does_not_pull_in_tensorflow_or_gymnasium():
         "import sys; import impala_tf.config; "
         "assert 'tensorflow' not in sys.modules and 'gymnasium' not in sys.modules"
     )
-    root = pathlib.Path(__file__).resolve().parent.parent
-    subprocess.run([sys.executable, "-c", code], check=True, cwd=root)
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=REPO)
 
 
 # Builders ---------------------------------------------------------------------------------------
@@ -261,7 +273,7 @@ def test_alias_in_from_dict_maps_and_warns_naming_new_key(old, new, value):
 
 @pytest.mark.parametrize("old, new, value", ALIASES)
 def test_alias_in_builder_of_its_group(old, new, value):
-    group = config_lib._FIELDS[new].metadata["group"]
+    group = GROUPS[new]
     with pytest.warns(DeprecatedKeyWarning):
         config = getattr(ImpalaConfig(), group)(**{old: value})
     assert getattr(config, new) == value
@@ -552,24 +564,54 @@ def test_aggregation_workers_above_half_warns():
         config.validate()
 
 
-def test_multi_device_forces_minibatch_buffer_size_with_warning():
+def test_multi_device_derives_the_minibatch_ring_and_warns_without_changing_the_config():
     config = ImpalaConfig(
         num_gpus=2, _fake_gpus=True, num_multi_gpu_tower_stacks=3, minibatch_buffer_size=1
     )
-    with pytest.warns(ConfigWarning, match=r"minibatch_buffer_size=3.*was 1"):
+    message = r"num_multi_gpu_tower_stacks=3.*minibatch_buffer_size=1"
+    with pytest.warns(ConfigWarning, match=message):
         config.validate()
-    assert config.minibatch_buffer_size == 3
+    assert config.minibatch_buffer_size == 1  # RLlib's value stays; the ring is derived.
+    assert config.minibatch_ring_size == 3
     assert config.num_learner_devices == 2
-    # Already consistent: no second warning.
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        config.validate()
 
 
 def test_single_device_keeps_minibatch_buffer_size():
     config = ImpalaConfig(num_gpus=1, num_multi_gpu_tower_stacks=3, minibatch_buffer_size=2)
-    config.validate()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ConfigWarning)
+        config.validate()
     assert config.minibatch_buffer_size == 2
+    assert config.minibatch_ring_size == 2
+
+
+@pytest.mark.parametrize(
+    "settings",
+    [
+        # Adjusted in place by validate() before the one runtime (minibatch_buffer_size := 3).
+        {"num_gpus": 2, "_fake_gpus": True, "num_multi_gpu_tower_stacks": 3},
+        {"num_gpus": 4, "_fake_gpus": True, "minibatch_buffer_size": 5, "train_batch_size": 400},
+        {
+            "env": "impala_tf/MultiAgentCartPole",
+            "env_config": {"num_agents": 2},
+            "policies": ["p0", "p1"],
+            "policy_mapping_fn": "impala_tf.config.policies.PolicyMappingFn",
+            "policies_to_train": ["p0"],
+        },
+        {"evaluation_config": {"explore": False, "num_env_runners": 1}, "evaluation_interval": 2},
+        {"entropy_coeff_schedule": 1000, "lr_schedule": ((0, 1e-3), (100, 1e-4))},
+        {"num_env_runners": 4, "num_aggregation_workers": 3, "ray_address": "auto"},
+    ],
+)
+def test_validate_never_changes_the_config(settings):
+    config = ImpalaConfig.from_dict(settings)
+    before = config.to_dict()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConfigWarning)
+        config.validate(require_env="env" in settings)
+        config.validate()
+    assert config.to_dict() == before
+    assert config == ImpalaConfig.from_dict(settings)
 
 
 @pytest.mark.parametrize("num_gpus, devices", [(0, 1), (0.5, 1), (1, 1), (2, 2), (4.0, 4)])
@@ -621,7 +663,7 @@ def test_to_dict_is_json_serialisable_and_round_trips():
         .resources(num_gpus=0)
     )
     as_dict = config.to_dict()
-    assert set(as_dict) == set(config_lib._FIELDS)
+    assert set(as_dict) == set(GROUPS)
     restored = ImpalaConfig.from_dict(json.loads(json.dumps(as_dict)))
     assert restored == config
     assert restored is not config
@@ -801,26 +843,118 @@ def test_normalize_stop_criteria_errors(stop, message):
 # build ------------------------------------------------------------------------------------------
 
 
-def test_build_validates_then_constructs_the_algorithm(monkeypatch):
-    built = []
-
-    class FakeImpala:
-        def __init__(self, config, **kwargs):
-            built.append((config, kwargs))
-
-    monkeypatch.setitem(
-        sys.modules, "impala_tf.algorithm", types.SimpleNamespace(Impala=FakeImpala)
-    )
+def test_build_validates_before_building_anything():
     config = ImpalaConfig()
     with pytest.raises(ValueError, match="`env` is not set"):
         config.build()
-    assert built == []
-    algo = config.build(env="CartPole-v1")
-    assert isinstance(algo, FakeImpala)
-    assert built == [(config, {})]
-    assert config.env == "CartPole-v1"
-    logger_creator = object()
-    config.build(logger_creator=logger_creator)
-    assert built[-1][1] == {"logger_creator": logger_creator}
     with pytest.raises(ValueError, match="entropy_coeff"):
-        config.training(entropy_coeff=-1.0).build()
+        config.training(entropy_coeff=-1.0).build(env="CartPole-v1")
+    assert config.env == "CartPole-v1"  # `env=` is set first, as in RLlib.
+
+
+class _RLlibLogger:
+    """What RLlib's `logger_creator` returns: a logger whose `logdir` is the run's directory."""
+
+    def __init__(self, logdir: str):
+        self.logdir = logdir
+
+
+def test_build_takes_the_run_directory_from_the_loggers_logdir(tmp_path):
+    # Every 25th step pays 3e38: the squared value error overflows, so updates are skipped and
+    # their train batches saved to <logdir>/nonfinite/.
+    config = small_config(env=HugeRewardCartPole, num_env_runners=1, max_nonfinite_updates=1000)
+    logdir = str(tmp_path / "run")
+    given = []
+
+    def logger_creator(config_dict):
+        given.append(config_dict)
+        return _RLlibLogger(logdir)
+
+    algo = config.build(logger_creator=logger_creator)
+    try:
+        assert given == [config.to_dict()]  # Called once, with the config as a dict (RLlib's).
+        assert algo.logdir == logdir
+        for _ in range(10):
+            if algo.train()["num_nonfinite_updates_skipped"]:
+                break
+        saved = sorted((tmp_path / "run" / "nonfinite").glob("batch_*.npz"))
+        assert saved, os.listdir(tmp_path)
+    finally:
+        algo.stop()
+    with pytest.raises(ValueError, match="pass one"):
+        config.build(logger_creator=logger_creator, logdir=str(tmp_path / "other"))
+
+
+def test_build_ignores_a_logger_without_logdir_with_a_warning():
+    config = small_config(num_env_runners=1, env=None)
+    with pytest.warns(ConfigWarning, match=r"`logger_creator` returned object.*no `logdir`"):
+        algo = config.build("CartPole-v1", logger_creator=lambda config_dict: object())
+    try:
+        assert algo.logdir is None
+        assert algo.train()["num_env_steps_trained"] > 0
+    finally:
+        algo.stop()
+
+
+class ForkServerProbe(keras.callbacks.Callback):
+    """A learner callback that ends the build once the learners are made, reporting in its
+    ValueError whether this process runs a multiprocessing fork server (for local actors)."""
+
+    def set_model(self, model):
+        super().set_model(model)
+        running = any(
+            "multiprocessing.forkserver" in " ".join(proclib.cmdline(pid))
+            for pid in descendants(os.getpid())
+        )
+        raise ValueError(f"ForkServerProbe: fork server running={running}")
+
+
+# `ImpalaConfig.build()` as a user's script calls it.
+_BUILD_SCRIPT = """
+import sys
+from tests.config_test import ForkServerProbe
+from tests.support.configs import small_config
+
+try:
+    small_config(backend=sys.argv[1], num_env_runners=1).build(callbacks=[ForkServerProbe()])
+except ValueError as e:
+    print(e)
+"""
+
+
+def test_build_and_impala_train_go_through_one_factory_that_honours_actor_backend(tmp_path):
+    """Both start the local actors' fork server only for `actor_backend: local` (the train
+    binary used to start one for Ray actors too)."""
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(REPO),
+        "TF_CPP_MIN_LOG_LEVEL": "2",
+        "HOME": str(tmp_path),  # Ray writes its auth token under ~/.ray.
+        "RAY_USAGE_STATS_ENABLED": "0",
+    }
+    env.pop("RAY_ADDRESS", None)
+    runs = {}
+    for backend in ("local", "ray"):
+        for way in ("build", "impala-train"):
+            name = f"{way}-{backend}"
+            if way == "build":
+                argv = [sys.executable, "-c", _BUILD_SCRIPT, backend]
+            else:
+                argv = [
+                    sys.executable, "-m", "impala_tf.bin.train", f"--logdir={tmp_path / name}",
+                    "--set=num_env_runners=1", "--set=num_gpus=0", f"--set=actor_backend={backend}",
+                    "--learner_callbacks=tests.config_test:ForkServerProbe",
+                ]  # fmt: skip
+            log = tmp_path / f"{name}.log"
+            runs[name] = (run_in_background(argv, REPO, env, log), log)
+    try:
+        for name, (process, log) in runs.items():
+            process.wait(timeout=240)
+            expected = "True" if name.endswith("-local") else "False"
+            text = log.read_text()
+            assert f"ForkServerProbe: fork server running={expected}" in text, (name, log_tail(log))
+            if name.startswith("impala-train"):
+                assert process.returncode == 1 and "impala-train: error: ForkServerProbe" in text
+    finally:
+        for process, _ in runs.values():
+            kill_session(process)

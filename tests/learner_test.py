@@ -2,16 +2,22 @@
 
 from __future__ import annotations
 
+import json
+import os
+import re
+
 import gymnasium as gym
 import keras
 import numpy as np
 import pytest
 import tensorflow as tf
 
-from impala_tf import distributions, losses
+from impala_tf import distributions, learner, losses
 from impala_tf.config import ImpalaConfig
 from impala_tf.learner import STATS_KEYS, ImpalaLearner, piecewise_linear
-from tests import fakes, strategies
+from impala_tf.models import build_model
+from tests.support import batches as fakes
+from tests.support import strategies
 
 OBS = gym.spaces.Box(-1.0, 1.0, (4,), np.float32)
 ACT = gym.spaces.Discrete(3)
@@ -238,29 +244,203 @@ def test_mirrored_strategy_gives_the_same_update_as_one_device():
     assert int(mirrored.num_agent_steps_trained.numpy()) == T * ROWS
 
 
+# The ops by which a `tf.distribute` strategy moves values between its devices: TF's collectives
+# (`CollectiveReduceV2`, `CollectiveGatherV2`, ...) and NCCL's.
+_COLLECTIVE = re.compile(r"^(Collective(Reduce|Gather|AllToAll)|Nccl)")
+
+
+def _device(name: str) -> str:
+    """'CPU:1' for any spelling of that device; '' for an op the graph leaves unplaced."""
+    if not name:
+        return ""
+    spec = tf.DeviceSpec.from_string(name)
+    return f"{spec.device_type}:{spec.device_index}"
+
+
+def _cross_device_elements(graph, first_device: str, placed=None) -> int:
+    """The number of elements `graph` reduces or gathers across devices, once per reduction.
+
+    Whatever Python route asked for it (`ReplicaContext.all_reduce` or `all_gather`, a
+    `merge_call`, `StrategyExtended.reduce_to` or `batch_reduce_to`, `Strategy.reduce`, reading
+    a SUM variable), a reduction is either collective ops, one per device (those on
+    `first_device` are counted), or one op combining tensors from several devices
+    (`ReductionToOneDevice`, what cross-replica reductions to CPUs use). Functions the graph calls
+    (`tf.cond` branches, ...) are walked too, their inputs placed where the caller's are.
+
+    Args:
+      graph: A traced `tf.function` graph.
+      first_device: The device whose collective ops are counted, as `_device` spells it.
+      placed: For a called function, the device of each of its inputs (by `Tensor.ref()`).
+
+    Returns:
+      int, the elements reduced.
+    """
+    placed = placed or {}
+
+    def device_of(tensor) -> str:
+        return placed.get(tensor.ref()) or _device(tensor.op.device)
+
+    def size(tensor) -> int:
+        elements = tensor.shape.num_elements()
+        # (An all-gather pads to a shape it learns at run time.)
+        assert elements is not None, f"{tensor.op.name} moves a tensor of unknown size"
+        return elements
+
+    total = 0
+    for op in graph.get_operations():
+        attrs = op.node_def.attr
+        functions = [attrs[a].func.name for a in attrs if attrs[a].WhichOneof("value") == "func"]
+        if functions:
+            for name in functions:
+                # A lookup TensorFlow could rename: the test then fails, it cannot pass blind.
+                called = graph._get_function(name).graph
+                outer = op.inputs[len(op.inputs) - len(called.inputs) :]
+                devices = {inner.ref(): device_of(t) for inner, t in zip(called.inputs, outer)}
+                total += _cross_device_elements(called, first_device, devices)
+        elif _COLLECTIVE.match(op.type):
+            if _device(op.device) == first_device:  # What this device sends.
+                total += size(op.inputs[0])
+        elif op.outputs and len({device_of(t) for t in op.inputs} - {""}) > 1:
+            total += size(op.outputs[0])
+    return total
+
+
 @pytest.mark.parametrize("separate_vf", [False, True])
-def test_one_gradient_all_reduce_per_update_under_mirrored_strategy(separate_vf, monkeypatch):
-    # The learner sums the replicas' gradients once (to clip by the whole batch's norm); its
-    # optimizers must not all-reduce them again, as a stock Keras optimizer would.
-    config = _config(num_gpus=2, _fake_gpus=True, _separate_vf_optimizer=separate_vf)
+@pytest.mark.parametrize("microbatches", [False, True])
+def test_one_gradient_all_reduce_per_update_under_mirrored_strategy(separate_vf, microbatches):
+    # The learner sums the replicas' gradients once (to clip by the whole batch's norm); nothing
+    # may reduce them again, as a stock Keras optimizer's `apply_gradients` would.
+    config = _config(
+        num_gpus=2,
+        _fake_gpus=True,
+        _separate_vf_optimizer=separate_vf,
+        microbatch_size=2 * T if microbatches else None,
+    )
     strategy = strategies.mirrored()
     learner = _learner(config, strategy=strategy)
-    num_vars = len(learner.model.trainable_variables) * (2 if separate_vf else 1)
-    gradient_reduces: list[int] = []  # Lengths of the all-reduced lists holding non-scalars.
-    original = tf.distribute.ReplicaContext.all_reduce
-
-    def counting(self, reduce_op, value, options=None):
-        flat = tf.nest.flatten(value)
-        if any(t.shape.rank for t in flat):
-            gradient_reduces.append(len(flat))
-        return original(self, reduce_op, value, options)
-
-    monkeypatch.setattr(tf.distribute.ReplicaContext, "all_reduce", counting)
+    first = _device(strategy.extended.worker_devices[0])
     seq = fakes.sequence_batch(OBS, ACT, T, ROWS, seed=5)
-    batch = {k: tf.constant(v) for k, v in fakes.flat(seq).items()}
-    step = tf.function(lambda b: strategy.run(learner.train_step, args=(b,)))
+    batch = {k: tf.constant(v) for k, v in fakes.time_major(seq).items()}
+    if microbatches:
+        accumulate = tf.function(lambda b: strategy.run(learner.accumulate_step, args=(b,)))
+        update = tf.function(lambda: strategy.run(learner.apply_accumulated))
+        # Each replica adds to its own accumulators: no communication per microbatch.
+        assert _cross_device_elements(accumulate.get_concrete_function(batch).graph, first) == 0
+        graph = update.get_concrete_function().graph
+    else:
+        update = tf.function(lambda b: strategy.run(learner.train_step, args=(b,)))
+        graph = update.get_concrete_function(batch).graph
+    groups = 2 if separate_vf else 1
+    gradient_elements = groups * sum(
+        v.shape.num_elements() for v in learner.model.trainable_variables
+    )
+    stats_elements = len(losses.LossSums._fields) + 1  # the loss sums and the env steps
+    assert _cross_device_elements(graph, first) == gradient_elements + stats_elements
     before = _weights(learner)
-    step(batch)
-    # One list holding every gradient of every optimizer group (traced once per replica).
-    assert gradient_reduces == [num_vars] * 2
+    if microbatches:
+        accumulate(batch)
+        update()
+    else:
+        update(batch)
     assert any(not np.allclose(a, b) for a, b in zip(before, _weights(learner)))
+
+
+def _strategy(name: str) -> tf.distribute.Strategy:
+    if name == "default":
+        return tf.distribute.get_strategy()
+    if name == "one_device":
+        return tf.distribute.OneDeviceStrategy("/cpu:0")
+    return strategies.mirrored()
+
+
+@pytest.mark.parametrize("separate_vf", [False, True])
+def test_default_one_device_and_mirrored_strategies_give_the_same_updates(separate_vf):
+    # RMSProp with RLlib's epsilon=0.1 moves roughly in proportion to the gradient (Adam nearly
+    # ignores its scale), so a gradient summed twice on two replicas would change the update.
+    config = _config(opt_type="rmsprop", lr=0.01, _separate_vf_optimizer=separate_vf)
+    batches = []
+    for seed in (6, 7, 8):
+        seq = fakes.sequence_batch(OBS, ACT, T, ROWS, seed=seed)
+        for key in ("terminateds", "truncateds"):  # Keras' fit under a strategy wants floats.
+            seq[key] = seq[key].astype(np.float32)
+        if seed == 7:
+            seq["rewards"][1, 2] = np.nan  # This update is skipped on every strategy.
+        batches.append(fakes.flat(seq))
+    dataset = tf.data.Dataset.from_tensor_slices(
+        {k: np.stack([b[k] for b in batches]) for k in batches[0]}
+    )
+    init = _weights(_learner(config))
+
+    class Recorder(keras.callbacks.Callback):
+        def __init__(self):
+            super().__init__()
+            self.logs = []
+
+        def on_train_batch_end(self, batch, logs=None):
+            self.logs.append({k: float(v) for k, v in logs.items()})
+
+    results = {}
+    for name in ("default", "one_device", "mirrored"):
+        trained = _learner(config, weights=init, strategy=_strategy(name))
+        recorder = Recorder()
+        trained.fit(dataset, epochs=1, verbose=0, callbacks=[recorder])
+        results[name] = (trained, recorder.logs)
+    reference, reference_logs = results["default"]
+    assert [logs["update_skipped"] for logs in reference_logs] == [0.0, 1.0, 0.0]
+    for name, (trained, logs) in results.items():
+        for key in ("policy_loss", "vf_loss", "grad_gnorm", "grad_gnorm_unclipped", "cur_lr"):
+            np.testing.assert_allclose(
+                [step[key] for step in logs],
+                [step[key] for step in reference_logs],
+                rtol=1e-4,
+                err_msg=f"{name} {key}",
+            )
+        for key in ("update_skipped", "num_grad_updates_lifetime", "num_agent_steps_trained"):
+            assert [step[key] for step in logs] == [step[key] for step in reference_logs], name
+        for wa, wb in zip(_weights(reference), _weights(trained)):
+            np.testing.assert_allclose(wb, wa, rtol=1e-4, atol=1e-6, err_msg=name)
+        for optimizer, _ in trained._groups:
+            assert int(optimizer.iterations.numpy()) == 2, name
+        assert int(trained.num_agent_steps_trained.numpy()) == 2 * T * ROWS
+    assert not np.allclose(_weights(reference)[0], init[0])
+
+
+_LEGACY = os.path.join(os.path.dirname(__file__), "data", "legacy_checkpoints", "single_agent")
+
+
+@pytest.mark.parametrize("strategy_name", ["default", "mirrored"])
+def test_optimizer_state_saved_by_older_code_restores_and_trains_on(strategy_name):
+    with open(os.path.join(_LEGACY, "driver_state.json")) as f:
+        saved = json.load(f)["config"]
+    config = ImpalaConfig().environment(saved["env"])
+    config.training(model={"fcnet_hiddens": saved["model"]["fcnet_hiddens"]})
+    config.training(opt_type=saved["opt_type"], lr=saved["lr"])
+    config.env_runners(rollout_fragment_length=T)
+    action_space = gym.spaces.Discrete(2)
+    strategy = _strategy(strategy_name)
+    with strategy.scope():
+        trained = ImpalaLearner(config, OBS, action_space)
+    tf.train.Checkpoint(
+        model=trained.model,
+        policy_optimizer=trained.policy_optimizer,
+        num_grad_updates=trained.num_grad_updates,
+        num_agent_steps_trained=trained.num_agent_steps_trained,
+    ).read(os.path.join(_LEGACY, "learner")).assert_consumed()
+    updates = int(trained.num_grad_updates.numpy())
+    assert updates > 0 and int(trained.policy_optimizer.iterations.numpy()) == updates
+    seq = fakes.sequence_batch(OBS, action_space, T, ROWS, seed=9)
+    batch = {k: tf.constant(v) for k, v in fakes.time_major(seq).items()}
+    tf.function(lambda b: strategy.run(trained.train_step, args=(b,)))(batch)
+    assert int(trained.policy_optimizer.iterations.numpy()) == updates + 1
+
+
+def test_what_the_learner_cannot_apply_itself_is_rejected():
+    # The learner applies the summed gradients without `apply_gradients` (which would sum them
+    # again), so options and variables that `apply_gradients` would handle must not reach it.
+    config = _config()
+    model = build_model(OBS, ACT, config.model)
+    model.trainable_variables[0].constraint = keras.constraints.NonNeg()
+    with pytest.raises(ValueError, match="constrained"):
+        ImpalaLearner(config, OBS, ACT, model=model)
+    with pytest.raises(ValueError, match="weight_decay"):
+        learner._check_plain(keras.optimizers.Adam(weight_decay=0.1), [])

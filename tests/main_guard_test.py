@@ -80,7 +80,7 @@ def test_a_script_without_main_guard_trains_with_an_env_class_defined_in_it(tmp_
 )
 def test_unguarded_module_level_calls_are_told_apart(tmp_path, body, expected):
     source = (
-        "from impala_tf.actors.main_guard import unguarded_main_call\n\n"
+        "from impala_tf.workers.main_guard import unguarded_main_call\n\n"
         "def report():\n    print(unguarded_main_call())\n\n" + body + "\n"
     )
     result = _run(tmp_path, source, timeout=60)

@@ -18,7 +18,8 @@ from impala_tf.config import ImpalaConfig
 from impala_tf.learner import ImpalaLearner
 from impala_tf.learner_thread import LearnerThread, TrainBatch
 from impala_tf.sample_batch import SampleBatch
-from tests import fakes, strategies
+from tests.support import batches as fakes
+from tests.support import strategies
 
 OBS = gym.spaces.Box(-1.0, 1.0, (4,), np.float32)
 ACT = gym.spaces.Discrete(3)

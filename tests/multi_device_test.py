@@ -19,7 +19,8 @@ from impala_tf.config import ConfigWarning, ImpalaConfig
 from impala_tf.learner import ImpalaLearner
 from impala_tf.learner_thread import LearnerThread, TrainBatch
 from impala_tf.sample_batch import SampleBatch
-from tests import fakes, strategies
+from tests.support import batches as fakes
+from tests.support import strategies
 
 OBS, ACT, T, ROWS = fakes.OBS, fakes.ACT, fakes.T, fakes.ROWS
 _config = fakes.learner_config
@@ -58,12 +59,12 @@ def _weights(learner) -> list[np.ndarray]:
 
 def test_two_towers_reuse_device_batches_and_match_one_device():
     # Two tower stacks, two passes each: RLlib's ring serves A, B, A, B. The minibatch buffer
-    # size is forced to the number of stacks (with a warning), and each batch is loaded once.
+    # size is the number of stacks (derived, with a warning), and each batch is loaded once.
     config = _config(
         num_gpus=2, _fake_gpus=True, num_multi_gpu_tower_stacks=2, minibatch_buffer_size=1
     )
     config.num_sgd_iter = 2
-    with pytest.warns(ConfigWarning, match="minibatch_buffer_size=2"):
+    with pytest.warns(ConfigWarning, match="num_multi_gpu_tower_stacks=2. slots"):
         config.validate()
     thread = _thread(config, strategy=strategies.mirrored())
     assert thread.minibatch_buffer.size == 2 and thread.num_slots == 2

@@ -18,7 +18,8 @@ from impala_tf.learner import ImpalaLearner
 from impala_tf.learner_thread import LearnerThread, TrainBatch
 from impala_tf.nonfinite import NonFiniteGuard, NonFiniteUpdatesError
 from impala_tf.sample_batch import SampleBatch
-from tests import fakes, strategies
+from tests.support import batches as fakes
+from tests.support import strategies
 
 OBS, ACT, T, ROWS = fakes.OBS, fakes.ACT, fakes.T, fakes.ROWS
 _config = fakes.learner_config

@@ -17,7 +17,7 @@ import tensorflow as tf
 from impala_tf import distributions, losses
 from impala_tf.config import ImpalaConfig
 from impala_tf.learner import ImpalaLearner
-from tests import fakes
+from tests.support import batches as fakes
 
 OBS = gym.spaces.Box(-1.0, 1.0, (4,), np.float32)
 ACT = gym.spaces.Box(-2.0, 2.0, (2,), np.float32)

@@ -1,9 +1,12 @@
 """Tests of impala-train's signal handling: SIGINT, SIGTERM, SIGHUP and a second signal.
 
-Each run starts as a job manager starts it (`start_new_session=True`, default signal handlers;
-one run with SIGINT ignored, as a background job of a non-interactive shell has it). After the
+Each run starts as a job manager starts it (`tests.support.processes.run_in_background`: its own
+session, default signal handlers; one run with SIGINT ignored, as a background job of a
+non-interactive shell has it) and is signalled once its log shows trained iterations. After the
 signal: the exit status is 128 + the signal's number, the newest checkpoint loads, and no
 process of the run's session (actors, the fork server) is left.
+
+`LingeringThread` below is loaded by the binary as `tests.signals_test:LingeringThread`.
 """
 
 from __future__ import annotations
@@ -12,13 +15,23 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 
+import keras
 import pytest
 import tensorflow as tf
 
 from impala_tf import checkpoints
 from impala_tf.shutdown import GracefulShutdown, Interrupted
+from tests.support.processes import (
+    kill_session,
+    log_tail,
+    run_in_background,
+    session_pids,
+    wait_for_line,
+    wait_until,
+)
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ARGS = [
@@ -32,76 +45,60 @@ ARGS = [
     "--set=num_gpus=0",
 ]
 _START_TIMEOUT_S = 240
+_EXIT_TIMEOUT_S = 120
+#: How long `LingeringThread` keeps an orderly exit of the binary waiting.
+_LINGER_S = 600.0
 
 
-def _session_pids(sid: int) -> list[int]:
-    """Live processes whose session id is `sid` (from /proc; zombies count as gone)."""
-    pids = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat", encoding="utf-8") as f:
-                stat = f.read()
-        except OSError:
-            continue
-        fields = stat[stat.rindex(")") + 2 :].split()
-        if fields[0] != "Z" and int(fields[3]) == sid:
-            pids.append(int(entry))
-    return pids
+class LingeringThread(keras.callbacks.Callback):
+    """A driver callback that starts a non-daemon thread (an upload of results, say) that lives
+    `_LINGER_S` seconds: an orderly exit of the binary waits for it, a forced one does not.
+
+    Prints `lingering until <unix time>` once the thread runs.
+    """
+
+    def __init__(self):
+        super().__init__()
+        self.thread: threading.Thread | None = None
+
+    def on_epoch_end(self, epoch, logs=None):
+        if self.thread is None:
+            self.thread = threading.Thread(target=time.sleep, args=(_LINGER_S,), daemon=False)
+            self.thread.start()
+            print(f"lingering until {time.time() + _LINGER_S:.3f}", flush=True)
 
 
-def _start(tmp_path, ignore_sigint: bool = False) -> subprocess.Popen:
+def _start(tmp_path, *extra: str, ignore_sigint: bool = False):
+    argv = [sys.executable, "-m", "impala_tf.bin.train", f"--logdir={tmp_path / 'run'}"]
     env = {**os.environ, "PYTHONPATH": REPO, "TF_CPP_MIN_LOG_LEVEL": "2"}
-
-    def preexec():
-        if ignore_sigint:
-            signal.signal(signal.SIGINT, signal.SIG_IGN)
-
-    return subprocess.Popen(
-        [sys.executable, "-m", "impala_tf.bin.train", f"--logdir={tmp_path}", *ARGS],
-        cwd=tmp_path,
-        env=env,
-        stdout=open(tmp_path / "stdout.txt", "w"),  # noqa: SIM115 - the child owns it.
-        stderr=open(tmp_path / "stderr.txt", "w"),  # noqa: SIM115
-        start_new_session=True,
-        preexec_fn=preexec,
+    return run_in_background(
+        [*argv, *ARGS, *extra], tmp_path, env, tmp_path / "log.txt", ignore_sigint=ignore_sigint
     )
 
 
 def _wait_for_iterations(process, tmp_path, count: int) -> None:
-    deadline = time.monotonic() + _START_TIMEOUT_S
-    results = tmp_path / "result.json"
-    while time.monotonic() < deadline:
-        assert process.poll() is None, (tmp_path / "stderr.txt").read_text()
-        if results.exists() and len(results.read_text().splitlines()) >= count:
-            return
-        time.sleep(0.2)
-    raise AssertionError("the run did not train: " + (tmp_path / "stderr.txt").read_text())
+    """Waits for the progress line of iteration `count` (checkpoints are saved every one)."""
+    wait_for_line(tmp_path / "log.txt", rf"^iter\s+{count}\b", _START_TIMEOUT_S, process)
 
 
-def _assert_clean_end(process, tmp_path, signum: int) -> str:
+def _assert_clean_end(process, tmp_path, code: int) -> str:
+    """Waits for the exit, checks its status, the session and the newest checkpoint; returns
+    the log."""
+    log = tmp_path / "log.txt"
     try:
-        code = process.wait(120)
-    except subprocess.TimeoutExpired:
-        os.killpg(process.pid, signal.SIGKILL)
-        raise
-    stderr = (tmp_path / "stderr.txt").read_text()
-    assert code == 128 + signum, stderr
-    deadline = time.monotonic() + 30
-    while _session_pids(process.pid) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    left = _session_pids(process.pid)
-    if left:
-        os.killpg(process.pid, signal.SIGKILL)
-    assert not left, f"processes left behind: {left}"
+        assert process.wait(_EXIT_TIMEOUT_S) == code, log_tail(log)
+        # Children notice their parent's end by themselves; give them a moment to go.
+        assert wait_until(lambda: not session_pids(process.pid), timeout_s=30), (
+            f"processes left behind: {session_pids(process.pid)}"
+        )
+    finally:
+        kill_session(process)
     # The newest checkpoint loads: every learner variable is readable.
-    newest = checkpoints.resolve_checkpoint_dir(checkpoints.latest_checkpoint(str(tmp_path)))
-    state = checkpoints.read_driver_state(newest)
-    assert state["iteration"] >= 1
-    reader = tf.train.load_checkpoint(os.path.join(newest, checkpoints.LEARNER_PREFIX))
-    assert reader.get_variable_to_shape_map()
-    return stderr
+    newest = checkpoints.resolve_checkpoint_dir(str(tmp_path / "run"))
+    assert checkpoints.read_driver_state(newest)["iteration"] >= 2
+    reader = tf.train.load_checkpoint(checkpoints.learner_prefix(newest))
+    assert any(key.startswith("model/") for key in reader.get_variable_to_shape_map())
+    return log.read_text()
 
 
 @pytest.mark.slow
@@ -114,25 +111,45 @@ def test_a_signal_saves_a_checkpoint_ends_every_child_and_exits_128_plus_signum(
 ):
     signum = getattr(signal, name)
     process = _start(tmp_path, ignore_sigint=ignore_sigint)
-    _wait_for_iterations(process, tmp_path, 2)
+    try:
+        _wait_for_iterations(process, tmp_path, 2)
+    except BaseException:
+        kill_session(process)
+        raise
     process.send_signal(signum)
-    stderr = _assert_clean_end(process, tmp_path, signum)
-    assert f"interrupted (received {name}); saving a checkpoint" in stderr
-    assert "impala-train: saved" in stderr
+    output = _assert_clean_end(process, tmp_path, 128 + signum)
+    assert f"interrupted (received {name}); saving a checkpoint" in output
+    saved = wait_for_line(tmp_path / "log.txt", r"^impala-train: saved (\S+)$", 0)
+    assert checkpoints.read_driver_state(saved.group(1))["iteration"] >= 2
 
 
 @pytest.mark.slow
 def test_a_second_signal_during_shutdown_exits_at_once_keeping_a_checkpoint(tmp_path):
-    process = _start(tmp_path)
-    _wait_for_iterations(process, tmp_path, 2)
-    process.send_signal(signal.SIGTERM)
-    deadline = time.monotonic() + 60
-    while "saving a checkpoint" not in (tmp_path / "stderr.txt").read_text():
-        assert time.monotonic() < deadline and process.poll() is None
-        time.sleep(0.01)
-    process.send_signal(signal.SIGTERM)
-    stderr = _assert_clean_end(process, tmp_path, signal.SIGTERM)
-    assert "SIGTERM during shutdown; exiting now" in stderr or "impala-train: saved" in stderr
+    """The first SIGTERM's orderly exit would wait for a lingering thread; a SIGINT during it
+    ends the run at once, with the second signal's status (130, where the first would give 143)
+    and message."""
+    process = _start(tmp_path, "--callbacks=tests.signals_test:LingeringThread")
+    log = tmp_path / "log.txt"
+    try:
+        linger = wait_for_line(log, r"^lingering until ([\d.]+)$", _START_TIMEOUT_S, process)
+        _wait_for_iterations(process, tmp_path, 2)
+        process.send_signal(signal.SIGTERM)
+        wait_for_line(log, r"interrupted \(received SIGTERM\); saving a checkpoint", 60, process)
+        process.send_signal(signal.SIGINT)
+        sent = time.time()
+        try:
+            process.wait(_EXIT_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"the second signal did not end the run:\n{log_tail(log)}")
+        exited = time.time()
+    except BaseException:
+        kill_session(process)
+        raise
+    output = _assert_clean_end(process, tmp_path, 128 + signal.SIGINT)
+    assert exited - sent < 30, "the second signal did not end the run at once"
+    orderly = float(linger.group(1))  # The earliest an orderly exit could have come.
+    assert exited < orderly - 300, (exited, orderly)
+    assert "impala-train: SIGINT during shutdown; exiting now" in output
 
 
 def test_the_first_signal_raises_interrupted_and_handlers_are_restored():
@@ -141,7 +158,7 @@ def test_the_first_signal_raises_interrupted_and_handlers_are_restored():
     try:
         with pytest.raises(Interrupted) as info:
             os.kill(os.getpid(), signal.SIGTERM)
-            time.sleep(1)
+            time.sleep(1)  # The handler raises in this thread as soon as the signal arrives.
         assert info.value.exit_code == 128 + signal.SIGTERM
         assert isinstance(info.value, KeyboardInterrupt)
         assert shutdown.received == signal.SIGTERM

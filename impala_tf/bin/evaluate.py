@@ -122,7 +122,9 @@ class FrameRecorder(gym.Wrapper):
     """Keeps the `rgb_array` frames of the first `max_episodes` episodes of an env.
 
     One frame after each reset and one after each step, so an episode of n steps gives n + 1
-    frames; recording stops after `max_frames`.
+    frames; recording stops after `max_frames`. A reset with no step since the previous one (an
+    env runner built, then reset with the evaluation's seed) replaces that reset's frame instead
+    of counting as an episode.
 
     Args:
       env: An env made with `render_mode="rgb_array"`.
@@ -137,6 +139,7 @@ class FrameRecorder(gym.Wrapper):
         self.frames: list[np.ndarray] = []
         self.hit_frame_limit = False
         self._episode = 0
+        self._stepped = False
 
     def _capture(self) -> None:
         if self._episode > self.max_episodes:
@@ -153,12 +156,18 @@ class FrameRecorder(gym.Wrapper):
 
     def reset(self, **kwargs):
         out = self.env.reset(**kwargs)
-        self._episode += 1
+        if self._stepped or self._episode == 0:
+            self._episode += 1
+        elif self.frames and self._episode <= self.max_episodes:
+            # A reset with no step since the last one started no episode: its frame goes.
+            self.frames.pop()
+        self._stepped = False
         self._capture()
         return out
 
     def step(self, action):
         out = self.env.step(action)
+        self._stepped = True
         self._capture()
         return out
 

@@ -346,8 +346,8 @@ def _train() -> int:
     from impala_tf import callbacks as cb
     from impala_tf.loop import fit
 
-    user_callbacks = load_callbacks(run_flags["callbacks"])
     try:
+        user_callbacks = load_callbacks(run_flags["callbacks"])
         if resume_from:
             algo.restore(resume_from)
         stopper = cb.StopOnCriteria(stop)

@@ -222,8 +222,12 @@ class Metrics:
         }
 
     def set_state(self, state: Mapping[str, Any]) -> None:
-        """Restores `get_state()` (older checkpoints' episodes are [return, length] pairs)."""
-        self.counters = collections.Counter(state["counters"])
+        """Restores `get_state()` (older checkpoints' episodes are [return, length] pairs).
+
+        The counters are updated in place: the driver's collaborators hold the same object.
+        """
+        self.counters.clear()
+        self.counters.update(state["counters"])
         self.episodes.clear()
         for entry in state["episodes"]:
             returns = entry[2] if len(entry) > 2 else {}

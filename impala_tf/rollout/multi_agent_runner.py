@@ -17,13 +17,15 @@ counts RLlib's two step counters: `env_steps` (T * B) and `agent_steps` (one per
 acted).
 
 `values_bootstrapped[t]` of an agent's step is the behaviour value of that agent's next
-observation: 0 after the agent's termination, V(final observation) after a truncation (its own
-or the episode's `__all__`), else the value computed when it next acts (computed one step
-ahead, as the single-agent runner does, so it is known before the step is emitted). An agent
-that did not act in the step that ends the episode (turn-based envs) has its last step closed
-then: terminated by its own flag, else truncated, bootstrapped from the final observation the
-env gave it or, without one, from V of its last observation. Rewards an agent receives in steps
-where it does not act are added to its last step.
+observation: 0 after the agent's termination, V(final observation) after a truncation, else the
+value computed when it next acts (computed one step ahead, as the single-agent runner does, so
+it is known before the step is emitted). As in RLlib, an agent's step is terminated when its own
+flag or the episode's `__all__` termination says so, and truncated when its own or `__all__`'s
+truncation does (and it is not terminated). An agent that did not act in the step that ends the
+episode (turn-based envs) has its last step closed then by the same rule, bootstrapped (when
+truncated) from the final observation the env gave it or, without one, from V of its last
+observation. Rewards an agent receives in steps where it does not act are added to its last
+step.
 
 Recurrent policies (`model.use_lstm`) keep one state per (env, agent): the agents of a policy
 are stepped with their states batched, and an agent's state restarts from zeros when its episode
@@ -374,7 +376,8 @@ class MultiAgentEnvRunner:
             returns[agent] += reward
             if agent not in acting and agent in awaiting:
                 awaiting[agent][STEP_REW] += float(reward)
-        episode_over = bool(terms.get(ALL)) or bool(truncs.get(ALL))
+        all_term, all_trunc = bool(terms.get(ALL)), bool(truncs.get(ALL))
+        episode_over = all_term or all_trunc
         done, states, streams = self._done_agents[j], self._states[j], self._streams
         horizon = self.horizon
         for agent, e in acting.items():
@@ -382,8 +385,9 @@ class MultiAgentEnvRunner:
             stream = streams.get((j, agent, pid))
             if stream is None:
                 stream = streams[(j, agent, pid)] = AgentStream()
-            term = bool(terms.get(agent, False))
-            trunc = bool(truncs.get(agent, False)) or (episode_over and not term)
+            # RLlib's rule: `__all__` ends every agent's episode the way it ends the episode.
+            term = bool(terms.get(agent, False)) or all_term
+            trunc = not term and (bool(truncs.get(agent, False)) or all_trunc)
             reward = float(rewards.get(agent, 0.0))
             step = [e[1], e[2], e[4], e[5], e[6], reward, term, trunc, None, e[7]]
             steps = stream.steps
@@ -407,7 +411,7 @@ class MultiAgentEnvRunner:
             done.add(agent)
             states.pop(agent, None)
         if awaiting and (episode_over or len(terms) + len(truncs) > 2 * len(acting) + 2):
-            self._close_waiting(j, obs, terms, truncs, episode_over, finals)
+            self._close_waiting(j, obs, terms, truncs, finals)
         if episode_over:
             agent_policy = self._agent_policy[j]
             policy_returns: dict[str, list[float]] = {}
@@ -420,14 +424,12 @@ class MultiAgentEnvRunner:
         self._obs[j] = obs
         return len(acting)
 
-    def _close_waiting(
-        self, j: int, obs: dict, terms: dict, truncs: dict, episode_over: bool, finals: list
-    ) -> None:
+    def _close_waiting(self, j: int, obs: dict, terms: dict, truncs: dict, finals: list) -> None:
         """Ends the last step of agents done in a step they did not act in (turn-based envs)."""
         awaiting, acting = self._awaiting[j], self._next[j]
         for agent in [a for a in awaiting if a not in acting]:
-            term = bool(terms.get(agent, False))
-            trunc = bool(truncs.get(agent, False)) or (episode_over and not term)
+            term = bool(terms.get(agent, False)) or bool(terms.get(ALL))
+            trunc = not term and (bool(truncs.get(agent, False)) or bool(truncs.get(ALL)))
             if not (term or trunc):
                 continue
             step = awaiting.pop(agent)
