@@ -24,7 +24,7 @@ _EXPORTS = {
     "make_strategy": "impala_tf.algorithm",
     "ImpalaLearner": "impala_tf.learner",
     "LearnerThread": "impala_tf.learner_thread",
-    "MinibatchBuffer": "impala_tf.learner_thread",
+    "MinibatchBuffer": "impala_tf.minibatch",
     "MixInReplayBuffer": "impala_tf.replay",
     "SampleBatch": "impala_tf.sample_batch",
     "concat_samples": "impala_tf.sample_batch",

@@ -34,11 +34,12 @@ then clipped by global norm, then applied; stats are reduced across replicas the
 That sum is the update's only all-reduce of gradients. A Keras optimizer's `apply_gradients`
 would all-reduce them a second time (in replica context, Keras' TF optimizer sums whatever each
 replica gives it), so the summed gradients leave replica context through the public
-`ReplicaContext.merge_call` and are applied in cross-replica context, each variable's copy on each
-device by `StrategyExtended.update` with the optimizer's own `update_step` (`_apply_summed`), as
-`apply_gradients` does after its all-reduce for a plain optimizer (no `clipnorm`, weight decay,
-EMA or variable constraints: `_check_plain` rejects them). The optimizers are stock Keras
-Adam / RMSprop: same variables and checkpoints as before.
+`ReplicaContext.merge_call` and are applied in cross-replica context, each variable's copy on
+each device by `StrategyExtended.update` with the optimizer's own `update_step`
+(`impala_tf.gradients.apply_summed`), as `apply_gradients` does after its all-reduce for a plain
+optimizer (no `clipnorm`, weight decay, EMA or variable constraints: `check_plain_optimizer`
+rejects them). The optimizers are stock Keras Adam / RMSprop: same variables and checkpoints as
+before.
 RLlib's multi-GPU towers *average* the replica gradients; their per-tower loss is the same summed
 V-trace loss, so with n towers of B/n sequences our sum equals their average of n x the shard
 losses: averaging gradients of n * L_shard and summing gradients of L_shard are the same number.
@@ -71,6 +72,7 @@ import tensorflow as tf
 
 from impala_tf import distributions, losses, sequences
 from impala_tf.config.base import AlgorithmConfig
+from impala_tf.gradients import GradientAccumulators, apply_summed, check_plain_optimizer
 from impala_tf.models import build_model
 
 __all__ = ["ImpalaLearner", "piecewise_linear", "STATS_KEYS"]
@@ -92,61 +94,6 @@ STATS_KEYS = (
 )
 
 _STATE_PREFIX = "state_in_"
-
-
-def _check_plain(optimizer: keras.optimizers.Optimizer, variables: list[keras.Variable]) -> None:
-    """Raises if `optimizer.apply_gradients` would do more than `_apply_summed` does.
-
-    Args:
-      optimizer: A Keras optimizer.
-      variables: The variables it trains.
-
-    Raises:
-      ValueError: naming the optimizer options or the variables `_apply_summed` would ignore.
-    """
-    options = ("clipnorm", "clipvalue", "global_clipnorm", "weight_decay", "use_ema")
-    options += ("loss_scale_factor", "gradient_accumulation_steps")
-    used = [name for name in options if getattr(optimizer, name)]
-    constrained = [
-        v.path for v in variables if v.constraint is not None or v.overwrite_with_gradient
-    ]
-    if used or constrained:
-        raise ValueError(
-            f"The learner applies gradients itself (one all-reduce per update) and supports "
-            f"neither optimizer options {used} of {optimizer.name} nor constrained or "
-            f"overwrite-with-gradient variables {constrained}."
-        )
-
-
-def _apply_summed(
-    strategy: tf.distribute.Strategy,
-    optimizer: keras.optimizers.Optimizer,
-    grads: list[Any],
-    variables: list[keras.Variable],
-) -> None:
-    """Applies gradients already summed over the replicas; call it in cross-replica context.
-
-    In replica context Keras' TF optimizer all-reduces the gradients it is given, and in
-    cross-replica context its `apply_gradients` fails under `MirroredStrategy` (it asks for a
-    replica context). This is what `apply_gradients` runs after its all-reduce for an optimizer
-    that `_check_plain` accepts: `update_step` (Keras' public hook for an optimizer's rule) on
-    each device's copy of each variable, then `iterations` + 1.
-
-    Args:
-      strategy: The strategy of the cross-replica context (`merge_call`'s first argument).
-      optimizer: The Keras optimizer whose slots and step count the update uses.
-      grads: float gradients, one per variable: tensors (one device) or per-replica values
-        that are equal on every replica (the all-reduced sum).
-      variables: The Keras variables `optimizer` was built on.
-    """
-    learning_rate = optimizer.learning_rate
-
-    def update(variable: tf.Variable, grad: tf.Tensor) -> None:
-        optimizer.update_step(grad, variable, learning_rate)
-
-    for grad, variable in zip(grads, variables):
-        strategy.extended.update(variable.value, update, args=(grad,), group=False)
-    optimizer.iterations.assign_add(1)
 
 
 def piecewise_linear(points: list[list[float]] | None, t: tf.Tensor, default: float) -> tf.Tensor:
@@ -232,7 +179,7 @@ class ImpalaLearner(keras.Model):
             self.policy_optimizer.build(self.model.trainable_variables)
             self._groups = ((self.policy_optimizer, list(self.model.trainable_variables)),)
         for optimizer, variables in self._groups:
-            _check_plain(optimizer, variables)
+            check_plain_optimizer(optimizer, variables)
         counter = dict(
             dtype=tf.int64,
             trainable=False,
@@ -240,8 +187,8 @@ class ImpalaLearner(keras.Model):
         )
         self.num_grad_updates = tf.Variable(0, name="num_grad_updates", **counter)
         self.num_agent_steps_trained = tf.Variable(0, name="num_agent_steps_trained", **counter)
-        self._accumulators: _Accumulators | None = (
-            _Accumulators(self._groups) if config.microbatch_size is not None else None
+        self._accumulators: GradientAccumulators | None = (
+            GradientAccumulators(self._groups) if config.microbatch_size is not None else None
         )
         self.compile(optimizer=self.policy_optimizer, jit_compile=False)
         # Every variable exists now; telling Keras so stops `fit` from calling the model on a
@@ -507,7 +454,7 @@ class ImpalaLearner(keras.Model):
 
         def update() -> tf.Tensor:
             for (optimizer, variables), grads in zip(self._groups, groups):
-                _apply_summed(strategy, optimizer, grads, variables)
+                apply_summed(strategy, optimizer, grads, variables)
             self.num_grad_updates.assign_add(1)
             self.num_agent_steps_trained.assign_add(rows)
             return tf.constant(True)
@@ -524,49 +471,3 @@ class ImpalaLearner(keras.Model):
     def set_policy_weights(self, weights: list[np.ndarray]) -> None:
         """Sets the model's weights from `get_policy_weights()` output."""
         self.model.set_weights(weights)
-
-
-class _Accumulators:
-    """Per-replica sums of microbatch gradients, loss sums and env steps (gradient accumulation).
-
-    The variables are `ON_READ`: each replica adds to its own copy, with no communication per
-    microbatch; `ImpalaLearner._apply` all-reduces the read values once per update. Create it
-    inside the learner's `strategy.scope()`.
-
-    Args:
-      groups: The learner's `(optimizer, variables)` pairs; one accumulator per variable.
-    """
-
-    def __init__(self, groups):
-        local = dict(
-            trainable=False,
-            synchronization=tf.VariableSynchronization.ON_READ,
-            aggregation=tf.VariableAggregation.SUM,
-        )
-        self.grads = [
-            [
-                tf.Variable(tf.zeros(v.shape, v.dtype), name=f"grad_accumulator_{i}", **local)
-                for i, v in enumerate(variables)
-            ]
-            for _, variables in groups
-        ]
-        self.sums = tf.Variable(tf.zeros([len(losses.LossSums._fields)]), name="sums", **local)
-        self.rows = tf.Variable(tf.constant(0, tf.int64), name="rows", **local)
-
-    def add(self, grads: list[list[tf.Tensor]], sums: losses.LossSums, rows: tf.Tensor) -> None:
-        for accumulators, group in zip(self.grads, grads):
-            for accumulator, grad in zip(accumulators, group):
-                accumulator.assign_add(grad)
-        self.sums.assign_add(tf.stack(list(sums)))
-        self.rows.assign_add(rows)
-
-    def read(self) -> tuple[list[list[tf.Tensor]], losses.LossSums, tf.Tensor]:
-        grads = [[a.read_value() for a in accumulators] for accumulators in self.grads]
-        return grads, losses.LossSums(*tf.unstack(self.sums.read_value())), self.rows.read_value()
-
-    def reset(self) -> None:
-        for accumulators in self.grads:
-            for accumulator in accumulators:
-                accumulator.assign(tf.zeros_like(accumulator))
-        self.sums.assign(tf.zeros_like(self.sums))
-        self.rows.assign(tf.zeros_like(self.rows))

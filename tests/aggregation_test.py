@@ -1,15 +1,28 @@
-"""Tree aggregation: the in-process Aggregator and aggregation worker processes end to end."""
+"""Aggregation (`impala_tf.driver.aggregation`): the `Aggregator` and the aggregation stage.
+
+`Aggregator` decompresses, mixes in replay and cuts train batches per trained policy;
+`AggregationStage` runs it in the driver or in aggregation worker processes. Replay in the running
+algorithm, in the driver and in a worker, is `tests/replay_runtime_test.py`'s; a killed
+aggregation worker is `tests/runtime_conformance_test.py`'s.
+"""
 
 from __future__ import annotations
 
-import os
-import signal
+import collections
 
+import gymnasium as gym
 import numpy as np
+import pytest
 
-from impala_tf.actors.aggregation import Aggregator
 from impala_tf.config import ImpalaConfig
+from impala_tf.driver.aggregation import AggregationStage, Aggregator
+from impala_tf.rollout.fragment import DEFAULT_POLICY_ID, Fragment
 from impala_tf.sample_batch import SampleBatch, compress
+from impala_tf.workers import ProcessBackend
+from tests.support.batches import sequence_batch
+from tests.support.processes import wait_until
+
+PID = DEFAULT_POLICY_ID
 
 
 def _fragment(rows: int, horizon: int = 5, seed: int = 0) -> SampleBatch:
@@ -24,57 +37,91 @@ def _fragment(rows: int, horizon: int = 5, seed: int = 0) -> SampleBatch:
 
 def test_aggregator_decompresses_and_cuts_fixed_size_batches():
     config = ImpalaConfig(env="CartPole-v1")
-    aggregator = Aggregator(config, rows=3)
+    aggregator = Aggregator(config, {PID: 3})
     fragment = _fragment(4)
-    out = aggregator.process(compress(fragment), version=7.0)
+    out = aggregator.process({PID: compress(fragment)}, {PID: 7.0})
     assert len(out) == 1
-    batch, version = out[0]
-    assert len(batch) == 3 and version == 7.0
+    pid, batch, version = out[0]
+    assert pid == PID and len(batch) == 3 and version == 7.0
     np.testing.assert_array_equal(batch["obs"], fragment["obs"][:3])
-    ((batch2, version2),) = aggregator.process(_fragment(2, seed=1), version=9.0)
+    ((_, batch2, version2),) = aggregator.process({PID: _fragment(2, seed=1)}, {PID: 9.0})
     assert len(batch2) == 3
     assert version2 == (7.0 + 9.0 + 9.0) / 3  # one leftover row of version 7, two of 9
     np.testing.assert_array_equal(batch2["obs"][0], fragment["obs"][3])
 
 
-def test_aggregator_mixes_in_replay():
-    config = ImpalaConfig(env="CartPole-v1", replay_proportion=1.0, replay_buffer_num_slots=4)
-    aggregator = Aggregator(config, rows=1)
-    rows = sum(len(b) for i in range(200) for b, _ in aggregator.process(_fragment(1, seed=i), 0))
-    # p = 1 replayed batch per new batch on average: about twice the rows that came in.
-    assert 1.6 * 200 < rows < 2.4 * 200
-
-
-def test_aggregation_workers_end_to_end_with_a_killed_aggregator():
-    config = (
-        ImpalaConfig()
-        .environment("CartPole-v1")
-        .env_runners(
-            num_env_runners=2,
-            num_envs_per_env_runner=4,
-            rollout_fragment_length=10,
-            compress_observations=True,
-        )
-        .training(
-            train_batch_size=80,
-            model={"fcnet_hiddens": [16]},
-            num_aggregation_workers=1,
-            replay_proportion=0.5,
-            replay_buffer_num_slots=8,
-        )
-        .reporting(min_time_s_per_iteration=1)
-        .debugging(seed=0)
+def test_aggregator_drops_the_batches_of_policies_it_does_not_train():
+    config = ImpalaConfig(env="CartPole-v1").multi_agent(
+        policies=["p0", "p1"], policies_to_train=["p0"]
     )
-    algo = config.build()
-    try:
-        first = algo.train()
-        assert first["num_env_steps_trained"] > 0
-        os.kill(algo.aggregators.pids()[0], signal.SIGKILL)
-        results = [algo.train() for _ in range(3)]
-    finally:
-        algo.stop()
-    last = results[-1]
-    assert last["num_aggregation_worker_restarts"] >= 1
-    assert last["num_env_steps_trained"] > results[0]["num_env_steps_trained"]
-    # Replay makes the learner see more steps than were sampled.
-    assert last["num_samples_added_to_queue"] > 0
+    aggregator = Aggregator(config, {"p0": 1})
+    out = aggregator.process({"p0": _fragment(1), "p1": _fragment(1, seed=1)}, {})
+    assert [pid for pid, _, _ in out] == ["p0"]
+
+
+def test_aggregator_replays_p_old_batches_per_new_one():
+    config = ImpalaConfig(env="CartPole-v1", replay_proportion=1.0, replay_buffer_num_slots=4)
+    config.debugging(seed=0)
+    aggregator = Aggregator(config, {PID: 1})
+    arrived = []  # Fragment i's one row, to tell where each train batch came from.
+    replayed, older = 0, 0
+    for i in range(200):
+        fragment = _fragment(1, seed=i)
+        arrived.append(fragment["obs"][0])
+        out = aggregator.process({PID: fragment}, {})
+        origins = [
+            next(j for j, row in enumerate(arrived) if np.array_equal(row, batch["obs"][0]))
+            for _, batch, _ in out
+        ]
+        assert origins[0] == i  # The new fragment trains at once ...
+        assert all(i - 4 < j <= i for j in origins[1:])  # ... then rows from the 4 slots.
+        replayed += len(origins) - 1
+        older += sum(j < i for j in origins[1:])
+    # p = 1 replayed batch per new one (exactly: one draw per new batch below a whole p) ...
+    assert replayed == 200
+    # ... drawn from the 4 slots, the new batch among them: mostly older ones.
+    assert older > 0.6 * replayed
+
+
+def _stage(**overrides) -> AggregationStage:
+    config = ImpalaConfig(env="CartPole-v1", num_aggregation_workers=1, **overrides)
+    config.debugging(seed=0)
+    return AggregationStage(config, {PID: 2}, collections.Counter(), ProcessBackend())
+
+
+def _sequences(seed: int) -> Fragment:
+    space = gym.spaces.Box(-1.0, 1.0, (4,), np.float32)
+    batch = SampleBatch(sequence_batch(space, gym.spaces.Discrete(2), 5, 2, seed=seed))
+    return Fragment({PID: batch}, env_steps=10, agent_steps=10, policy_versions={PID: seed})
+
+
+def _fetch_one(stage: AggregationStage) -> list:
+    out: list = []
+    assert wait_until(lambda: out.extend(stage.fetch(0.5)) or out, timeout_s=60)
+    return out
+
+
+@pytest.fixture(scope="module")
+def stage():
+    stage = _stage()
+    yield stage
+    stage.stop()
+
+
+def test_a_worker_cuts_the_train_batches_and_the_driver_fetches_them(stage):
+    fragment = _sequences(1)
+    assert stage.process(fragment) == []  # Sent to the worker, not aggregated here.
+    ((pid, batch, version),) = _fetch_one(stage)
+    assert pid == PID and version == 1.0
+    np.testing.assert_array_equal(batch["obs"], fragment.batches[PID]["obs"])
+    assert stage.counters["num_times_no_aggregation_worker_available"] == 0
+
+
+def test_a_reset_drops_what_workers_were_sent_before_it(stage):
+    stage.process(_sequences(2))  # Answered before the next fragment: the worker runs in order.
+    stage.reset(seed=5)
+    after = _sequences(3)
+    stage.process(after)
+    ((_, batch, version),) = _fetch_one(stage)
+    assert version == 3.0
+    np.testing.assert_array_equal(batch["obs"], after.batches[PID]["obs"])

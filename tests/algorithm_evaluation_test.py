@@ -1,62 +1,75 @@
-"""`Impala.evaluate()` and `evaluation_interval`: in-training evaluation in the driver."""
+"""`Impala.evaluate()` and `evaluation_interval`: which iterations evaluate, the seeds of the
+evaluation episodes, and `explore` in evaluation. (Evaluation during training on every placement
+is `tests/runtime_conformance_test.py`'s.)"""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
+from impala_tf.algorithm import check_deterministic
 from impala_tf.config import ImpalaConfig
+from tests.support.configs import small_config
 
 
-def test_evaluation_interval_duration_explore_and_seeds():
-    config = (
-        ImpalaConfig()
-        .environment("CartPole-v1")
-        .env_runners(num_env_runners=1, num_envs_per_env_runner=2, rollout_fragment_length=10)
-        .training(train_batch_size=40, model={"fcnet_hiddens": [8]})
-        .reporting(min_time_s_per_iteration=0, min_sample_timesteps_per_iteration=40)
-        .evaluation(evaluation_interval=2, evaluation_duration=3)
-        .debugging(seed=4)
+def _config(**overrides) -> ImpalaConfig:
+    keys = dict(
+        num_env_runners=1,
+        num_envs_per_env_runner=2,
+        train_batch_size=40,
+        model={"fcnet_hiddens": [8]},
+        min_time_s_per_iteration=0,
+        min_sample_timesteps_per_iteration=40,
+        evaluation_duration=3,
+        lr=0.0,  # The weights stay those of the seed: evaluations differ only by their seeds.
+        seed=4,
     )
-    from impala_tf.algorithm import Impala
+    return small_config(**{**keys, **overrides})
 
-    # Lockstep, so that the learner's weights do not change between two evaluate() calls.
-    algo = Impala(config, deterministic=True)
+
+def _episodes(evaluation: dict) -> dict:
+    """An evaluation's episode statistics (without its wall-clock time)."""
+    return {k: v for k, v in evaluation.items() if k != "time_this_iter_s"}
+
+
+def test_every_interval_th_iteration_evaluates_with_seeds_from_the_seed_and_iteration():
+    algo = _config(evaluation_interval=2).build()
     try:
-        results = [algo.train() for _ in range(2)]
-        assert "evaluation" not in results[0]
-        evaluation = results[1]["evaluation"]
+        results, weights = [], []
+        for _ in range(4):
+            results.append(algo.train())
+            weights.append(algo.get_policy_weights())
+        again = algo.evaluate()  # Iteration 4 again, with the same weights.
+    finally:
+        algo.stop()
+    assert ["evaluation" in r for r in results] == [False, True, False, True]
+    for result in (results[1], results[3]):
+        evaluation = result["evaluation"]
         assert evaluation["episodes_this_iter"] == 3
         assert evaluation["episode_reward_min"] <= evaluation["episode_reward_mean"]
         assert evaluation["num_env_steps_sampled_this_iter"] == 3 * evaluation["episode_len_mean"]
-        # RLlib's default: the evaluation config's `explore` (True), sampling actions.
-        assert algo._eval_runner.policy.explore is True
+    for a, b in zip(weights[1], weights[3], strict=True):  # lr = 0: the same policy ...
+        np.testing.assert_array_equal(a, b)
+    # ... evaluated on the same episodes at the same iteration, on other ones at another.
+    assert _episodes(again) == _episodes(results[3]["evaluation"])
+    assert _episodes(results[1]["evaluation"]) != _episodes(results[3]["evaluation"])
 
-        # Each evaluation starts new episodes from seeds derived from the seed and iteration.
-        runner, starts = algo._eval_runner, []
-        reset = runner.reset
 
-        def recording_reset(seed):
-            reset(seed)
-            starts.append(runner._obs.copy())
-
-        runner.reset = recording_reset
-        first, again = algo.evaluate(), algo.evaluate()
-        assert first == {**again, "time_this_iter_s": first["time_this_iter_s"]}
-        algo._iteration += 1
-        algo.evaluate()
-        np.testing.assert_array_equal(starts[0], starts[1])
-        assert not np.array_equal(starts[0], starts[2])
-
-        # evaluation_config overrides apply to the evaluation runner only.
-        algo.config.evaluation_config = {"explore": False}
-        algo._eval_runner.close()
-        algo._eval_runner = None
-        greedy = algo.evaluate()
-        assert algo._eval_runner.policy.explore is False
-        assert greedy["episodes_this_iter"] == 3
-    finally:
-        algo.stop()
+def test_evaluation_explores_unless_its_config_says_otherwise():
+    evaluations = {}
+    for name, evaluation_config in [
+        ("default", {}),
+        ("explore", {"explore": True}),
+        ("greedy", {"explore": False}),
+    ]:
+        algo = _config(evaluation_config=evaluation_config, evaluation_duration=5).build()
+        try:  # Iteration 0, the seed's weights: the same episode seeds in every run.
+            evaluations[name] = _episodes(algo.evaluate())
+        finally:
+            algo.stop()
+    # RLlib's default: the evaluation config's `explore` (True), sampling actions.
+    assert evaluations["default"] == evaluations["explore"]
+    assert evaluations["greedy"] != evaluations["explore"]
 
 
 @pytest.mark.parametrize(
@@ -66,11 +79,10 @@ def test_evaluation_interval_duration_explore_and_seeds():
         ({"num_env_runners": 2}, "one actor"),
         ({"min_time_s_per_iteration": 1}, "min_time_s_per_iteration=0"),
         ({"num_sgd_iter": 2, "minibatch_buffer_size": 2}, "minibatch_buffer_size=1"),
+        ({"num_aggregation_workers": 1}, "num_aggregation_workers=0"),
     ],
 )
 def test_check_deterministic_names_what_to_change(overrides, message):
-    from impala_tf.algorithm import check_deterministic
-
     config = (
         ImpalaConfig()
         .environment("CartPole-v1")

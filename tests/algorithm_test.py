@@ -1,72 +1,42 @@
-"""End-to-end tests of the `Impala` driver: iterations, counters, failures, checkpoints, stop."""
+"""End-to-end tests of the `Impala` driver beyond the runtime scenarios: the result dict's learner
+entries, a full learner queue, the learner queue timeout, envs that raise, weight broadcasts
+that never wait for a running update, and `stop`.
+
+Iterations and counters, killed and hung actors, a killed aggregation worker, save and restore,
+and evaluation run on every placement in `tests/runtime_conformance_test.py`.
+"""
 
 from __future__ import annotations
 
-import collections
-import os
-import signal
+import contextlib
+import threading
 import time
-import types
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import keras
 import numpy as np
 import pytest
 
 from impala_tf.algorithm import Impala
-from impala_tf.config import ImpalaConfig
-from impala_tf.learner_thread import LearnerQueueTimeout
+from impala_tf.learner_thread import LearnerQueueTimeout, LearnerThread
+from impala_tf.rollout.fragment import DEFAULT_POLICY_ID
+from impala_tf.sample_batch import SampleBatch
+from tests.support import envs
+from tests.support.batches import sequence_batch
+from tests.support.configs import small_config
+from tests.support.processes import alive, wait_until
 
 
-def _config(**overrides) -> ImpalaConfig:
-    config = (
-        ImpalaConfig()
-        .environment("CartPole-v1")
-        .env_runners(num_env_runners=2, num_envs_per_env_runner=4, rollout_fragment_length=10)
-        .training(train_batch_size=80, model={"fcnet_hiddens": [16]})
-        .reporting(min_time_s_per_iteration=0.5)
-        .debugging(seed=0)
-    )
-    return config.update_from_dict(overrides)
-
-
-def _alive(pid: int) -> bool:
+def test_a_result_holds_rllibs_learner_stats_learner_queue_and_timing_breakdown():
+    algo = small_config().build()
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    # A zombie still answers kill(0); it is dead for our purposes.
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split()[2] != "Z"
-    except FileNotFoundError:
-        return False
-
-
-def test_iterations_report_rllib_results_with_consistent_counters(tmp_path):
-    algo = _config().build()
-    try:
-        pids = algo.pool.pids()
-        assert len(pids) == 2
-        results = [algo.train() for _ in range(3)]
+        result = algo.train()
     finally:
         algo.stop()
-    for pid in pids:
-        deadline = time.time() + 5
-        while _alive(pid) and time.time() < deadline:
-            time.sleep(0.05)
-        assert not _alive(pid), "stop() must end every actor process"
-    last = results[-1]
-    assert [r["training_iteration"] for r in results] == [1, 2, 3]
-    assert last["num_env_steps_trained"] <= last["num_samples_added_to_queue"]
-    assert last["num_samples_added_to_queue"] <= last["num_env_steps_sampled"]
-    assert last["num_env_steps_trained"] > 0
-    assert last["timesteps_total"] == last["num_env_steps_sampled"]
-    assert last["num_weight_broadcasts"] > 0
-    assert last["episodes_total"] > 0
-    assert np.isfinite(last["episode_reward_mean"])
-    assert last["env_runners"]["episode_return_mean"] == last["episode_reward_mean"]
-    info = last["info"]
-    stats = info["learner"]["default_policy"]["learner_stats"]
+    info = result["info"]
+    policy_info = info["learner"]["default_policy"]
+    stats = policy_info["learner_stats"]
     for key in (
         "cur_lr",
         "policy_loss",
@@ -78,7 +48,6 @@ def test_iterations_report_rllib_results_with_consistent_counters(tmp_path):
         "grad_gnorm",
     ):
         assert np.isfinite(stats[key]), key
-    policy_info = info["learner"]["default_policy"]
     assert policy_info["num_grad_updates_lifetime"] >= 1
     assert policy_info["diff_num_grad_updates_vs_sampler_policy"] >= 0
     assert set(info["learner_queue"]) >= {"size_count", "size_mean", "size_std", "size_quantiles"}
@@ -89,7 +58,8 @@ def test_iterations_report_rllib_results_with_consistent_counters(tmp_path):
         "learner_dequeue_time_ms",
     }
     assert info["timing_breakdown"]["learner_grad_time_ms"] > 0
-    assert last["time_total_s"] >= 3 * 0.5
+    assert result["time_this_iter_s"] >= 0.5  # min_time_s_per_iteration
+    assert result["time_total_s"] == result["time_this_iter_s"]
 
 
 class _SlowLearner(keras.callbacks.Callback):
@@ -100,9 +70,7 @@ class _SlowLearner(keras.callbacks.Callback):
 def test_a_full_learner_queue_drops_batches_and_counts_them():
     # Each fragment (4 envs x 10 steps) makes 4 train batches of 10 steps; with a slow learner
     # and a queue of one, all but the last batch of each step find the queue full.
-    from impala_tf.algorithm import Impala
-
-    config = _config(train_batch_size=10, learner_queue_size=1, min_time_s_per_iteration=2)
+    config = small_config(train_batch_size=10, learner_queue_size=1, min_time_s_per_iteration=1)
     algo = Impala(config, callbacks=[_SlowLearner()])
     try:
         result = algo.train()
@@ -114,9 +82,7 @@ def test_a_full_learner_queue_drops_batches_and_counts_them():
 
 
 def test_learner_queue_timeout_names_the_setting():
-    from tests import envs
-
-    config = _config(learner_queue_timeout=1, min_time_s_per_iteration=30)
+    config = small_config(learner_queue_timeout=1, min_time_s_per_iteration=30)
     config.environment(envs.faulty_cartpole, env_config={"sleep_s": 5.0})
     algo = config.build()
     try:
@@ -129,36 +95,8 @@ def test_learner_queue_timeout_names_the_setting():
     assert "learner_queue_timeout" in str(cause)
 
 
-def test_killed_actor_is_restarted_and_reported():
-    algo = _config(min_time_s_per_iteration=1).build()
-    try:
-        algo.train()
-        os.kill(algo.pool.pids()[0], signal.SIGKILL)
-        results = [algo.train() for _ in range(3)]
-        assert results[-1]["num_env_runner_restarts"] >= 1
-        assert results[-1]["num_healthy_workers"] == 2
-        sampled = [r["num_env_steps_sampled"] for r in results]
-        assert sampled[-1] > sampled[0]
-    finally:
-        algo.stop()
-
-
-def test_killed_actor_raises_without_restarts():
-    algo = _config(restart_failed_env_runners=False).build()
-    try:
-        algo.train()
-        os.kill(algo.pool.pids()[0], signal.SIGKILL)
-        with pytest.raises(RuntimeError, match="Actor 0 failed"):
-            for _ in range(20):
-                algo.train()
-    finally:
-        algo.stop()
-
-
 def test_env_that_raises_is_reported_with_its_error():
-    from tests import envs
-
-    config = _config(restart_failed_env_runners=False)
+    config = small_config(restart_failed_env_runners=False)
     config.environment(envs.faulty_cartpole, env_config={"fail_after": 25})
     algo = config.build()
     try:
@@ -170,9 +108,7 @@ def test_env_that_raises_is_reported_with_its_error():
 
 
 def test_env_that_always_raises_is_not_restarted_forever():
-    from tests import envs
-
-    config = _config()
+    config = small_config()
     config.environment(envs.faulty_cartpole, env_config={"fail_after": 1})
     algo = config.build()
     try:
@@ -184,79 +120,115 @@ def test_env_that_always_raises_is_not_restarted_forever():
 
 
 def test_broken_env_creator_fails_at_build():
-    from tests import envs
-
-    config = _config()
+    config = small_config()
     config.environment(envs.broken_env)
     with pytest.raises(ValueError, match="cannot be built"):
         config.build()
 
 
-def test_save_and_restore_round_trip(tmp_path):
-    algo = _config(lr_schedule=[[0, 0.001], [100_000, 0.0001]]).build()
+# Broadcasts ------------------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def _update_running(thread: LearnerThread) -> Iterator[list[np.ndarray]]:
+    """Holds the learner thread's `lock` on another thread, as a running update does; yields the
+    weights read under it (what the update leaves)."""
+    held, release, weights = threading.Event(), threading.Event(), []
+
+    def hold() -> None:
+        with thread.lock:
+            weights.append(thread.learner.get_policy_weights())
+            held.set()
+            release.wait(120)
+
+    holder = threading.Thread(target=hold, daemon=True)
+    holder.start()
     try:
-        algo.train()
-        algo.train()
-        with algo.learner_thread.lock:  # no update between the save and our copy
-            saved = algo.save(str(tmp_path / "ckpt"))
-            weights = [w.copy() for w in algo.learner.model.get_weights()]
-            steps = int(algo.learner.num_agent_steps_trained.numpy())
-        counters = dict(algo._counters)
-        algo.train()
-        assert int(algo.learner.num_agent_steps_trained.numpy()) > steps
+        assert held.wait(60)
+        yield weights[0]
+    finally:
+        release.set()
+        holder.join(60)
+
+
+def _returns_promptly(fn: Callable[[], Any], timeout_s: float = 20.0) -> Any:
+    """Calls `fn` on another thread and fails unless it returns within `timeout_s`."""
+    done, out = threading.Event(), {}
+
+    def call() -> None:
+        try:
+            out["value"] = fn()
+        except BaseException as e:  # noqa: BLE001 - raised again below.
+            out["error"] = e
+        done.set()
+
+    threading.Thread(target=call, daemon=True).start()
+    assert done.wait(timeout_s), "the call waited for the running update"
+    if "error" in out:
+        raise out["error"]
+    return out["value"]
+
+
+def _versions_held(algo: Impala) -> dict[int, int]:
+    """{actor id: `num_grad_updates` of the weights the actor holds} (weights sent before the
+    call are applied before it)."""
+    states = algo.actors.workers.call_and_wait([0, 1], "get_state", timeout_s=60)
+    return {i: int(state["weights"][DEFAULT_POLICY_ID][1]) for i, state in states.items()}
+
+
+def test_a_broadcast_never_waits_for_a_running_update_nor_sends_older_weights():
+    """`Broadcaster.step` reads weights without waiting: during an update it sends what the
+    learner thread published after its previous one, and only when that is newer than what was
+    sent; the actors that sampled meanwhile get it at the next step that can."""
+    algo = small_config().build()  # Nothing trains but the batches put below.
+    pid, broadcaster, thread = DEFAULT_POLICY_ID, algo.broadcaster, algo.learner_thread
+    counters = algo.metrics.counters
+    T, rows = algo.config.rollout_fragment_length, algo.learners.rows[pid]
+
+    def update(k: int) -> None:
+        """Runs the learner's k-th update (on a synthetic train batch) and waits for it."""
+        columns = sequence_batch(algo.observation_space, algo.action_space, T, rows, seed=k)
+        algo.learners.put_waiting(pid, SampleBatch(columns), 0.0)
+        assert wait_until(lambda: algo.learners.versions()[pid] == k, 60)
+
+    try:
+        assert broadcaster.sent[pid][1] == 0  # The start's weights.
+        update(1)
+        with _update_running(thread):
+            # Update 1 published nothing (nobody asked): nothing newer than sent can be read.
+            assert _returns_promptly(lambda: broadcaster.step([0])) is False
+        assert broadcaster.sent[pid][1] == 0 and counters["num_weight_broadcasts"] == 0
+        update(2)  # Publishes its weights, since the step above asked.
+        with _update_running(thread) as weights_2:
+            # Actor 0 sampled in the step above and waited: it gets the published weights.
+            assert _returns_promptly(lambda: broadcaster.step([])) is True
+        sent, version = broadcaster.sent[pid]
+        assert version == 2 and counters["num_weight_broadcasts"] == 1
+        assert all(np.array_equal(a, b) for a, b in zip(sent, weights_2, strict=True))
+        assert _versions_held(algo) == {0: 2, 1: 0}  # Actor 1 never sampled: not sent to.
+
+        update(3)  # Publishes (the step above asked again).
+        update(4)  # Publishes nothing: version 3 stays the published one.
+        broadcaster.send([0, 1])  # A restart's or restore's direct read: version 4.
+        update(5)
+        with _update_running(thread):
+            # Published version 3 is older than the sent version 4: nothing is sent.
+            assert _returns_promptly(lambda: broadcaster.step([0])) is False
+            # Nor does a whole training step wait (its batches queue for the learner).
+            for _ in range(3):
+                _returns_promptly(algo.training_step)
+        assert broadcaster.sent[pid][1] == 4 and counters["num_weight_broadcasts"] == 1
+        assert _versions_held(algo) == {0: 4, 1: 4}
     finally:
         algo.stop()
-    fresh = _config(lr_schedule=[[0, 0.001], [100_000, 0.0001]]).build()
-    try:
-        fresh.restore(saved)
-        for a, b in zip(weights, fresh.learner.model.get_weights()):
-            np.testing.assert_array_equal(a, b)
-        assert int(fresh.learner.num_agent_steps_trained.numpy()) == steps
-        assert fresh.iteration == 2
-        assert dict(fresh._counters) == counters
-        result = fresh.train()
-        assert result["training_iteration"] == 3
-        stats = result["info"]["learner"]["default_policy"]["learner_stats"]
-        assert stats["cur_lr"] < 0.001  # the schedule continues from the restored step count
-    finally:
-        fresh.stop()
 
 
-class _Snapshots:
-    """Stands in for `LearnerThread.policy_snapshot(wait=False)`: returns queued answers."""
-
-    def __init__(self, answers):
-        self.answers = list(answers)
-
-    def policy_snapshot(self, wait=True):
-        return self.answers.pop(0)
-
-
-def test_broadcast_never_sends_older_weights_and_remembers_who_waits():
-    sent = []
-    version = types.SimpleNamespace(numpy=lambda: 11)
-    driver = types.SimpleNamespace(
-        config=types.SimpleNamespace(broadcast_interval=1),
-        deterministic=False,
-        learner=types.SimpleNamespace(num_grad_updates=version),
-        pool=types.SimpleNamespace(healthy_actor_ids=lambda: [0, 1, 2]),
-        _steps_since_broadcast=0,
-        _broadcast_version=10,
-        _awaiting_weights=set(),
-        _counters=collections.Counter(),
-    )
-
-    def send(actor_ids, weights, v):
-        sent.append((actor_ids, weights, v))
-        driver._broadcast_version = v
-
-    driver._send_weights = send
-    # An update is running: the learner thread's last published snapshot (8) predates what was
-    # sent (10), then none is newer yet: nothing is sent, and actors 0 and 2 keep waiting.
-    driver.learner_thread = _Snapshots([(["w8"], 8), (["w10"], 10), (["w11"], 11)])
-    Impala._maybe_broadcast(driver, [0])
-    Impala._maybe_broadcast(driver, [2])
-    assert sent == [] and driver._awaiting_weights == {0, 2}
-    Impala._maybe_broadcast(driver, [])  # Published after the update: both get it.
-    assert sent == [([0, 2], ["w11"], 11)]
-    assert driver._awaiting_weights == set() and driver._counters["num_weight_broadcasts"] == 1
+def test_stop_ends_every_actor_and_aggregation_worker_and_can_be_repeated():
+    algo = small_config(num_aggregation_workers=1).build()
+    pids = [*algo.actors.pids().values(), *algo.aggregation.pids().values()]
+    assert len(pids) == 3 and all(alive(pid) for pid in pids)
+    algo.stop()
+    assert wait_until(lambda: not any(alive(pid) for pid in pids), 10)
+    algo.stop()
+    with pytest.raises(RuntimeError, match="stopped algorithm"):
+        algo.train()

@@ -1,11 +1,13 @@
 """Tests of impala_tf.callbacks and impala_tf.loop.fit, driven by a scripted fake algorithm.
 
 The fake has the parts of `Impala` the loop and the callbacks use (`train`, `save`, `iteration`,
-`learner`), so each test runs in milliseconds; tests/train_binary_test.py runs them for real.
+`learner`, and `learners` with `learners` and `locked()` for the weight histograms), with the
+real signatures, so each test runs in milliseconds; tests/train_binary_test.py runs them for real.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import threading
@@ -29,8 +31,19 @@ from impala_tf.callbacks import (
 from impala_tf.loop import fit
 
 
-class _LearnerThread:
-    lock = threading.RLock()
+class _Learners:
+    """`LearnerGroup`'s weight-reading part: `learners` ({policy_id: learner}) and `locked()`."""
+
+    def __init__(self, learner):
+        self.learners = {"default_policy": learner}
+        self._lock = threading.RLock()
+        self.times_locked = 0
+
+    @contextlib.contextmanager
+    def locked(self):
+        with self._lock:
+            self.times_locked += 1
+            yield
 
 
 class FakeAlgorithm:
@@ -42,7 +55,7 @@ class FakeAlgorithm:
         self._iteration = start_iteration
         self.learner = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
         self.learner.model = self.learner  # `ResultLogger` histograms read learner.model.
-        self.learner_thread = _LearnerThread()
+        self.learners = _Learners(self.learner)
         self.saves = []
 
     @property
@@ -66,12 +79,12 @@ class FakeAlgorithm:
             }
         return result
 
-    def save(self, directory):
-        os.makedirs(directory, exist_ok=True)
-        with open(os.path.join(directory, checkpoints.DRIVER_STATE_FILE), "w") as f:
+    def save(self, checkpoint_dir):
+        os.makedirs(checkpoint_dir, exist_ok=True)
+        with open(os.path.join(checkpoint_dir, checkpoints.DRIVER_STATE_FILE), "w") as f:
             json.dump({"iteration": self._iteration}, f)
-        self.saves.append((os.path.basename(directory), self._iteration))
-        return directory
+        self.saves.append((os.path.basename(checkpoint_dir), self._iteration))
+        return checkpoint_dir
 
 
 class Recorder(keras.callbacks.Callback):
@@ -246,6 +259,7 @@ def test_result_and_progress_loggers(tmp_path):
         e.step for t in tags if t.startswith("weights/") for e in accumulator.Tensors(t)
     }
     assert histogram_steps == {200}
+    assert algo.learners.times_locked == 1  # The weights were read between two updates.
 
 
 # load_callbacks (impala-train --callbacks) ----------------------------------------------------

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from impala_tf import distributions, learner, losses
+from impala_tf import distributions, gradients, losses
 from impala_tf.config import ImpalaConfig
 from impala_tf.learner import STATS_KEYS, ImpalaLearner, piecewise_linear
 from impala_tf.models import build_model
@@ -443,4 +443,4 @@ def test_what_the_learner_cannot_apply_itself_is_rejected():
     with pytest.raises(ValueError, match="constrained"):
         ImpalaLearner(config, OBS, ACT, model=model)
     with pytest.raises(ValueError, match="weight_decay"):
-        learner._check_plain(keras.optimizers.Adam(weight_decay=0.1), [])
+        gradients.check_plain_optimizer(keras.optimizers.Adam(weight_decay=0.1), [])

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from impala_tf.actors.aggregation import Aggregator
-from impala_tf.actors.env_runner import POLICY_VERSION, EnvRunner
 from impala_tf.batching import BatchBuilder
 from impala_tf.config import ImpalaConfig
+from impala_tf.driver.aggregation import Aggregator
 from impala_tf.models import build_model
+from impala_tf.rollout.env_runner import EnvRunner
+from impala_tf.rollout.fragment import DEFAULT_POLICY_ID, POLICY_VERSION
 from impala_tf.sample_batch import SampleBatch
 
 
@@ -25,33 +26,41 @@ def _runner(envs: int = 2, horizon: int = 5) -> tuple[EnvRunner, list[np.ndarray
     return runner, model.get_weights()
 
 
+def _load(runner: EnvRunner, weights: list[np.ndarray], version: int) -> None:
+    runner.set_weights({DEFAULT_POLICY_ID: (weights, version)})
+
+
+def _versions(fragment) -> np.ndarray:
+    return fragment.batches[DEFAULT_POLICY_ID][POLICY_VERSION]
+
+
 def test_first_step_after_a_broadcast_is_labelled_with_the_old_weights():
     runner, weights = _runner()
-    runner.set_weights(weights, policy_version=3)
+    _load(runner, weights, 3)
     first = runner.sample()
-    np.testing.assert_array_equal(first.batch[POLICY_VERSION], np.full((2, 5), 3))
-    runner.set_weights(weights, policy_version=8)
+    np.testing.assert_array_equal(_versions(first), np.full((2, 5), 3))
+    _load(runner, weights, 8)
     second = runner.sample()
-    versions = second.batch[POLICY_VERSION]
+    versions = _versions(second)
     assert versions.dtype == np.int64 and versions.shape == (2, 5)
     # Step 0's action was computed at the end of the previous fragment, with version 3.
     np.testing.assert_array_equal(versions[:, 0], [3, 3])
     np.testing.assert_array_equal(versions[:, 1:], np.full((2, 4), 8))
-    assert second.policy_version == 8
+    assert second.policy_versions == {DEFAULT_POLICY_ID: 8}
     third = runner.sample()
-    np.testing.assert_array_equal(third.batch[POLICY_VERSION], np.full((2, 5), 8))
+    np.testing.assert_array_equal(_versions(third), np.full((2, 5), 8))
 
 
 def test_snapshot_keeps_the_version_of_the_precomputed_step():
     runner, weights = _runner()
-    runner.set_weights(weights, policy_version=2)
+    _load(runner, weights, 2)
     runner.sample()
     state = runner.get_state()
-    runner.set_weights(weights, policy_version=6)
+    _load(runner, weights, 6)
     other, _ = _runner()
     other.set_state(state)
-    other.set_weights(weights, policy_version=6)
-    np.testing.assert_array_equal(other.sample().batch[POLICY_VERSION][:, 0], [2, 2])
+    _load(other, weights, 6)
+    np.testing.assert_array_equal(_versions(other.sample())[:, 0], [2, 2])
 
 
 def _labelled(rows: int, version_per_step: np.ndarray) -> SampleBatch:
@@ -82,10 +91,11 @@ def test_batch_version_is_the_step_weighted_mean_of_the_labels():
 def test_replayed_batches_keep_the_version_they_were_sampled_with():
     config = ImpalaConfig(env="CartPole-v1", replay_proportion=10.0, replay_buffer_num_slots=4)
     config.debugging(seed=0)
-    aggregator = Aggregator(config, rows=1)
-    out = aggregator.process(_labelled(1, np.array([1, 1, 1])), version=1.0)
-    out += aggregator.process(_labelled(1, np.array([7, 7, 7])), version=7.0)
-    versions = {(float(b[POLICY_VERSION].mean()), v) for b, v in out}
-    # Every train batch reports the version of its own steps, replayed or new.
-    assert all(label == v for label, v in versions)
-    assert {v for _, v in versions} == {1.0, 7.0}
+    aggregator = Aggregator(config, {DEFAULT_POLICY_ID: 1})
+    first = aggregator.process({DEFAULT_POLICY_ID: _labelled(1, np.array([1, 1, 1]))}, {})
+    second = aggregator.process({DEFAULT_POLICY_ID: _labelled(1, np.array([7, 7, 7]))}, {})
+    # Every train batch reports the version of its own steps, replayed or new ...
+    for _, batch, version in first + second:
+        assert version == float(batch[POLICY_VERSION].mean())
+    # ... so the batch sampled with version 1, replayed after version 7 arrived, reports 1.
+    assert {version for _, _, version in second} == {1.0, 7.0}

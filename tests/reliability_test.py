@@ -1,45 +1,124 @@
-"""Reliability of the driver and learner thread: consistent weight reads, restore flushes,
-fresh seeds for restarted actors, and non-finite updates counted in the result dict."""
+"""Reliability of the driver and learner thread: weight reads from one update, restore and flush
+drop what was queued, fresh seeds for restarted actors, non-finite updates counted and raised."""
 
 from __future__ import annotations
 
 import os
+import signal
 import threading
 import time
 
-import gymnasium as gym
 import keras
 import numpy as np
 import pytest
 import tensorflow as tf
 
 from impala_tf import checkpoints, pipeline
-from impala_tf.actors.base import ActorFailure
 from impala_tf.algorithm import Impala
 from impala_tf.config import ImpalaConfig
 from impala_tf.learner import ImpalaLearner
 from impala_tf.learner_thread import LearnerThread, TrainBatch
 from impala_tf.nonfinite import NonFiniteUpdatesError
 from impala_tf.reporting import tensorboard_scalars
+from impala_tf.rollout.fragment import DEFAULT_POLICY_ID
 from impala_tf.sample_batch import SampleBatch
-from tests import fakes
+from impala_tf.stats import TimerStat
+from tests.support import envs
+from tests.support.batches import ACT, OBS, ROWS, T, learner_config, sequence_batch
+from tests.support.configs import small_config
+from tests.support.processes import wait_until
 
-OBS = gym.spaces.Box(-1.0, 1.0, (4,), np.float32)
-ACT = gym.spaces.Discrete(3)
-T, ROWS = 5, 4
+PID = DEFAULT_POLICY_ID
 
 
 def _algo_config(**overrides) -> ImpalaConfig:
-    config = (
-        ImpalaConfig()
-        .environment("CartPole-v1")
-        .env_runners(num_env_runners=1, num_envs_per_env_runner=2, rollout_fragment_length=10)
-        .training(train_batch_size=20, model={"fcnet_hiddens": [8]})
-        .reporting(min_time_s_per_iteration=0)
-        .debugging(seed=7)
-        .resources(num_gpus=0)
+    keys = dict(
+        num_env_runners=1,
+        num_envs_per_env_runner=2,
+        train_batch_size=20,
+        model={"fcnet_hiddens": [8]},
+        min_time_s_per_iteration=0,
+        seed=7,
     )
-    return config.update_from_dict(overrides)
+    return small_config(**{**keys, **overrides})
+
+
+# Weight reads ----------------------------------------------------------------------------------
+
+
+class _TearingWriter(threading.Thread):
+    """Writes update k into every model variable, one at a time with a pause, under the lock
+    (as the learner thread's update holds it) and counts it in `num_grad_updates`: a read
+    without the lock sees two updates."""
+
+    def __init__(self, thread: LearnerThread):
+        super().__init__(daemon=True)
+        self.thread = thread
+        for variable in thread.learner.model.trainable_variables:  # Update 0.
+            variable.assign(tf.zeros_like(variable))
+        self.done = threading.Event()
+        self.rounds = 0
+
+    def run(self):
+        learner = self.thread.learner
+        while not self.done.is_set():
+            self.rounds += 1
+            with self.thread.lock:
+                for variable in learner.model.trainable_variables:
+                    variable.assign(tf.fill(variable.shape, float(self.rounds)))
+                    time.sleep(0.001)
+                learner.num_grad_updates.assign_add(1)
+            time.sleep(0.005)
+
+
+def _updates_in(weights: list[np.ndarray]) -> set[float]:
+    return {float(v) for w in weights for v in np.unique(w)}
+
+
+def test_weight_reads_for_broadcasts_restarts_evaluation_and_checkpoints_see_one_update(tmp_path):
+    algo = Impala(_algo_config())
+    try:
+        algo.learner_thread.stop()  # Only the writer below changes the weights.
+        writer = _TearingWriter(algo.learner_thread)
+        writer.start()
+        seen: dict[str, list] = {"send": [], "step": [], "latest": [], "get": []}
+        saved: list[str] = []
+        try:
+            deadline = time.monotonic() + 120
+            while min(map(len, [*seen.values(), saved])) < 5 and time.monotonic() < deadline:
+                seen["send"].append(algo.broadcaster.send([0])[PID][0])  # Restarts, restores.
+                seen["get"].append(algo.get_policy_weights())
+                saved.append(algo.save(str(tmp_path / f"checkpoint_{len(saved)}")))
+                seen["latest"].append(algo.broadcaster.latest()[PID][0])  # Evaluation, restarts.
+                # Every training step: reads now if no update runs (the writer wrote since the
+                # send above, and just released the lock to `latest`), else sends nothing.
+                if algo.broadcaster.step([0]):
+                    seen["step"].append(algo.broadcaster.sent[PID][0])
+        finally:
+            writer.done.set()
+            writer.join()
+    finally:
+        algo.stop()
+    seen["save"] = []
+    for path in saved:
+        reader = tf.train.load_checkpoint(checkpoints.learner_prefix(path))
+        kernels = [
+            reader.get_tensor(name)
+            for name in reader.get_variable_to_shape_map()
+            if name.startswith("model/") and "OPTIMIZER_SLOT" not in name
+        ]
+        seen["save"].append([k for k in kernels if np.issubdtype(k.dtype, np.floating)])
+    assert writer.rounds > 5 and all(len(reads) >= 5 for reads in seen.values())
+    mixed = [
+        (kind, sorted(_updates_in(w)))
+        for kind, reads in seen.items()
+        for w in reads
+        if len(_updates_in(w)) > 1
+    ]
+    assert not mixed, f"torn reads: {mixed[:3]}"
+
+
+# Restarts and restores -------------------------------------------------------------------------
 
 
 @pytest.fixture(scope="module")
@@ -49,172 +128,110 @@ def algo():
     algorithm.stop()
 
 
-class _TearingWriter(threading.Thread):
-    """Writes update k into every model variable, one at a time with a pause, under the lock
-    (as the learner thread's update holds it): a read without the lock sees two updates."""
-
-    def __init__(self, algo: Impala, rounds: int = 40):
-        super().__init__(daemon=True)
-        self.algo, self.rounds = algo, rounds
-
-    def run(self):
-        variables = self.algo.learner.model.trainable_variables
-        for k in range(1, self.rounds + 1):
-            with self.algo.learner_thread.lock:
-                for variable in variables:
-                    variable.assign(tf.fill(variable.shape, float(k)))
-                    time.sleep(0.001)
-            time.sleep(0.001)
+def _next_fragment(algo: Impala):
+    fragments: list = []
+    assert wait_until(lambda: fragments.extend(algo.actors.fetch(1.0)[0]) or fragments, 60)
+    return fragments[0]
 
 
-def _update_of(weights: list[np.ndarray]) -> set[float]:
-    return {float(v) for w in weights for v in np.unique(w)}
+def test_a_restarted_actor_gets_fresh_seeds_and_replays_no_episode(algo):
+    first = _next_fragment(algo).batches[PID]["obs"][:, 0]  # The actor's first observations.
+    os.kill(algo.actors.pids()[0], signal.SIGKILL)
+    failures: list = []
+    assert wait_until(lambda: failures.extend(algo.actors.fetch(1.0)[1]) or failures, 60)
+    algo.actors.handle_failures(failures, algo.broadcaster.latest)
+    algo.actors.top_up()
+    again = _next_fragment(algo).batches[PID]["obs"][:, 0]
+    assert algo.metrics.counters["num_env_runner_restarts"] == 1
+    # Built from the config alone, the new process would start the same episodes.
+    assert not np.array_equal(first, again)
 
 
-def test_weight_reads_for_actors_restarts_evaluation_and_checkpoints_see_one_update(
-    algo, tmp_path, monkeypatch
-):
-    algo.learner_thread.stop()  # Only the writer below changes the weights.
-    algo.evaluate()  # Builds the evaluation runner.
-    seen: list[list[np.ndarray]] = []
-    monkeypatch.setattr(algo.pool, "broadcast_weights", lambda w, v, ids, *filt: seen.append(w))
-    monkeypatch.setattr(algo.pool, "restart", lambda i, w, v: seen.append(w))
-    monkeypatch.setattr(algo._eval_runner, "set_weights", lambda w, v, *filt: seen.append(w))
-    monkeypatch.setattr(algo._eval_runner, "run_episodes", lambda n: [(1.0, 1)])
-    saved = []
-    writer = _TearingWriter(algo)
-    writer.start()
-    while writer.is_alive():
-        algo._broadcast([0])
-        algo._handle_failures([ActorFailure(0, "test")])
-        algo._failures_in_a_row.clear()
-        algo.evaluate()
-        saved.append(algo.save(str(tmp_path / f"checkpoint_{len(saved)}")))
-    writer.join()
-    for path in saved:
-        reader = tf.train.load_checkpoint(os.path.join(path, checkpoints.LEARNER_PREFIX))
-        kernels = [
-            reader.get_tensor(name)
-            for name in reader.get_variable_to_shape_map()
-            if name.startswith("model/") and "OPTIMIZER_SLOT" not in name
-        ]
-        seen.append([k for k in kernels if np.issubdtype(k.dtype, np.floating)])
-    assert len(seen) > 20
-    mixed = [sorted(_update_of(w)) for w in seen if len(_update_of(w)) > 1]
-    assert not mixed, f"torn reads: {mixed[:3]}"
-
-
-def test_restore_flushes_the_learner_queue_and_restarted_actors_get_fresh_seeds(algo, tmp_path):
-    # A restarted actor replays nothing: its first fragment differs from the first one.
-    fresh = Impala(_algo_config())
-    try:
-        first = []
-        while not first:
-            first, _ = fresh.pool.fetch_ready(1.0)
-        first_obs = first[0].batch["obs"][:, 0]
-        os.kill(fresh.pool.pids()[0], 9)
-        failures = []
-        while not failures:
-            _, failures = fresh.pool.fetch_ready(1.0)
-        fresh._handle_failures(failures)
-        fresh.pool.request_samples([0], 1)
-        again = []
-        while not again:
-            again, _ = fresh.pool.fetch_ready(1.0)
-        assert fresh._counters["num_env_runner_restarts"] == 1
-        assert not np.array_equal(first_obs, again[0].batch["obs"][:, 0])
-
-        # Batches queued before a restore are dropped with it.
-        path = fresh.save(str(tmp_path / "checkpoint"))
-        thread = fresh.learner_thread
-        with thread.lock:  # Keeps the learner from taking them meanwhile.
-            for _ in range(3):
-                thread.inqueue.put(TrainBatch(SampleBatch(first[0].batch)))
-            generation = thread.generation
-            fresh.restore(path)
+def test_a_restore_drops_the_batches_queued_before_it(algo, tmp_path):
+    path = algo.save(str(tmp_path / "checkpoint"))
+    thread = algo.learner_thread
+    spaces, rows = (algo.observation_space, algo.action_space), algo.learners.rows[PID]
+    batch = SampleBatch(sequence_batch(*spaces, algo.config.rollout_fragment_length, rows))
+    with thread.lock:  # Keeps the learner from taking them meanwhile.
+        for _ in range(3):
+            thread.inqueue.put(TrainBatch(batch))
+        generation = thread.generation
+        algo.restore(path)
         assert thread.inqueue.qsize() == 0
-        assert thread.generation == generation + 1
-    finally:
-        fresh.stop()
+    # Any batch the loader took before the restore belongs to the old generation: dropped.
+    assert thread.generation == generation + 1
+
+
+# Learner thread flushes -----------------------------------------------------------------------
 
 
 def _batch(seed: int) -> SampleBatch:
-    return SampleBatch(fakes.sequence_batch(OBS, ACT, T, ROWS, seed=seed))
+    return SampleBatch(sequence_batch(OBS, ACT, T, ROWS, seed=seed))
 
 
-def _thread(config) -> LearnerThread:
+def _thread(config: ImpalaConfig) -> LearnerThread:
     keras.utils.set_random_seed(0)
     learner = ImpalaLearner(config, OBS, ACT)
     signature = pipeline.batch_signature(config, OBS, ACT)
     return LearnerThread(learner, tf.distribute.get_strategy(), signature)
 
 
-def _thread_config(**overrides) -> ImpalaConfig:
-    config = ImpalaConfig().environment("CartPole-v1")
-    config.training(model={"fcnet_hiddens": [16]}, train_batch_size=ROWS * T, lr=0.01)
-    config.env_runners(rollout_fragment_length=T)
-    return config.update_from_dict(overrides)
-
-
 @pytest.mark.parametrize("microbatch_size", [None, 2 * T])
 def test_flush_drops_queued_loaded_and_buffered_batches(microbatch_size):
-    thread = _thread(_thread_config(microbatch_size=microbatch_size, num_sgd_iter=2))
+    thread = _thread(learner_config(microbatch_size=microbatch_size, num_sgd_iter=2))
     thread.start()
     try:
-        with thread.lock:  # The learner blocks on its next update: batches pile up.
+        with thread.lock:  # The learner stops at its next update: batches pile up.
             for seed in range(3):
                 thread.inqueue.put(TrainBatch(_batch(seed)))
-            deadline = time.monotonic() + 120
-            while thread.inqueue.qsize() == 3 and time.monotonic() < deadline:
-                time.sleep(0.05)  # The loader takes one and loads it.
-            assert thread.inqueue.qsize() < 3
-            time.sleep(0.5)
+            # The learner has a loaded unit (also in the minibatch buffer), waiting for the lock.
+            assert wait_until(lambda: thread.load_wait_timer.count >= 1, 120)
             thread.flush()
             assert thread.inqueue.qsize() == 0
-        deadline = time.monotonic() + 120
-        while thread.num_units_dropped == 0 and time.monotonic() < deadline:
-            time.sleep(0.05)
-        time.sleep(0.5)
-        assert thread.outqueue.empty()
-        assert int(thread.learner.num_grad_updates.numpy()) == 0
-        assert thread.num_units_dropped >= 1
+        assert wait_until(lambda: thread.num_units_dropped >= 1, 120)
         thread.inqueue.put(TrainBatch(_batch(9)))
         outputs = [thread.outqueue.get(timeout=60) for _ in range(2)]  # num_sgd_iter passes.
+        # The learner takes batches in order: had a flushed one trained, it would be in these.
         assert [o[0] for o in outputs] == [ROWS * T] * 2
+        assert int(thread.learner.num_grad_updates.numpy()) == 2
+        assert thread.outqueue.empty()
     finally:
         thread.stop()
     assert thread.error is None, thread.error
 
 
+class _PausingTimer(TimerStat):
+    """The learner's `load_wait_timer`, pushed once per unit before the learner uses it: pauses
+    the learner thread at the `pause_at`-th unit until `resume` is set."""
+
+    def __init__(self, pause_at: int):
+        super().__init__()
+        self.pause_at = pause_at
+        self.paused, self.resume = threading.Event(), threading.Event()
+
+    def push(self, seconds: float) -> None:
+        super().push(seconds)
+        if self.count == self.pause_at:
+            self.paused.set()
+            self.resume.wait(60)
+
+
 def test_a_flush_mid_microbatch_empties_the_accumulators():
-    config = _thread_config(microbatch_size=2 * T)
+    config = learner_config(microbatch_size=2 * T)  # Two microbatches per train batch.
     thread = _thread(config)
-    between, resume = threading.Event(), threading.Event()
-    next_unit, calls = thread._next_unit, []
-
-    def paused_next_unit():
-        calls.append(1)
-        if len(calls) == 2:  # After the first microbatch's gradients were accumulated.
-            between.set()
-            resume.wait(60)
-        return next_unit()
-
-    thread._next_unit = paused_next_unit
-    accumulators = thread.learner._accumulators
+    thread.load_wait_timer = timer = _PausingTimer(pause_at=2)
     thread.start()
     try:
         thread.inqueue.put(TrainBatch(_batch(1)))
-        assert between.wait(60)
-        assert any(np.any(a.numpy() != 0) for group in accumulators.grads for a in group)
+        assert timer.paused.wait(60)  # Paused before the second microbatch ...
+        assert thread.microbatch_grad_timer.count == 1  # ... the first one accumulated.
         with thread.lock:
             thread.flush()
-        assert all(np.all(a.numpy() == 0) for group in accumulators.grads for a in group)
-        assert float(accumulators.rows.numpy()) == 0
-        resume.set()
+        timer.resume.set()
         thread.inqueue.put(TrainBatch(_batch(2)))
         env_steps, _, _ = thread.outqueue.get(timeout=60)
     finally:
-        resume.set()
+        timer.resume.set()
         thread.stop()
     assert thread.error is None, thread.error
     assert env_steps == ROWS * T
@@ -230,21 +247,63 @@ def test_a_flush_mid_microbatch_empties_the_accumulators():
         np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
 
 
-class HugeRewardCartPole(gym.Wrapper):
-    """CartPole whose every 25th step pays 3e38: finite, but the squared value error is inf."""
+@pytest.mark.parametrize("microbatch_size", [None, 2 * T])
+def test_a_snapshot_that_would_wait_is_published_after_the_running_update(microbatch_size):
+    thread = _thread(learner_config(microbatch_size=microbatch_size))
+    held, release = threading.Event(), threading.Event()
 
-    def __init__(self, env_config=None):
-        super().__init__(gym.make("CartPole-v1"))
-        self._steps = 0
+    def hold_lock(flush: bool = False):  # Stands for an update in progress on another thread.
+        with thread.lock:
+            if flush:  # A restore, which flushes under the lock.
+                thread.flush()
+            held.set()
+            release.wait(60)
 
-    def step(self, action):
-        obs, reward, terminated, truncated, info = self.env.step(action)
-        self._steps += 1
-        return obs, 3e38 if self._steps % 25 == 0 else reward, terminated, truncated, info
+    def during_update(flush: bool = False):
+        """`policy_snapshot(wait=False)` while another thread holds the lock."""
+        held.clear(), release.clear()
+        holder = threading.Thread(target=hold_lock, args=(flush,))
+        holder.start()
+        try:
+            assert held.wait(60)
+            return thread.policy_snapshot(wait=False)
+        finally:
+            release.set()
+            holder.join()
+
+    def update(seed: int):
+        thread.inqueue.put(TrainBatch(_batch(seed)))
+        thread.outqueue.get(timeout=60)
+        return thread.learner.get_policy_weights()
+
+    # Idle learner: read at once.
+    weights, version = thread.policy_snapshot(wait=False)
+    assert version == 0
+    assert all(np.array_equal(a, b) for a, b in zip(weights, thread.learner.get_policy_weights()))
+    assert during_update() is None  # Nothing published yet; asks for one.
+    thread.start()
+    try:
+        after_update = update(1)
+        weights, version = during_update()  # What the update published ...
+        assert version == 1
+        assert all(np.array_equal(a, b) for a, b in zip(weights, after_update))
+        after_update = update(2)  # ... and, asked again, the next update publishes too.
+        weights, version = during_update()
+        assert version == 2
+        assert all(np.array_equal(a, b) for a, b in zip(weights, after_update))
+        # A restore: weights from before it are never handed out after it.
+        assert during_update(flush=True) is None
+    finally:
+        release.set()
+        thread.stop()
+    assert thread.error is None, thread.error
 
 
-def test_nonfinite_updates_are_counted_in_the_result_and_tensorboard_then_raise(tmp_path):
-    config = _algo_config(max_nonfinite_updates=10_000).environment(HugeRewardCartPole)
+# Non-finite updates ----------------------------------------------------------------------------
+
+
+def test_nonfinite_updates_are_skipped_and_counted_in_the_result_and_tensorboard(tmp_path):
+    config = _algo_config(max_nonfinite_updates=10_000).environment(envs.HugeRewardCartPole)
     algo = Impala(config, logdir=str(tmp_path))
     try:
         result = None
@@ -252,60 +311,23 @@ def test_nonfinite_updates_are_counted_in_the_result_and_tensorboard_then_raise(
             result = algo.train()
             if result["num_nonfinite_updates_skipped"] >= 2:
                 break
-        assert result["num_nonfinite_updates_skipped"] >= 2
-        assert result["counters"]["num_nonfinite_updates_skipped"] >= 2
-        scalars = tensorboard_scalars(result)
-        assert scalars["counters/nonfinite_updates_skipped"] >= 2
-        assert os.path.isfile(tmp_path / "nonfinite" / "batch_1.npz")
-        assert all(np.all(np.isfinite(w)) for w in algo.learner.model.get_weights())
-        # Every batch non-finite from now on: the run stops with the error.
-        algo.learner_thread.nonfinite.max_in_a_row = 1
-        with pytest.raises(NonFiniteUpdatesError, match="nonfinite/batch_"):
-            for _ in range(60):
+        weights = algo.get_policy_weights()
+    finally:
+        algo.stop()
+    assert result["num_nonfinite_updates_skipped"] >= 2
+    assert result["counters"]["num_nonfinite_updates_skipped"] >= 2
+    scalars = tensorboard_scalars(result)
+    assert scalars["counters/nonfinite_updates_skipped"] >= 2
+    assert os.path.isfile(tmp_path / "nonfinite" / "batch_1.npz")
+    assert all(np.all(np.isfinite(w)) for w in weights)
+
+
+def test_max_nonfinite_updates_in_a_row_end_training_naming_the_saved_batch(tmp_path):
+    config = _algo_config(max_nonfinite_updates=1).environment(envs.HugeRewardCartPole)
+    algo = Impala(config, logdir=str(tmp_path))
+    try:
+        with pytest.raises(NonFiniteUpdatesError, match="nonfinite/batch_1.npz"):
+            for _ in range(30):
                 algo.train()
     finally:
         algo.stop()
-
-
-@pytest.mark.parametrize("microbatch_size", [None, 2 * T])
-def test_a_snapshot_that_would_wait_is_published_after_the_running_update(microbatch_size):
-    thread = _thread(_thread_config(microbatch_size=microbatch_size))
-    held, release = threading.Event(), threading.Event()
-
-    def hold_lock():  # Stands for an update in progress on another thread.
-        with thread.lock:
-            held.set()
-            release.wait(60)
-
-    # Idle learner: read at once.
-    weights, version = thread.policy_snapshot(wait=False)
-    assert version == 0
-    assert all(np.array_equal(a, b) for a, b in zip(weights, thread.learner.get_policy_weights()))
-    holder = threading.Thread(target=hold_lock)
-    holder.start()
-    assert held.wait(60)
-    assert thread.policy_snapshot(wait=False) is None  # Nothing published yet; asks for one.
-    release.set()
-    holder.join()
-    thread.start()
-    try:
-        thread.inqueue.put(TrainBatch(_batch(1)))
-        thread.outqueue.get(timeout=60)
-        after_update = thread.learner.get_policy_weights()
-        held.clear(), release.clear()
-        holder = threading.Thread(target=hold_lock)
-        holder.start()
-        assert held.wait(60)
-        weights, version = thread.policy_snapshot(wait=False)  # What the update published.
-        release.set()
-        holder.join()
-        assert version == 1
-        assert all(np.array_equal(a, b) for a, b in zip(weights, after_update))
-        assert thread._snapshot_wanted  # And asked for the next one.
-        with thread.lock:
-            thread.flush()  # A restore: weights from before it are never handed out after it.
-        assert thread._published is None
-    finally:
-        release.set()
-        thread.stop()
-    assert thread.error is None, thread.error

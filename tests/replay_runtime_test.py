@@ -1,4 +1,4 @@
-"""Mix-in replay in the running algorithm: what the learner trains relative to what was sampled.
+"""Mix-in replay in the running algorithm: what reaches the learner relative to what was sampled.
 
 The counters: `num_env_steps_sampled` counts env steps the actors produced (each once);
 `num_samples_added_to_queue` the env steps put on the learner queue, replayed ones included;
@@ -11,28 +11,33 @@ from __future__ import annotations
 
 import os
 
+import numpy as np
 import pytest
 
+from impala_tf.algorithm import Impala
 from impala_tf.config import ImpalaConfig
+from impala_tf.rollout.fragment import DEFAULT_POLICY_ID
+from impala_tf.sample_batch import decompress
+from tests.support.configs import small_config
+from tests.support.processes import wait_until
 
 T, ENVS, BATCH = 10, 2, 40
 
 
 def _config(**overrides) -> ImpalaConfig:
-    config = (
-        ImpalaConfig()
-        .environment("CartPole-v1")
-        .env_runners(num_env_runners=1, num_envs_per_env_runner=ENVS, rollout_fragment_length=T)
-        .training(train_batch_size=BATCH, model={"fcnet_hiddens": [16]}, replay_buffer_num_slots=4)
-        .debugging(seed=3)
+    keys = dict(
+        num_env_runners=1,
+        num_envs_per_env_runner=ENVS,
+        rollout_fragment_length=T,
+        train_batch_size=BATCH,
+        replay_buffer_num_slots=4,
+        seed=3,
     )
-    return config.update_from_dict(overrides)
+    return small_config(**{**keys, **overrides})
 
 
 @pytest.mark.parametrize("proportion", [0.0, 1.0, 3.0])
 def test_lockstep_learner_trains_p_plus_one_times_the_sampled_steps(proportion):
-    from impala_tf.algorithm import Impala
-
     config = _config(
         replay_proportion=proportion,
         min_time_s_per_iteration=0,
@@ -76,6 +81,59 @@ def test_asynchronous_driver_sends_twice_the_sampled_steps_with_proportion_one()
     added, trained = result["num_samples_added_to_queue"], result["num_env_steps_trained"]
     assert added - (64 + 2) * BATCH <= trained <= added
     assert trained > 0
+
+
+#: Replay slots, and fragments fed through the aggregation in the test below.
+SLOTS, FRAGMENTS = 4, 12
+
+
+def _fetched(algo: Impala) -> list:
+    """The next train batches the aggregation workers send back."""
+    out: list = []
+    assert wait_until(lambda: out.extend(algo.aggregation.fetch(0.5)) or out, 60)
+    return out
+
+
+@pytest.mark.parametrize("workers", [0, 1], ids=["in_the_driver", "in_an_aggregation_worker"])
+def test_each_train_batch_is_a_new_fragment_and_an_old_one_replayed(workers):
+    """With p = 1 and train batches of two fragments' sequences, every fragment the actors send
+    makes one train batch: its own sequences, then those of a fragment from the replay slots."""
+    envs = 4
+    algo = small_config(
+        num_envs_per_env_runner=envs,
+        train_batch_size=2 * envs * 10,
+        replay_proportion=1.0,
+        replay_buffer_num_slots=SLOTS,
+        num_aggregation_workers=workers,
+        compress_observations=True,
+    ).build()
+    sent, origins = [], []
+    try:
+        while len(sent) < FRAGMENTS:
+            fragments, failures = algo.actors.fetch(5.0)
+            assert not failures
+            algo.actors.top_up()
+            for fragment in fragments[: FRAGMENTS - len(sent)]:
+                sent.append(decompress(fragment.batches[DEFAULT_POLICY_ID])["obs"])
+                out = algo.aggregation.process(fragment)
+                if workers:  # The batches come back from the worker.
+                    assert out == []
+                    out = _fetched(algo)
+                ((pid, batch, _),) = out
+                assert pid == DEFAULT_POLICY_ID and len(batch) == 2 * envs
+                # The new sequences train at once ...
+                np.testing.assert_array_equal(batch["obs"][:envs], sent[-1])
+                # ... with a whole earlier fragment's (or this one's) from the replay slots.
+                old = batch["obs"][envs:]
+                (origin,) = [j for j, obs in enumerate(sent) if np.array_equal(old, obs)]
+                assert len(sent) - 1 - SLOTS < origin <= len(sent) - 1
+                origins.append(len(sent) - 1 - origin)
+        counters = algo.metrics.counters
+        assert counters["num_times_no_aggregation_worker_available"] == 0
+    finally:
+        algo.stop()
+    # Old sequences are mixed in: most replayed fragments are older than the new one.
+    assert sum(age > 0 for age in origins) >= FRAGMENTS // 2, origins
 
 
 def test_replay_example_config():

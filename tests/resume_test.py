@@ -13,31 +13,23 @@ import os
 import subprocess
 import sys
 
-import gymnasium as gym
 import numpy as np
 import pytest
 import tensorflow as tf
 
 from impala_tf import checkpoints
-from impala_tf.actors.env_runner import EnvRunner
 from impala_tf.config import ImpalaConfig
 from impala_tf.models import build_model
 from impala_tf.reporting import flatten
+from impala_tf.rollout.env_runner import EnvRunner
+from impala_tf.rollout.fragment import DEFAULT_POLICY_ID
+from tests.support.envs import unpicklable_cartpole
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _ENV = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONPATH": REPO}
 _TIMEOUT_S = 240
 
 # EnvRunner snapshots -------------------------------------------------------------------------
-
-
-class _Unpicklable(gym.Wrapper):
-    def __reduce__(self):
-        raise TypeError("this env holds a simulator handle")
-
-
-def unpicklable_cartpole(env_config):
-    return _Unpicklable(gym.make("CartPole-v1"))
 
 
 def _runner(env="CartPole-v1", model=None, seed=0):
@@ -51,17 +43,20 @@ def _runner(env="CartPole-v1", model=None, seed=0):
     runner = EnvRunner(config, worker_index=1)
     net = build_model(runner.observation_space, runner.action_space, config.model)
     rng = np.random.default_rng(1)
-    runner.set_weights([rng.normal(scale=0.5, size=w.shape) for w in net.get_weights()], 4)
+    weights = [rng.normal(scale=0.5, size=w.shape) for w in net.get_weights()]
+    runner.set_weights({DEFAULT_POLICY_ID: (weights, 4)})
     return runner
 
 
 def _same_fragments(a, b, count=3):
     for _ in range(count):
         fa, fb = a.sample(), b.sample()
-        for key in fa.batch:
-            np.testing.assert_array_equal(fa.batch[key], fb.batch[key], err_msg=key)
-        assert fa.episode_returns == fb.episode_returns
-        assert fa.policy_version == fb.policy_version
+        batch_a, batch_b = fa.batches[DEFAULT_POLICY_ID], fb.batches[DEFAULT_POLICY_ID]
+        assert batch_a.keys() == batch_b.keys()
+        for key in batch_a:
+            np.testing.assert_array_equal(batch_a[key], batch_b[key], err_msg=key)
+        assert fa.episodes == fb.episodes
+        assert fa.policy_versions == fb.policy_versions
 
 
 @pytest.mark.parametrize(
@@ -75,7 +70,8 @@ def test_a_restored_snapshot_continues_the_same_episodes(model):
     snapshot = original.get_state()
     assert snapshot["envs"] is not None and snapshot["envs_error"] is None
     copy = _runner(model=model, seed=99)  # Other seed, other weights: all replaced.
-    copy.set_weights([w * 0 for w in copy.get_weights()], 0)
+    zeros = [w * 0 for w in copy.get_weights()[DEFAULT_POLICY_ID]]
+    copy.set_weights({DEFAULT_POLICY_ID: (zeros, 0)})
     copy.set_state(snapshot)
     _same_fragments(original, copy)
 
@@ -88,7 +84,7 @@ def test_unpicklable_envs_restart_their_episodes_from_a_seed():
     a, b = _runner(env=unpicklable_cartpole), _runner(env=unpicklable_cartpole)
     a.set_state({**snapshot, "seed": 5})
     b.reset(5)
-    b.policy.set_rng_state(snapshot["policy_rng"])
+    b.set_state({"policy_rngs": snapshot["policy_rngs"]})
     _same_fragments(a, b)
     # A reset with a seed is a fresh start: the first fragment of a new runner with that seed.
     c = _runner(seed=5)
@@ -120,8 +116,22 @@ RUN_ARGS = [
     "--set=model.fcnet_hiddens=[16]",
 ]
 
-# Keys that measure time or the learner's recent windows, which a restart begins afresh.
-_VARYING = ("time", "throughput", "timestamp", "pid", "learner_queue", "timing_breakdown")
+# Result keys that measure wall-clock time or the process, and windows of the learner thread's
+# recent timings and queue sizes, which a restarted process begins afresh. Everything else (the
+# lifetime counters, `timesteps_total`, `num_grad_updates_lifetime`, ...) must match.
+_WALL_CLOCK = frozenset(
+    {
+        "time_this_iter_s",
+        "time_total_s",
+        "time_since_start_s",
+        "timestamp",
+        "pid",
+        "num_env_steps_sampled_throughput_per_sec",
+        "num_env_steps_trained_throughput_per_sec",
+        "evaluation/time_this_iter_s",
+    }
+)
+_WINDOWS = ("info/learner_queue/", "info/timing_breakdown/")
 
 
 def start(*args):
@@ -147,12 +157,12 @@ def results(logdir):
 
 
 def comparable(result):
-    return {k: v for k, v in flatten(result) if not any(part in k for part in _VARYING)}
+    return {k: v for k, v in flatten(result) if k not in _WALL_CLOCK and not k.startswith(_WINDOWS)}
 
 
 def checkpoint_tensors(logdir):
     directory = checkpoints.resolve_checkpoint_dir(logdir)
-    reader = tf.train.load_checkpoint(os.path.join(directory, checkpoints.LEARNER_PREFIX))
+    reader = tf.train.load_checkpoint(checkpoints.learner_prefix(directory))
     names = [n for n in reader.get_variable_to_shape_map() if "OBJECT_GRAPH" not in n]
     return directory, {name: reader.get_tensor(name) for name in names}
 
@@ -168,8 +178,17 @@ def test_resumed_deterministic_run_matches_an_uninterrupted_one(tmp_path):
 
     a, b = results(straight_dir), results(resumed_dir)
     assert [r["training_iteration"] for r in b] == [1, 2, 3, 4]
+    lifetime = {
+        "timesteps_total",
+        "num_env_steps_trained",
+        "env_runners/num_env_steps_sampled_lifetime",
+        "info/learner/default_policy/num_grad_updates_lifetime",
+        "evaluation/episode_reward_mean",
+    }
     for left, right in zip(a, b, strict=True):
         assert comparable(left) == comparable(right), left["training_iteration"]
+        assert lifetime - {"evaluation/episode_reward_mean"} <= comparable(left).keys()
+    assert lifetime <= comparable(b[3]).keys()
     stats = [r["info"]["learner"]["default_policy"]["learner_stats"] for r in b]
     assert stats[3]["cur_lr"] < stats[2]["cur_lr"] < 0.01  # The schedule moved on, not back.
     assert stats[3]["entropy_coeff"] < stats[2]["entropy_coeff"]
@@ -189,5 +208,6 @@ def test_resumed_deterministic_run_matches_an_uninterrupted_one(tmp_path):
     for name, value in tensors_a.items():
         np.testing.assert_array_equal(value, tensors_b[name], err_msg=name)
     state_a, state_b = (checkpoints.read_driver_state(d) for d in (dir_a, dir_b))
-    for key in ("iteration", "counters", "episodes", "episodes_total", "broadcast_version"):
+    keys = ("iteration", "counters", "episodes", "episodes_total", "env_steps_trained")
+    for key in (*keys, "steps_since_broadcast", "observation_filters"):
         assert state_a[key] == state_b[key], key

@@ -90,6 +90,15 @@ def _settle(before: dict, timeout_s: float = 10.0) -> dict:
         time.sleep(0.5)
 
 
+def _kill(pid: int) -> bool:
+    """SIGKILLs `pid`; False when it had exited already."""
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        return False
+    return True
+
+
 def run_storm(
     duration_s: float, kill_every_s: float = 2.0, config_path: str = DEFAULT_CONFIG
 ) -> dict:
@@ -123,12 +132,11 @@ def run_storm(
             result = algo.train()
             now = time.monotonic()
             if now >= next_kill and now - start < duration_s - kill_every_s:
-                actor = algo.pool._actors.get(victim % algo.pool.num_actors)
-                if actor is not None and actor.process.is_alive():
-                    os.kill(actor.process.pid, signal.SIGKILL)
+                # Healthy actors only: one that died and is not restarted yet is spared.
+                pid = algo.actors.pids().get(victim % algo.actors.workers.num_workers)
+                if pid is not None and _kill(pid):
                     kills += 1
                     trained_at_last_kill = result["num_env_steps_trained"]
-                del actor  # Its process handle would keep its sentinel fd open.
                 victim += 1
                 next_kill = now + kill_every_s
         # Let the last kill be seen and trained past.

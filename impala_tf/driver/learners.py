@@ -31,7 +31,8 @@ from impala_tf.config.base import AlgorithmConfig
 from impala_tf.config.policies import policy_config
 from impala_tf.driver.plan import RuntimePlan
 from impala_tf.learner import ImpalaLearner
-from impala_tf.learner_thread import LearnerThread, TrainBatch
+from impala_tf.learner_thread import LearnerThread
+from impala_tf.minibatch import TrainBatch
 from impala_tf.nonfinite import NonFiniteUpdatesError
 from impala_tf.rollout.fragment import DEFAULT_POLICY_ID
 from impala_tf.sample_batch import SampleBatch

@@ -1,0 +1,127 @@
+"""How the learner applies gradients: summed once over replicas, or accumulated over microbatches.
+
+`apply_summed` applies gradients that the learner has already summed over the replicas (its one
+all-reduce per update) with a stock Keras optimizer, through public API only: Keras' TF optimizer
+all-reduces the gradients it is given in replica context, and its `apply_gradients` refuses
+cross-replica context under `MirroredStrategy`, so the learner hands the summed gradients over
+with `ReplicaContext.merge_call` and this function runs the optimizer's `update_step` (Keras'
+public hook for an optimizer's rule) on each device's copy of each variable.
+`check_plain_optimizer` refuses the optimizer options that `apply_gradients` would honour and
+`apply_summed` does not (clipping options, weight decay, EMA, loss scaling, constraints).
+
+`GradientAccumulators` holds the per-replica sums of microbatch gradients (`microbatch_size`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import keras
+import tensorflow as tf
+
+from impala_tf import losses
+
+__all__ = ["GradientAccumulators", "apply_summed", "check_plain_optimizer"]
+
+
+def check_plain_optimizer(
+    optimizer: keras.optimizers.Optimizer, variables: list[keras.Variable]
+) -> None:
+    """Raises if `optimizer.apply_gradients` would do more than `apply_summed` does.
+
+    Args:
+      optimizer: A Keras optimizer.
+      variables: The variables it trains.
+
+    Raises:
+      ValueError: naming the optimizer options or the variables `apply_summed` would ignore.
+    """
+    options = ("clipnorm", "clipvalue", "global_clipnorm", "weight_decay", "use_ema")
+    options += ("loss_scale_factor", "gradient_accumulation_steps")
+    used = [name for name in options if getattr(optimizer, name)]
+    constrained = [
+        v.path for v in variables if v.constraint is not None or v.overwrite_with_gradient
+    ]
+    if used or constrained:
+        raise ValueError(
+            f"The learner applies gradients itself (one all-reduce per update) and supports "
+            f"neither optimizer options {used} of {optimizer.name} nor constrained or "
+            f"overwrite-with-gradient variables {constrained}."
+        )
+
+
+def apply_summed(
+    strategy: tf.distribute.Strategy,
+    optimizer: keras.optimizers.Optimizer,
+    grads: list[Any],
+    variables: list[keras.Variable],
+) -> None:
+    """Applies gradients already summed over the replicas; call it in cross-replica context.
+
+    In replica context Keras' TF optimizer all-reduces the gradients it is given, and in
+    cross-replica context its `apply_gradients` fails under `MirroredStrategy` (it asks for a
+    replica context). This is what `apply_gradients` runs after its all-reduce for an optimizer
+    that `check_plain_optimizer` accepts: `update_step` (Keras' public hook for an optimizer's
+    rule) on each device's copy of each variable, then `iterations` + 1.
+
+    Args:
+      strategy: The strategy of the cross-replica context (`merge_call`'s first argument).
+      optimizer: The Keras optimizer whose slots and step count the update uses.
+      grads: float gradients, one per variable: tensors (one device) or per-replica values
+        that are equal on every replica (the all-reduced sum).
+      variables: The Keras variables `optimizer` was built on.
+    """
+    learning_rate = optimizer.learning_rate
+
+    def update(variable: tf.Variable, grad: tf.Tensor) -> None:
+        optimizer.update_step(grad, variable, learning_rate)
+
+    for grad, variable in zip(grads, variables):
+        strategy.extended.update(variable.value, update, args=(grad,), group=False)
+    optimizer.iterations.assign_add(1)
+
+
+class GradientAccumulators:
+    """Per-replica sums of microbatch gradients, loss sums and env steps (gradient accumulation).
+
+    The variables are `ON_READ`: each replica adds to its own copy, with no communication per
+    microbatch; `ImpalaLearner._apply` all-reduces the read values once per update. Create it
+    inside the learner's `strategy.scope()`.
+
+    Args:
+      groups: The learner's `(optimizer, variables)` pairs; one accumulator per variable.
+    """
+
+    def __init__(self, groups):
+        local = dict(
+            trainable=False,
+            synchronization=tf.VariableSynchronization.ON_READ,
+            aggregation=tf.VariableAggregation.SUM,
+        )
+        self.grads = [
+            [
+                tf.Variable(tf.zeros(v.shape, v.dtype), name=f"grad_accumulator_{i}", **local)
+                for i, v in enumerate(variables)
+            ]
+            for _, variables in groups
+        ]
+        self.sums = tf.Variable(tf.zeros([len(losses.LossSums._fields)]), name="sums", **local)
+        self.rows = tf.Variable(tf.constant(0, tf.int64), name="rows", **local)
+
+    def add(self, grads: list[list[tf.Tensor]], sums: losses.LossSums, rows: tf.Tensor) -> None:
+        for accumulators, group in zip(self.grads, grads):
+            for accumulator, grad in zip(accumulators, group):
+                accumulator.assign_add(grad)
+        self.sums.assign_add(tf.stack(list(sums)))
+        self.rows.assign_add(rows)
+
+    def read(self) -> tuple[list[list[tf.Tensor]], losses.LossSums, tf.Tensor]:
+        grads = [[a.read_value() for a in accumulators] for accumulators in self.grads]
+        return grads, losses.LossSums(*tf.unstack(self.sums.read_value())), self.rows.read_value()
+
+    def reset(self) -> None:
+        for accumulators in self.grads:
+            for accumulator in accumulators:
+                accumulator.assign(tf.zeros_like(accumulator))
+        self.sums.assign(tf.zeros_like(self.sums))
+        self.rows.assign(tf.zeros_like(self.rows))
