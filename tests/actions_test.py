@@ -10,10 +10,10 @@ import pytest
 import tensorflow as tf
 
 from impala_tf.actions import ActionAdapter, clip_action, unsquash_action
-from impala_tf.actors.env_runner import EnvRunner
 from impala_tf.config import ImpalaConfig
 from impala_tf.learner import ImpalaLearner
 from impala_tf.models import build_model
+from impala_tf.rollout.env_runner import EnvRunner
 from impala_tf.sample_batch import concat_samples, time_major
 
 BOX = gym.spaces.Box(np.array([-2.0, 0.0], np.float32), np.array([2.0, 10.0], np.float32))
@@ -89,9 +89,9 @@ def test_env_runner_sends_transformed_actions_and_logs_the_policy_ones(normalize
     model = build_model(_RecordingEnv.observation_space, _RecordingEnv.action_space, config.model)
     weights = model.get_weights()
     weights[-3] = weights[-3] + np.array([0.0, 1.0], np.float32)  # log-std 1: std e
-    runner.set_weights(weights)
+    runner.set_weights({"default_policy": (weights, 0)})
     fragment = runner.sample()
-    logged = fragment.batch["actions"].reshape(-1, 1)
+    logged = fragment.batches["default_policy"]["actions"].reshape(-1, 1)
     sent = np.stack(_RecordingEnv.received)
     assert np.abs(logged).max() > 2.0  # the policy's own samples, unbounded
     expected = ActionAdapter(_RecordingEnv.action_space, normalize, clip)(logged)
@@ -144,10 +144,11 @@ def test_pendulum_config_trains_without_nan(free_log_std):
     learner = ImpalaLearner(config, runners[0].observation_space, runners[0].action_space)
     step = tf.function(learner.train_step)
     for _ in range(5):
-        weights = learner.get_policy_weights()
+        weights = {"default_policy": (learner.get_policy_weights(), 0)}
         for runner in runners:
             runner.set_weights(weights)
-        batch = time_major(concat_samples([r.sample().batch for r in runners]))
+        fragments = [r.sample().batches["default_policy"] for r in runners]
+        batch = time_major(concat_samples(fragments))
         stats = step({k: tf.constant(v) for k, v in batch.items()})
         for key in ("total_loss", "grad_gnorm", "grad_gnorm_unclipped", "entropy"):
             assert np.isfinite(float(stats[key])), key

@@ -10,10 +10,11 @@ import gymnasium as gym
 import numpy as np
 import pytest
 
-from impala_tf.actors.env_runner import EnvRunner, make_env, make_env_batch
 from impala_tf.config import ImpalaConfig
 from impala_tf.envs import atari
 from impala_tf.envs.batch import AtariVectorEnvBatch, GymEnvBatch
+from impala_tf.envs.make import make_env, make_env_batch
+from impala_tf.rollout.env_runner import EnvRunner
 
 atari.ensure_registered("PongNoFrameskip-v4")
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -106,12 +107,38 @@ def test_max_pooling_action_repeat_and_fire_reset():
     assert pooled_differs  # The inputs reached the max-pooling branch.
 
 
-def test_no_fire_reset_without_fire_and_envs_that_skip_frames():
+class _ActionLog(gym.Wrapper):
+    """Keeps every action the wrapped env was stepped with."""
+
+    def __init__(self, env: gym.Env):
+        super().__init__(env)
+        self.actions: list[int] = []
+
+    def step(self, action):
+        self.actions.append(int(action))
+        return self.env.step(action)
+
+
+@pytest.mark.parametrize("game, fire", [("ALE/Pong-v5", 1), ("ALE/Freeway-v5", None)])
+def test_reset_presses_fire_last_only_in_games_with_fire(game, fire):
+    log = _ActionLog(gym.make(game, obs_type="grayscale"))
+    env = atari.DeepMindPreprocessing(log, frame_skip=1)
+    for seed in range(3):
+        log.actions.clear()
+        env.reset(seed=seed)
+        assert log.actions, "a reset takes at least one step"
+        if fire is None:  # Freeway has no FIRE: NOOPs only.
+            assert set(log.actions) == {0}
+        else:
+            assert log.actions[-1] == fire and set(log.actions[:-1]) <= {0}
+
+
+def test_action_repeat_only_for_envs_that_do_not_skip_frames():
     env = make_env(_config(env="ALE/Freeway-v5", env_config={"frameskip": 1}), worker_index=1)
-    assert env._fire is None and env.frame_skip == 4
+    assert env.frame_skip == 4
     # v5 ids skip 4 frames themselves: no extra action repeat, no max-pooling (as RLlib).
     v5 = make_env(_config(env="ALE/Pong-v5"), worker_index=1)
-    assert v5.frame_skip == 1 and v5._fire == 1
+    assert v5.frame_skip == 1
     assert isinstance(make_env_batch(_config(env="ALE/Pong-v5"), 1, 2), GymEnvBatch)
 
 
@@ -204,16 +231,15 @@ def test_runner_reports_whole_games_with_clipped_training_rewards(worker_index):
     runner = EnvRunner(config, worker_index=worker_index)
     # Breakout serves again after a lost life: the wrapper path, also for training.
     assert not isinstance(runner.env_batch, AtariVectorEnvBatch)
-    terminations, returns, lengths, steps, rewards = 0, [], [], 0, []
+    terminations, returns, lengths, rewards = 0, [], [], []
     while len(returns) < 2:
         fragment = runner.sample()
-        batch = fragment.batch
+        batch = fragment.batches["default_policy"]
         assert batch["obs"].dtype == np.uint8 and batch["obs"].shape[2:] == (42, 42, 4)
         terminations += int(batch["terminateds"].sum())
         rewards.append(batch["rewards"])
-        returns += fragment.episode_returns
-        lengths += fragment.episode_lengths
-        steps += batch.env_steps
+        returns += [e.ret for e in fragment.episodes]
+        lengths += [e.length for e in fragment.episodes]
     rewards = np.concatenate(rewards, axis=None)
     assert set(np.unique(rewards)) <= {0.0, 1.0}  # Clipped to the sign (Breakout pays 1, 4, 7).
     assert all(length > 20 for length in lengths)

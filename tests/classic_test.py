@@ -38,7 +38,7 @@ def test_registered_id_has_cartpoles_time_limit():
 
 def test_a_fresh_actor_process_can_make_the_env_by_id():
     code = (
-        "from impala_tf.actors.env_runner import make_env\n"
+        "from impala_tf.envs.make import make_env\n"
         "from impala_tf.config import ImpalaConfig\n"
         f"env = make_env(ImpalaConfig(env={STATELESS_CARTPOLE_ID!r}))\n"
         "print(env.observation_space.shape)\n"

@@ -8,10 +8,11 @@ import numpy as np
 import pytest
 
 from impala_tf import filters
-from impala_tf.actors.env_runner import EnvRunner
 from impala_tf.config import ImpalaConfig
 from impala_tf.filters import MeanStdFilter, NoFilter, RunningStat, filter_from_state, get_filter
 from impala_tf.models import build_model
+from impala_tf.rollout.env_runner import EnvRunner
+from tests.support.configs import small_config
 
 
 def _data(seed: int, n: int, shape=(3,)) -> np.ndarray:
@@ -125,35 +126,39 @@ def _runner(observation_filter: str, update_filter: bool = True) -> EnvRunner:
     runner = EnvRunner(config, worker_index=1, update_filter=update_filter)
     model = build_model(runner.observation_space, runner.action_space, config.model)
     # Zero weights: uniform logits, so the actions (and the episodes) do not depend on the obs.
-    runner.set_weights([np.zeros_like(w) for w in model.get_weights()], 0)
+    zeros = [np.zeros_like(w) for w in model.get_weights()]
+    runner.set_weights({"default_policy": (zeros, 0)})
     return runner
 
 
 def test_actors_act_on_filtered_observations_and_ship_their_changes():
     raw_runner = _runner("NoFilter")
     first, second = raw_runner.sample(), raw_runner.sample()
-    assert first.filter_delta is None
+    assert first.filter_deltas is None
+    first_obs = first.batches["default_policy"]["obs"]
     # Every observation the envs returned during the first fragment (T steps + the next one).
-    raw = np.concatenate([first.batch["obs"], second.batch["obs"][:, :1]], axis=1)
+    raw = np.concatenate([first_obs, second.batches["default_policy"]["obs"][:, :1]], axis=1)
 
     runner = _runner("MeanStdFilter")
     fragment = runner.sample()
-    delta = fragment.filter_delta
+    delta = fragment.filter_deltas["default_policy"]
     assert isinstance(delta, MeanStdFilter) and delta.buffer.n == raw.size // 4
     np.testing.assert_allclose(delta.buffer.mean, raw.reshape(-1, 4).mean(0), rtol=1e-6)
     assert runner.obs_filter.buffer.n == 0  # flushed into the fragment
-    assert not np.allclose(fragment.batch["obs"], first.batch["obs"])
+    assert not np.allclose(fragment.batches["default_policy"]["obs"], first_obs)
 
     # A runner that applies a fixed (synced) filter: obs = (raw - mean) / (std + 1e-6).
     fixed = MeanStdFilter((4,), clip=None)
     fixed(_data(5, 20, (4,)))
     fixed.reset_buffer()  # The driver's merged filter has no buffer of its own.
     frozen = _runner("MeanStdFilter", update_filter=False)
-    frozen.set_weights(frozen.get_weights(), 0, obs_filter=fixed)
+    weights = frozen.get_weights()["default_policy"]
+    frozen.set_weights({"default_policy": (weights, 0)}, {"default_policy": fixed})
     fragment = frozen.sample()
-    expected = (first.batch["obs"] - fixed.rs.mean) / (fixed.rs.std + 1e-6)
-    np.testing.assert_allclose(fragment.batch["obs"], expected, rtol=1e-5, atol=1e-5)
-    assert fragment.filter_delta is None and frozen.obs_filter.rs.n == 20
+    expected = (first_obs - fixed.rs.mean) / (fixed.rs.std + 1e-6)
+    obs = fragment.batches["default_policy"]["obs"]
+    np.testing.assert_allclose(obs, expected, rtol=1e-5, atol=1e-5)
+    assert fragment.filter_deltas is None and frozen.obs_filter.rs.n == 20
 
 
 def test_filter_needs_a_float_observation_space():
@@ -171,61 +176,53 @@ def test_module_exports():
 def test_driver_merges_saves_restores_evaluates_and_exports_the_filter(tmp_path):
     import tensorflow as tf
 
-    from impala_tf import checkpoints
+    from impala_tf import checkpoints, evaluation
     from impala_tf.bin.export import export_saved_model
+    from impala_tf.envs.spaces import probe_spaces
 
     def config():
-        return (
-            ImpalaConfig()
-            .environment("CartPole-v1")
-            .env_runners(
-                num_env_runners=2,
-                num_envs_per_env_runner=4,
-                rollout_fragment_length=10,
-                observation_filter="MeanStdFilter",
-            )
-            .training(train_batch_size=80, model={"fcnet_hiddens": [16]})
-            .reporting(min_time_s_per_iteration=0.5)
-            .evaluation(evaluation_duration=2)
-            .debugging(seed=0)
-        )
+        return small_config(observation_filter="MeanStdFilter", evaluation_duration=2)
 
     algo = config().build()
     try:
         algo.train()
         algo.train()
-        steps = algo._counters["num_env_steps_sampled"]
-        merged = algo.obs_filter
+        steps = algo.metrics.counters["num_env_steps_sampled"]
+        merged = algo.actors.filters["default_policy"]
         # Each merged fragment's 40 observations, plus each actor's 4 first ones.
         assert merged.rs.n - steps in (0, 4, 8) and steps > 0
         assert merged.buffer.n == 0
-        algo.evaluate()
-        # Evaluation applies the merged filter and does not change it.
-        assert algo._eval_runner.obs_filter.rs.n == merged.rs.n
-        saved = algo.save(str(tmp_path / "ckpt"))
         state = merged.get_state()
+        algo.evaluate()
+        assert merged.get_state() == state  # Evaluation does not feed the merged filter.
+        saved = algo.save(str(tmp_path / "ckpt"))
     finally:
         algo.stop()
 
     fresh = config().build()
     try:
         fresh.restore(saved)
-        assert fresh.obs_filter.get_state() == state
+        assert fresh.actors.filters["default_policy"].get_state() == state
     finally:
         fresh.stop()
 
-    _, runner = checkpoints.load_env_runner(saved)
+    # The evaluation path (training-time evaluation and impala-evaluate) applies the saved
+    # filter without updating it.
+    saved_config = checkpoints.load_config(saved)
+    weights, saved_filters = evaluation.load_checkpoint_policies(
+        saved, saved_config, probe_spaces(saved_config)
+    )
+    evaluator = evaluation.Evaluator(saved_config, multi_agent=False)
     try:
-        assert runner.obs_filter.get_state()["rs"] == state["rs"]
-        runner.run_episodes(1)
-        assert runner.obs_filter.rs.n == state["rs"]["n"]  # applied, not updated
+        evaluator.run(weights, saved_filters, num_episodes=1, seed=0)
+        assert evaluator.runner.obs_filter.get_state()["rs"] == state["rs"]
     finally:
-        runner.close()
+        evaluator.close()
 
-    obs_filter = checkpoints.load_observation_filter(saved)
-    _, policy = checkpoints.load_policy(saved)
-    export_saved_model(policy.model, policy.action_space, str(tmp_path / "export"), obs_filter)
+    model, action_space, obs_filter = evaluation.load_policy_model(saved, saved_config)
+    assert obs_filter.get_state()["rs"] == state["rs"]
+    export_saved_model(model, action_space, str(tmp_path / "export"), obs_filter)
     serve = tf.saved_model.load(str(tmp_path / "export")).signatures["serving_default"]
     raw = np.array([[0.1, 1.0, -0.05, -1.5], [0.0, 0.0, 0.0, 0.0]], np.float32)
-    logits, _, _ = policy.model.step(tf.constant(obs_filter(raw, update=False)), ())
+    logits, _, _ = model.step(tf.constant(obs_filter(raw, update=False)), ())
     np.testing.assert_allclose(serve(obs=tf.constant(raw))["logits"], logits, rtol=1e-5, atol=1e-5)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import pickle
 import time
 
@@ -12,13 +13,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from impala_tf import pipeline
-from impala_tf.actors.env_runner import EnvRunner
-from impala_tf.actors.local import LocalActorPool
 from impala_tf.config import ImpalaConfig
+from impala_tf.driver.plan import make_plan
+from impala_tf.driver.sampling import EnvRunnerGroup
 from impala_tf.frames import FrameStackColumn, encode_frame_stacks, encode_observations
 from impala_tf.models import build_model
+from impala_tf.rollout.env_runner import EnvRunner
 from impala_tf.sample_batch import CompressedColumn, SampleBatch, decompress
-from tests import envs
+from tests.support import envs
 
 
 def stacked_obs(b, t, k, *, size=6, s=1, episode_len=None, seed=0, levels=256):
@@ -172,21 +174,27 @@ def _image_config(**overrides) -> ImpalaConfig:
 
 @pytest.mark.slow
 def test_actor_processes_send_coded_frames():
-    pool = LocalActorPool(_image_config())
+    config = _image_config(max_requests_in_flight_per_env_runner=2)
+    plan = make_plan(config)
+    (obs_space, act_space) = plan.spaces.policies["default_policy"]
+    weights = build_model(obs_space, act_space, config.model).get_weights()
+    actors = EnvRunnerGroup(config, plan, collections.Counter())
     try:
-        pool.request_samples([0], count=2)
-        fragments, deadline = [], time.time() + 120
-        while len(fragments) < 2 and time.time() < deadline:
-            got, failures = pool.fetch_ready(timeout_s=1.0)
+        actors.broadcast({"default_policy": (weights, 0)}, actors.healthy_ids())
+        actors.top_up()
+        fragments, deadline = [], time.monotonic() + 120
+        while len(fragments) < 2 and time.monotonic() < deadline:
+            got, failures = actors.fetch(timeout_s=1.0)
             assert not failures, failures
             fragments.extend(got)
     finally:
-        pool.stop()
+        actors.stop()
     assert len(fragments) == 2
     for f in fragments:
-        column = f.batch["obs"]
+        batch = f.batches["default_policy"]
+        column = batch["obs"]
         assert isinstance(column, FrameStackColumn)
-        obs = decompress(f.batch)["obs"]
+        obs = decompress(batch)["obs"]
         assert obs.shape == (2, 9, 10, 10, 4)
         # The decoded stacks shift wherever no episode began (every 6 steps here).
         for t in range(1, 9):
@@ -211,8 +219,9 @@ def test_uint8_frames_reach_the_learner_shards_unchanged():
     config = _image_config(compress_observations=True)
     runner = EnvRunner(config, worker_index=1)
     obs_space, act_space = runner.observation_space, runner.action_space
-    runner.set_weights(build_model(obs_space, act_space, config.model).get_weights(), 0)
-    batch = runner.sample().batch
+    weights = build_model(obs_space, act_space, config.model).get_weights()
+    runner.set_weights({"default_policy": (weights, 0)})
+    batch = runner.sample().batches["default_policy"]
     sent = pickle.loads(pickle.dumps(encode_observations(batch, compress_observations=True)))
     assert isinstance(sent["obs"], FrameStackColumn)
     signature = pipeline.batch_signature(config, obs_space, act_space)

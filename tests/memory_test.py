@@ -1,7 +1,9 @@
-"""Tests for impala_tf.actors.memory: /proc reads, the pool estimate, and the refusal at start."""
+"""Tests for impala_tf.workers.memory: /proc reads, the pool estimate, and the refusal at start
+(`impala_tf.driver.sampling.EnvRunnerGroup` applies it before any local actor starts)."""
 
 from __future__ import annotations
 
+import collections
 import multiprocessing as mp
 import os
 import re
@@ -11,8 +13,10 @@ import gymnasium as gym
 import numpy as np
 import pytest
 
-from impala_tf.actors.local import LocalActorPool
-from impala_tf.actors.memory import (
+from impala_tf.config import ImpalaConfig
+from impala_tf.driver.plan import make_plan
+from impala_tf.driver.sampling import EnvRunnerGroup
+from impala_tf.workers.memory import (
     ACTOR_BASE_BYTES,
     ActorMemoryError,
     check_actor_memory,
@@ -20,7 +24,6 @@ from impala_tf.actors.memory import (
     read_meminfo,
     read_smaps_rollup,
 )
-from impala_tf.config import ImpalaConfig
 
 GIB = 2**30
 PONG_OBS = gym.spaces.Box(0, 255, (84, 84, 4), np.uint8)
@@ -74,11 +77,13 @@ def test_rllibs_128_worker_pong_is_refused_on_20_gib_naming_num_env_runners():
     assert fitted["total"] < 10 * GIB
 
 
-def test_pool_refuses_at_once_before_starting_any_actor():
+def test_local_actors_are_refused_at_once_before_any_starts():
     config = _config(1_000_000)
+    plan = make_plan(config)
+    assert plan.backend == "process"
     start = time.perf_counter()
     with pytest.raises(ActorMemoryError, match="num_env_runners"):
-        LocalActorPool(config)
+        EnvRunnerGroup(config, plan, collections.Counter())
     assert time.perf_counter() - start < 10
     assert not [p for p in mp.active_children() if p.name.startswith("impala-actor")]
 

@@ -1,5 +1,14 @@
-"""Multi-agent IMPALA: config, envs (MultiAgentCartPole, PettingZoo), per-policy batching,
-learners, replay, results, checkpoints and the binary on RLlib's multi-agent CartPole YAML."""
+"""Multi-agent IMPALA end to end: config and YAML, envs (MultiAgentCartPole, PettingZoo),
+per-policy learners, replay, results, checkpoints, evaluation and export, the binaries; and what
+multi-agent configs run like single-agent ones: recurrent policies, aggregation workers,
+deterministic mode, `impala-evaluate --video`.
+
+The runner (per-agent streams, bootstrapping, states, snapshots) is tested in
+`tests/multi_agent_runner_test.py`; the runtime scenarios (restarts, hangs, save/restore,
+evaluation during training) on every placement, two policies included, in
+`tests/runtime_conformance_test.py`; central inference for two policies, on local processes
+and on Ray, in `tests/inference_test.py`.
+"""
 
 from __future__ import annotations
 
@@ -14,49 +23,21 @@ import numpy as np
 import pytest
 from pettingzoo import ParallelEnv
 
+from impala_tf import checkpoints, evaluation
 from impala_tf.config import ConfigWarning, ImpalaConfig
-from impala_tf.models import build_model
-from impala_tf.multi_agent import algorithm_class, is_multi_agent
-from impala_tf.multi_agent import spec as ma_spec
-from impala_tf.multi_agent.batch import MultiAgentBatch
+from impala_tf.config import policies as ma_spec
+from impala_tf.envs.spaces import probe_spaces
 from impala_tf.multi_agent.env import MultiAgentCartPole, PettingZooParallelEnv
-from impala_tf.multi_agent.runner import MultiAgentEnvRunner
-from impala_tf.sample_batch import SampleBatch
+from tests.support.configs import small_config
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 YAML = os.path.join(REPO, "configs", "multi-agent-cartpole-impala.yaml")
+POLICIES = ["p0", "p1"]
 
 
 def two_agent_config(**overrides) -> ImpalaConfig:
-    config = ImpalaConfig(
-        env="impala_tf/MultiAgentCartPole",
-        env_config={"num_agents": 2},
-        num_env_runners=1,
-        num_envs_per_env_runner=2,
-        rollout_fragment_length=10,
-        train_batch_size=40,
-        model={"fcnet_hiddens": [8]},
-        min_time_s_per_iteration=0,
-        min_sample_timesteps_per_iteration=200,
-        seed=3,
-    )
-    config.multi_agent(
-        policies=["p0", "p1"], policy_mapping_fn="impala_tf.multi_agent.spec.PolicyMappingFn"
-    )
-    return config.update_from_dict(overrides)
-
-
-def random_weights(space_obs, space_act, model) -> list[np.ndarray]:
-    return build_model(space_obs, space_act, model).get_weights()
-
-
-def make_runner(config: ImpalaConfig, **kwargs) -> MultiAgentEnvRunner:
-    runner = MultiAgentEnvRunner(config, worker_index=1, **kwargs)
-    weights = {
-        pid: (random_weights(*runner.spaces[pid], config.model), 0) for pid in runner.policies
-    }
-    runner.set_weights(weights, 1)
-    return runner
+    """Two agents of MultiAgentCartPole, agent i acting with policy p{i} (`small_config`)."""
+    return small_config(policies=2, **overrides)
 
 
 # Config ----------------------------------------------------------------------------------------
@@ -70,19 +51,22 @@ def test_rllib_yaml_parses_with_warnings_for_torch_only_keys():
     assert "replay_ratio" in messages
     assert config.policies == ["p0", "p1", "p2", "p3"]
     assert stop == {"episode_reward_mean": 600, "timesteps_total": 200000}
-    assert is_multi_agent(config)
     config.validate(require_env=True)
+    spaces = probe_spaces(config)
+    assert spaces.multi_agent and spaces.policy_ids == ["p0", "p1", "p2", "p3"]
     mapping = ma_spec.resolve_mapping_fn(config.policy_mapping_fn)
     assert [mapping(i, None) for i in range(4)] == ["p0", "p1", "p2", "p3"]
 
 
-def test_single_agent_config_keeps_the_single_agent_algorithm():
-    from impala_tf.algorithm import Impala
-
-    assert algorithm_class(ImpalaConfig(env="CartPole-v1")) is Impala
-    assert not is_multi_agent(ImpalaConfig(env="CartPole-v1"))
+def test_probe_spaces_tells_multi_agent_envs_from_single_agent_ones():
+    single = probe_spaces(ImpalaConfig(env="CartPole-v1"))
+    assert not single.multi_agent and single.policy_ids == ["default_policy"]
     # A MultiAgentEnv without `policies` is multi-agent with one shared policy, as in RLlib.
-    assert is_multi_agent(ImpalaConfig(env="impala_tf/MultiAgentCartPole"))
+    shared = probe_spaces(ImpalaConfig(env="impala_tf/MultiAgentCartPole"))
+    assert shared.multi_agent and shared.policy_ids == ["default_policy"]
+    assert probe_spaces(two_agent_config()).policy_ids == POLICIES
+    with pytest.raises(ValueError, match="not a MultiAgentEnv"):
+        probe_spaces(ImpalaConfig(env="CartPole-v1", policies=POLICIES))
 
 
 def _module_level_mapping(agent_id, episode, worker=None, **kwargs):
@@ -103,7 +87,7 @@ def test_mapping_fn_forms(spec):
 
 
 def test_mapping_fn_type_form_instantiates_the_class():
-    fn = ma_spec.resolve_mapping_fn({"type": "impala_tf.multi_agent.spec.PolicyMappingFn"})
+    fn = ma_spec.resolve_mapping_fn({"type": "impala_tf.config.policies.PolicyMappingFn"})
     assert fn(3, None) == "p3"
     assert ma_spec.resolve_mapping_fn(None)(7, None) == "default_policy"
 
@@ -213,11 +197,12 @@ def _coordination_creator(env_config):
     return PettingZooParallelEnv(Coordination(**env_config))
 
 
-def test_pettingzoo_adapter_runs_the_api_test_and_a_runner():
+def test_pettingzoo_adapter_passes_the_api_test_and_truncates_every_agent_at_the_end():
     from pettingzoo.test import parallel_api_test
 
     parallel_api_test(Coordination(), num_cycles=20)
     env = _coordination_creator({})
+    assert probe_spaces(ImpalaConfig(env=_coordination_creator)).multi_agent
     obs, _ = env.reset(seed=0)
     assert set(obs) == {"a", "b"}
     for _ in range(6):
@@ -225,68 +210,7 @@ def test_pettingzoo_adapter_runs_the_api_test_and_a_runner():
         assert rewards == {"a": 1.0, "b": 1.0} and not truncs["__all__"]
     obs, rewards, terms, truncs, _ = env.step({"a": 0, "b": 1})
     assert truncs["__all__"] and not terms["__all__"] and truncs["a"] and "a" in obs
-
-    config = ImpalaConfig(
-        env=_coordination_creator,
-        num_envs_per_env_runner=1,
-        rollout_fragment_length=7,
-        model={"fcnet_hiddens": [4]},
-        seed=0,
-    )
-    config.multi_agent(policies=["shared"], policy_mapping_fn=lambda *a, **k: "shared")
-    runner = make_runner(config)
-    fragment = runner.sample()
-    batch = fragment.batch.policy_batches["shared"]
-    assert fragment.env_steps == 7 and fragment.batch.agent_steps() == 14
-    assert batch["obs"].shape == (2, 7, 2)
-    # Both agents are truncated at the episode's end: bootstrapped, not cut.
-    assert batch["truncateds"][:, -1].all() and not batch["terminateds"].any()
-    assert (batch["values_bootstrapped"][:, -1] != 0.0).all()
-    assert fragment.episode_returns and fragment.policy_rewards["shared"]
-
-
-# Batching ----------------------------------------------------------------------------------------
-
-
-def test_runner_counts_env_steps_and_agent_steps_and_maps_agents_to_policies():
-    config = two_agent_config()
-    runner = make_runner(config)
-    emitted = {"p0": 0, "p1": 0}
-    sampled_agent_steps = 0
-    for _ in range(8):
-        fragment = runner.sample()
-        assert fragment.env_steps == 10 * 2  # T x envs, however many agents acted.
-        sampled_agent_steps += fragment.agent_steps_sampled
-        for pid, batch in fragment.batch.policy_batches.items():
-            assert batch["obs"].shape[1:] == (10, 4)
-            assert batch["rewards"].shape == batch["policy_version"].shape
-            terminated = batch["terminateds"]
-            assert (batch["values_bootstrapped"][terminated] == 0.0).all()
-            assert not np.isnan(batch["values_bootstrapped"]).any()
-            emitted[pid] += batch.env_steps
-        assert fragment.batch.agent_steps() == sum(
-            b.env_steps for b in fragment.batch.policy_batches.values()
-        )
-    pending = sum(len(s) for s in runner._streams.values())
-    assert sum(emitted.values()) + pending == sampled_agent_steps
-    assert sampled_agent_steps > 8 * 20  # Two agents: more agent steps than env steps.
-    assert emitted["p0"] > 0 and emitted["p1"] > 0
-    # Agent 0 acts in env 0 and 1 with p0 only: its observations are the p0 batch's.
-    assert all(
-        pid == f"p{agent}" for j in range(2) for agent, pid in runner._agent_policy[j].items()
-    )
-
-
-def test_multi_agent_batch_counts_and_concat():
-    def seqs(rows):
-        return SampleBatch({"rewards": np.zeros((rows, 5), np.float32)})
-
-    a = MultiAgentBatch({"p0": seqs(2), "p1": seqs(1)}, env_steps=10)
-    b = MultiAgentBatch({"p0": seqs(1)}, env_steps=5)
-    merged = MultiAgentBatch.concat([a, b])
-    assert merged.env_steps() == 15 and merged.agent_steps() == 20
-    assert len(merged.policy_batches["p0"]) == 3
-    assert a.map(lambda x: x).agent_steps() == 15
+    assert rewards == {"a": 0.0, "b": 0.0}
 
 
 # The algorithm ------------------------------------------------------------------------------------
@@ -295,10 +219,11 @@ def test_multi_agent_batch_counts_and_concat():
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
     """Two policies, only p0 trained, with replay; trained two iterations, stopped, saved."""
-    config = two_agent_config(replay_proportion=1.0, replay_buffer_num_slots=4)
-    config.multi_agent(policies_to_train=["p0"])
+    config = two_agent_config(
+        replay_proportion=1.0, replay_buffer_num_slots=4, policies_to_train=["p0"]
+    )
     algo = config.build()
-    initial = {pid: algo.get_policy_weights(pid) for pid in ("p0", "p1")}
+    initial = {pid: algo.get_policy_weights(pid) for pid in POLICIES}
     try:
         results = [algo.train() for _ in range(2)]
     finally:
@@ -308,7 +233,7 @@ def trained(tmp_path_factory):
 
 
 def test_per_policy_learner_stats_and_rewards(trained):
-    algo, _, results, _ = trained
+    _, _, results, _ = trained
     result = results[-1]
     assert set(result["info"]["learner"]) == {"p0"}
     stats = result["info"]["learner"]["p0"]["learner_stats"]
@@ -339,38 +264,174 @@ def test_policy_not_trained_keeps_its_weights(trained):
 
 def test_replay_is_per_policy(trained):
     algo, _, _, _ = trained
-    assert set(algo._local_aggregators) == {"p0"}  # p1 is not trained: nothing to replay.
-    replay = algo._local_aggregators["p0"]._replay
-    assert len(replay) > 0
-    obs_dim = algo.spaces["p0"][0].shape
-    assert all(b["obs"].shape[2:] == obs_dim for b in replay._slots)
+    state = algo.aggregation.local.get_state()
+    assert set(state) == {"p0"}  # p1 is not trained: nothing to replay.
+    slots = state["p0"]["replay"]["slots"]
+    assert 0 < len(slots) <= 4
+    assert all(slot["obs"].shape[1:] == (10, 4) for slot in slots)  # [R, T, obs]
 
 
-def test_resume_restores_every_policy_and_the_counters(trained):
-    algo, _, results, path = trained
-    assert os.path.isdir(os.path.join(path, "policies", "p1"))
-    config = algo.config.copy()
-    other = config.build()
+def test_a_checkpoint_restores_every_policy_trained_or_not(trained):
+    algo, initial, _, path = trained
+    assert sorted(os.listdir(os.path.join(path, checkpoints.POLICIES_DIR))) == POLICIES
+    other = two_agent_config(seed=4).build()  # Other initial weights than the saved run's.
     try:
+        assert any(
+            not np.array_equal(a, b) for a, b in zip(initial["p1"], other.get_policy_weights("p1"))
+        )
         other.restore(path)
-        for pid in ("p0", "p1"):
+        for pid in POLICIES:
             for a, b in zip(algo.get_policy_weights(pid), other.get_policy_weights(pid)):
                 np.testing.assert_array_equal(a, b)
-        assert other.iteration == 2
-        result = other.train()
-        assert result["training_iteration"] == 3
-        assert result["num_env_steps_sampled"] > results[-1]["num_env_steps_sampled"]
     finally:
         other.stop()
 
 
-# The binary ------------------------------------------------------------------------------------
+def test_evaluate_and_export_per_policy(trained):
+    algo, _, _, path = trained
+    config = checkpoints.load_config(path)
+    # Export takes one policy's model, named when the checkpoint holds several.
+    with pytest.raises(ValueError, match=r"\['p0', 'p1'\]: pass --policy_id"):
+        evaluation.load_policy_model(path, config)
+    with pytest.raises(ValueError, match=r"p7.*\['p0', 'p1'\]"):
+        evaluation.load_policy_model(path, config, "p7")
+    model, action_space, obs_filter = evaluation.load_policy_model(path, config, "p1")
+    assert action_space == gym.spaces.Discrete(2) and obs_filter is None
+    for a, b in zip(model.get_weights(), algo.get_policy_weights("p1")):
+        np.testing.assert_array_equal(a, b)
+    # The same seeded episodes, reported summed over the agents or as p0's agent's return.
+    summed = evaluation.evaluate_checkpoint(path, config, 2, explore=False)
+    own = evaluation.evaluate_checkpoint(path, config, 2, explore=False, policy_id="p0")
+    assert len(summed) == len(own) == 2
+    for total, mine in zip(summed, own):
+        assert sorted(total.policy_returns) == POLICIES and total.length == mine.length
+        assert total.ret == pytest.approx(
+            sum(r for rs in total.policy_returns.values() for r in rs)
+        )
+        assert mine.ret == pytest.approx(total.policy_returns["p0"][0]) and mine.ret > 0
+    with pytest.raises(ValueError, match=r"p7.*\['p0', 'p1'\]"):
+        evaluation.evaluate_checkpoint(path, config, 1, policy_id="p7")
 
 
-def _train(*args):
+def test_checkpoint_config_stores_a_module_level_mapping_fn_as_its_import_path():
+    config = two_agent_config(policy_mapping_fn=_module_level_mapping)
+    stored = checkpoints.storable_config(config)
+    assert stored["policy_mapping_fn"] == f"{__name__}:_module_level_mapping"
+    assert ma_spec.resolve_mapping_fn(stored["policy_mapping_fn"]) is _module_level_mapping
+    instance = checkpoints.storable_config(
+        two_agent_config(policy_mapping_fn=ma_spec.PolicyMappingFn())
+    )
+    assert instance["policy_mapping_fn"] == "impala_tf.config.policies:PolicyMappingFn"
+    lam = two_agent_config(policy_mapping_fn=lambda agent_id, *a, **k: "p0")
+    assert checkpoints.storable_config(lam)["policy_mapping_fn"] is lam.policy_mapping_fn
+
+
+# What multi-agent configs run like single-agent ones ----------------------------------------------
+
+
+def _learner_info(result: dict) -> dict:
+    return result["info"]["learner"]
+
+
+def _train_until_every_policy_updated(algo, max_iterations: int = 30) -> dict:
+    """Trains until each trained policy's learner has applied an update; the last result."""
+    result: dict = {}
+    for _ in range(max_iterations):
+        result = algo.train()
+        info = _learner_info(result)
+        if info and all(v["num_grad_updates_lifetime"] >= 1 for v in info.values()):
+            return result
+    raise AssertionError(f"not every policy updated in {max_iterations} iterations: {result}")
+
+
+def test_a_recurrent_policy_trains_beside_a_feedforward_one():
+    lstm = {"use_lstm": True, "lstm_cell_size": 8, "max_seq_len": 5, "fcnet_hiddens": [16]}
+    config = two_agent_config(num_env_runners=1).multi_agent(
+        policies={"p0": ma_spec.PolicySpec(config={"model": lstm}), "p1": None}
+    )
+    algo = config.build()
+    try:
+        assert algo.plan.actors_need_tensorflow  # The LSTM acts in TensorFlow in the actors.
+        assert algo.learners.learners["p0"].model.is_recurrent
+        assert not algo.learners.learners["p1"].model.is_recurrent
+        initial = algo.get_policy_weights("p0")
+        info = _learner_info(_train_until_every_policy_updated(algo))
+        trained = algo.get_policy_weights("p0")
+    finally:
+        algo.stop()
+    assert sorted(info) == POLICIES
+    for pid in POLICIES:
+        assert np.isfinite(info[pid]["learner_stats"]["total_loss"])
+    assert any(not np.array_equal(a, b) for a, b in zip(initial, trained))
+
+
+def test_aggregation_workers_cut_and_replay_the_trained_policies_only():
+    config = two_agent_config(
+        num_aggregation_workers=1,
+        replay_proportion=1.0,
+        replay_buffer_num_slots=4,
+        policies_to_train=["p0"],
+        compress_observations=True,
+    )
+    algo = config.build()
+    try:
+        assert len(algo.aggregation.pids()) == 1
+        initial = algo.get_policy_weights("p1")
+        results = [algo.train() for _ in range(2)]
+        after = algo.get_policy_weights("p1")
+        # The worker did the cutting and the replay: the driver's aggregator holds nothing.
+        assert algo.aggregation.local.get_state()["p0"]["replay"]["slots"] == []
+    finally:
+        algo.stop()
+    assert sorted(_learner_info(results[-1])) == ["p0"]
+    assert results[-1]["num_env_steps_trained"] > 0
+    assert results[-1]["num_aggregation_worker_restarts"] == 0
+    for a, b in zip(initial, after):
+        np.testing.assert_array_equal(a, b)
+
+
+def _deterministic_run() -> tuple[list[dict], dict[str, list[np.ndarray]]]:
+    config = two_agent_config(
+        num_env_runners=1, min_time_s_per_iteration=0, min_sample_timesteps_per_iteration=100
+    )
+    algo = config.build(deterministic=True)
+    try:
+        results = [algo.train() for _ in range(2)]
+        weights = {pid: algo.get_policy_weights(pid) for pid in POLICIES}
+    finally:
+        algo.stop()
+    return results, weights
+
+
+def test_deterministic_mode_repeats_a_run_exactly():
+    (first, first_weights), (second, second_weights) = _deterministic_run(), _deterministic_run()
+    for a, b in zip(first, second):
+        for key in (
+            "num_env_steps_sampled",
+            "num_agent_steps_sampled",
+            "num_env_steps_trained",
+            "episodes_total",
+            "episode_reward_mean",
+            "policy_reward_mean",
+        ):
+            assert a[key] == b[key], key
+        for pid in POLICIES:
+            stats_a = _learner_info(a)[pid]["learner_stats"]
+            stats_b = _learner_info(b)[pid]["learner_stats"]
+            assert stats_a["total_loss"] == stats_b["total_loss"], pid
+    assert _learner_info(first[-1])["p1"]["num_grad_updates_lifetime"] >= 1
+    for pid in POLICIES:
+        for a, b in zip(first_weights[pid], second_weights[pid]):
+            np.testing.assert_array_equal(a, b)
+
+
+# The binaries ------------------------------------------------------------------------------------
+
+
+def _run_module(module: str, *args) -> subprocess.CompletedProcess:
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONPATH": REPO}
     return subprocess.run(
-        [sys.executable, "-m", "impala_tf.bin.train", *map(str, args)],
+        [sys.executable, "-m", module, *map(str, args)],
         cwd=REPO,
         env=env,
         capture_output=True,
@@ -389,13 +450,13 @@ def test_binary_on_rllib_yaml_two_iterations_then_resume(tmp_path):
         "--set=min_time_s_per_iteration=1",
         "--seed=0",
     ]
-    run = _train(*common, "--stop_iters=2")
+    run = _run_module("impala_tf.bin.train", *common, "--stop_iters=2")
     assert run.returncode == 0, run.stderr[-3000:]
     lines = [json.loads(x) for x in (tmp_path / "result.json").read_text().splitlines()]
     assert [r["training_iteration"] for r in lines] == [1, 2]
     assert set(lines[-1]["policy_reward_mean"]) == {"p0", "p1", "p2", "p3"}
     assert "p3" in lines[-1]["info"]["learner"]
-    run = _train(*common, "--stop_iters=3")
+    run = _run_module("impala_tf.bin.train", *common, "--stop_iters=3")
     assert run.returncode == 0, run.stderr[-3000:]
     assert "resuming from" in run.stdout
     lines = [json.loads(x) for x in (tmp_path / "result.json").read_text().splitlines()]
@@ -403,43 +464,27 @@ def test_binary_on_rllib_yaml_two_iterations_then_resume(tmp_path):
     assert lines[2]["num_env_steps_sampled"] > lines[1]["num_env_steps_sampled"]
 
 
-def test_evaluate_and_export_per_policy(trained):
-    from impala_tf import checkpoints
-    from impala_tf.multi_agent import evaluation
+def test_evaluate_binary_records_a_multi_agent_checkpoint_as_a_gif(trained, tmp_path):
+    from PIL import Image
 
-    algo, _, _, path = trained
-    assert evaluation.is_multi_agent_checkpoint(path)
-    with pytest.raises(ValueError, match=r"\['p0', 'p1'\]"):
-        evaluation.policy_checkpoint_dir(path, "p7")
-    # Export reads one policy's checkpoint: its weights, spaces and filter.
-    _, policy = checkpoints.load_policy(evaluation.policy_checkpoint_dir(path, "p1"))
-    for a, b in zip(policy.model.get_weights(), algo.get_policy_weights("p1")):
-        np.testing.assert_array_equal(a, b)
-    config = checkpoints.load_config(path)
-    config.env_runners(num_envs_per_env_runner=1)
-    _, runner = evaluation.load_multi_agent_runner(path, explore=False, config=config)
-    try:
-        for pid in ("p0", "p1"):
-            for a, b in zip(runner.policies[pid].get_weights(), algo.get_policy_weights(pid)):
-                np.testing.assert_array_equal(a, b)
-        summed = evaluation.run_multi_agent_episodes(runner, 2)
-        runner.reset(0)
-        own = evaluation.run_multi_agent_episodes(runner, 2, policy_id="p0")
-    finally:
-        runner.close()
-    assert len(summed) == len(own) == 2
-    # CartPole pays 1 per step: every episode, summed or p0's agent alone, earns something.
-    assert all(total > 0 for total, _ in summed) and all(r > 0 for r, _ in own)
-
-
-def test_checkpoint_config_stores_a_module_level_mapping_fn_as_its_import_path():
-    from impala_tf.multi_agent.algorithm import _storable_config
-
-    config = two_agent_config(policy_mapping_fn=_module_level_mapping)
-    stored = _storable_config(config)
-    assert stored.policy_mapping_fn == f"{__name__}:_module_level_mapping"
-    assert ma_spec.resolve_mapping_fn(stored.policy_mapping_fn) is _module_level_mapping
-    instance = _storable_config(two_agent_config(policy_mapping_fn=ma_spec.PolicyMappingFn()))
-    assert instance.policy_mapping_fn == "impala_tf.multi_agent.spec:PolicyMappingFn"
-    lam = two_agent_config(policy_mapping_fn=lambda agent_id, *a, **k: "p0")
-    assert _storable_config(lam).policy_mapping_fn is lam.policy_mapping_fn
+    _, _, _, path = trained
+    video = tmp_path / "agents.gif"
+    proc = _run_module(
+        "impala_tf.bin.evaluate",
+        f"--checkpoint={path}",
+        "--episodes=1",
+        "--explore=false",
+        "--seed=5",
+        f"--video={video}",
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    summary = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert summary["episodes"] == 1
+    config = checkpoints.load_config(path).debugging(seed=5)
+    (episode,) = evaluation.evaluate_checkpoint(path, config, 1, explore=False)
+    assert summary["episode_reward_mean"] == pytest.approx(episode.ret)
+    with Image.open(video) as gif:
+        # One frame after the reset, one after each env step; the agents' CartPoles side by
+        # side (each renders 600 x 400).
+        assert gif.n_frames == episode.length + 1
+        assert gif.size == (2 * 600, 400)

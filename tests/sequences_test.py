@@ -8,9 +8,9 @@ import pytest
 import tensorflow as tf
 
 from impala_tf import losses, vtrace
-from impala_tf.actors.env_runner import EnvRunner
 from impala_tf.config import ImpalaConfig
 from impala_tf.learner import ImpalaLearner
+from impala_tf.rollout.env_runner import EnvRunner
 from impala_tf.sample_batch import time_major
 from impala_tf.sequences import chunk_time_major, num_sequences, state_column_shapes
 
@@ -86,7 +86,7 @@ def _lstm_runner_and_learner(horizon: int, max_seq_len: int, envs: int = 3):
     runner = EnvRunner(config, worker_index=1)
     keras.utils.set_random_seed(0)
     learner = ImpalaLearner(config, runner.observation_space, runner.action_space)
-    runner.set_weights(learner.get_policy_weights(), 0)
+    runner.set_weights({"default_policy": (learner.get_policy_weights(), 0)})
     return runner, learner
 
 
@@ -95,7 +95,7 @@ def test_carried_states_reproduce_the_actor_and_the_whole_fragment_unroll():
     runner, learner = _lstm_runner_and_learner(horizon, length)
     saw_episode_end = False
     for _ in range(4):  # Random weights end CartPole episodes inside these fragments.
-        batch = runner.sample().batch
+        batch = runner.sample().batches["default_policy"]
         assert batch["state_in_0"].shape == (3, 5, 8)
         saw_episode_end |= bool(batch["terminateds"].any() or batch["truncateds"].any())
         tm = time_major(batch)
@@ -173,7 +173,7 @@ def test_each_sequence_is_its_own_trace_bootstrapped_at_its_end():
 
 def test_learner_trains_on_sequences_and_counts_only_real_steps():
     runner, learner = _lstm_runner_and_learner(horizon=12, max_seq_len=5, envs=2)
-    batch = runner.sample().batch
+    batch = runner.sample().batches["default_policy"]
     tm = {k: tf.constant(v) for k, v in time_major(batch).items() if k != "policy_version"}
     before = [w.copy() for w in learner.model.get_weights()]
     stats = {k: float(v) for k, v in tf.function(learner.train_step)(tm).items()}

@@ -133,7 +133,7 @@ def ray_cluster(tmp_path_factory):
     """One Ray for every Ray case of this module, writing only under a temporary HOME."""
     import ray
 
-    from tests import raylib
+    from tests.support import ray as raylib
 
     with raylib.ray_environment(str(tmp_path_factory.mktemp("ray-home"))):
         ray.init(address="local", num_cpus=4, include_dashboard=False, object_store_memory=2**27)

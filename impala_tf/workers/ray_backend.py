@@ -355,6 +355,7 @@ class _RayGroup:
             except Exception as e:  # noqa: BLE001 - stop must go on with the others.
                 logger.debug("ray.kill failed: %s", e)
             self._forget(actor)
+        self._recent.clear()  # The last broadcast's object-store copy goes with the actors.
         ray_session.release()
 
 
