@@ -157,8 +157,6 @@ class Impala:
         self.learners: LearnerGroup | None = None
         self.aggregation: AggregationStage | None = None
         self._evaluator: Evaluator | None = None
-        if self.deterministic:  # Reproducible updates need TensorFlow's deterministic ops.
-            tf.config.experimental.enable_op_determinism()
         # TF sets its logical devices on first use: choose them before anything else runs.
         self.strategy = make_strategy(config)
         if config.seed is not None:

@@ -123,6 +123,9 @@ class LearnerThread(threading.Thread):
             self.minibatch_buffer = MinibatchBuffer(self._next_unit, size, passes)
             self.num_slots = max(int(config.num_multi_gpu_tower_stacks), self.minibatch_buffer.size)
         self._free_slots = threading.Semaphore(self.num_slots)
+        #: Set while the loader waits: for a train batch (the inqueue is empty), or for a free
+        #: slot (all `num_slots` units are loaded or training).
+        self.loader_waiting = threading.Event()
         self.learner_queue_size = WindowStat("size", 50)
         self.queue_timer = TimerStat()
         self.load_timer = TimerStat()
@@ -180,8 +183,10 @@ class LearnerThread(threading.Thread):
                         timeout=min(_POLL_S, max(0.0, deadline - time.monotonic()))
                     )
                     item.generation = self.generation
+                self.loader_waiting.clear()
                 return item
             except queue.Empty:
+                self.loader_waiting.set()  # Nothing queued: the loader waits for a batch.
                 if time.monotonic() >= deadline:
                     raise LearnerQueueTimeout(
                         f"The learner received no train batch for {self._timeout:g} s "
@@ -193,10 +198,16 @@ class LearnerThread(threading.Thread):
         raise queue.Empty
 
     def _acquire_slot(self) -> bool:
-        while not self._stopped.is_set():
-            if self._free_slots.acquire(timeout=_POLL_S):
-                return True
-        return False
+        if self._free_slots.acquire(blocking=False):
+            return True
+        self.loader_waiting.set()  # Every slot holds a unit: the loader waits for one.
+        try:
+            while not self._stopped.is_set():
+                if self._free_slots.acquire(timeout=_POLL_S):
+                    return True
+            return False
+        finally:
+            self.loader_waiting.clear()
 
     def _next_train_batch(self) -> TrainBatch:
         start = time.perf_counter()
@@ -247,8 +258,11 @@ class LearnerThread(threading.Thread):
                 yield from shards
         except queue.Empty:  # Stopped while waiting for a batch.
             return
+        except GeneratorExit:  # The dataset was torn down (`stop`): not a loader failure.
+            raise
         except BaseException as e:  # noqa: BLE001 - ends the dataset; `run` reports it.
-            self.error = e
+            if self.error is None:  # The first error is the cause; keep it.
+                self.error = e
             return
 
     # The learner -----------------------------------------------------------------------------

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 
 import cv2
 import gymnasium as gym
@@ -15,6 +16,7 @@ from impala_tf.envs import atari
 from impala_tf.envs.batch import AtariVectorEnvBatch, GymEnvBatch
 from impala_tf.envs.make import make_env, make_env_batch
 from impala_tf.rollout.env_runner import EnvRunner
+from tests.support.processes import kill_session, log_tail, run_in_background
 
 atari.ensure_registered("PongNoFrameskip-v4")
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -306,28 +308,41 @@ def test_vector_env_and_wrapper_paths_are_identical(game):
     vector.close()
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize(
-    "name", ["pong-impala", "pong-impala-fast", "atari-impala", "pong-impala-small"]
-)
-def test_impala_train_runs_each_atari_yaml(tmp_path, name):
-    from tests.train_binary_test import train
+ATARI_YAMLS = ("pong-impala", "pong-impala-fast", "atari-impala", "pong-impala-small")
 
-    logdir = tmp_path / "run"
-    result = train(
-        f"--config=configs/{name}.yaml",
-        f"--logdir={logdir}",
-        "--stop_iters=2",
-        "--set=num_env_runners=1",
-        "--set=num_envs_per_env_runner=2",
-        "--set=rollout_fragment_length=10",
-        "--set=train_batch_size=20",
-        "--set=min_time_s_per_iteration=0.3",
-        "--set=num_gpus=0",
-        "--set=num_multi_gpu_tower_stacks=1",
-        "--set=model.conv_filters=[[4, 8, 4], [8, 4, 2], [16, 3, 1]]",
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
+
+@pytest.fixture(scope="module")
+def atari_yaml_runs(tmp_path_factory) -> dict[str, tuple[int, object, str]]:
+    """Every Atari YAML for two iterations, the binaries started together; (code, logdir, log)."""
+    root = tmp_path_factory.mktemp("atari-yamls")
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONPATH": REPO}
+    started = {}
+    for name in ATARI_YAMLS:
+        args = [
+            sys.executable, "-m", "impala_tf.bin.train", f"--config=configs/{name}.yaml",
+            f"--logdir={root / name}", "--stop_iters=2", "--set=num_env_runners=1",
+            "--set=num_envs_per_env_runner=2", "--set=rollout_fragment_length=10",
+            "--set=train_batch_size=20", "--set=min_time_s_per_iteration=0.3",
+            "--set=num_gpus=0", "--set=num_multi_gpu_tower_stacks=1",
+            "--set=model.conv_filters=[[4, 8, 4], [8, 4, 2], [16, 3, 1]]",
+        ]  # fmt: skip
+        log = root / f"{name}.log"
+        started[name] = (run_in_background(args, REPO, env, log), log)
+    runs = {}
+    for name, (process, log) in started.items():
+        try:
+            code = process.wait(timeout=600)
+        finally:
+            kill_session(process)
+        runs[name] = (code, root / name, log_tail(log))
+    return runs
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ATARI_YAMLS)
+def test_impala_train_runs_each_atari_yaml(atari_yaml_runs, name):
+    code, logdir, log = atari_yaml_runs[name]
+    assert code == 0, log
     with open(logdir / "result.json") as f:
         results = [json.loads(line) for line in f]
     assert [r["training_iteration"] for r in results] == [1, 2]

@@ -101,14 +101,6 @@ class _Gate(keras.callbacks.Callback):
         self.release.wait(30)
 
 
-def _settled(value_fn, expected, timeout=10.0):
-    deadline = time.monotonic() + timeout
-    while value_fn() < expected and time.monotonic() < deadline:
-        time.sleep(0.02)
-    time.sleep(0.3)  # would the loader take more?
-    return value_fn()
-
-
 @pytest.mark.parametrize("stacks", [1, 3])
 def test_loader_holds_at_most_the_tower_stacks(stacks):
     gate = _Gate()
@@ -117,10 +109,10 @@ def test_loader_holds_at_most_the_tower_stacks(stacks):
     try:
         for seed in range(6):
             thread.inqueue.put(TrainBatch(_batch(seed)))
-        assert gate.entered.wait(30)
-        # One slot trains, the others are loaded ahead; nothing more leaves the queue.
-        taken = _settled(lambda: 6 - thread.inqueue.qsize(), stacks)
-        assert taken == stacks
+        assert gate.entered.wait(60)
+        # One slot trains, the others are loaded ahead; then the loader waits for a slot.
+        assert thread.loader_waiting.wait(60)
+        assert 6 - thread.inqueue.qsize() == stacks
         assert thread.load_timer.count == stacks
         gate.release.set()
         for _ in range(6):
@@ -135,9 +127,7 @@ def test_timers_measure_loading_and_waiting():
     thread = _thread(_config())
     thread.start()
     try:
-        deadline = time.monotonic() + 30
-        while thread._iterator is None and time.monotonic() < deadline:
-            time.sleep(0.01)
+        assert thread.loader_waiting.wait(60)  # Traced and started: it waits for a batch.
         time.sleep(2.0)  # the loader and the learner wait for data meanwhile
         thread.inqueue.put(TrainBatch(_batch(0)))
         thread.outqueue.get(timeout=120)

@@ -326,6 +326,15 @@ def _train() -> int:
         json.dump(params, f, indent=2, default=str)
 
     print(f"impala-train: {name} on {config.env}, logdir {logdir}, stop {stop}", flush=True)
+    if run_flags["deterministic"]:
+        # A process-wide switch, so the binary (which owns the process) makes it, not the
+        # library: an algorithm built in a notebook must not change every later one.
+        from impala_tf.quiet import import_tensorflow
+
+        import_tensorflow()
+        import tensorflow as tf
+
+        tf.config.experimental.enable_op_determinism()
     from impala_tf.driver.factory import build_algorithm
     from impala_tf.workers.memory import ActorMemoryError
 
