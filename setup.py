@@ -29,6 +29,8 @@ setup(
         "test": [
             "pytest", "pytest-xdist", "ruff", "matplotlib", "hypothesis", "ray==2.60.0",
             "pettingzoo>=1.24",
+            # pygame: the multi-agent CartPole and impala-evaluate --video render real CartPoles.
+            "gymnasium[classic-control]",
         ],
         # Actors and aggregation workers on Ray (`actor_backend: ray`).
         "ray": ["ray==2.60.0"],

@@ -3,16 +3,17 @@ impala-evaluate binary (run as a subprocess), for single-agent and multi-agent c
 
 Checkpoints are written from `ImpalaLearner`s with random weights (no algorithm, no actor
 processes). Video is tested on a CartPole whose frames are drawn with numpy, since gymnasium's
-CartPole renders with pygame, which is not a dependency; the binary imports this module through
-the gymnasium id `tests.evaluate_test:ImpalaTfRenderedCartPole-v0`.
+CartPole renders with pygame, which impala_tf does not depend on (its test extra installs it);
+the binary imports this module through the gymnasium id
+`tests.evaluate_test:ImpalaTfRenderedCartPole-v0`.
 """
 
 from __future__ import annotations
 
 import io
 import json
-import re
 import os
+import re
 import subprocess
 import sys
 

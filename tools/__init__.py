@@ -15,6 +15,8 @@ Benchmarks (each rewrites its own section of BENCHMARKS.md unless `--no-write`):
 * `tools.bench_learner` - learner updates vs bare Keras, 1 vs 2 devices, microbatch memory, GPU.
 * `tools.bench_vtrace` - V-trace against RLlib's `tf.scan` and a numpy loop.
 * `tools.bench_scaling` - per-actor and learner figures, and where the Ray design stops scaling.
+* `tools.bench_compare` - this checkout against a baseline checkout, alternating runs: CartPole
+  to 450, Pong's trained env steps/s, multi-agent CartPole to 600.
 * `tools.bench_actor_inference` - one actor's CNN inference rate on one TF thread (prints only).
 * `tools.measure_actor_memory` - Rss, Pss and private memory of actor processes (prints only;
   the figures behind `impala_tf.workers.memory`'s estimates).

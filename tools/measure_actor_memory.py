@@ -1,7 +1,8 @@
 """Measures the memory of actor processes: a numpy-acting MLP actor vs a TensorFlow CNN actor.
 
-Starts a `LocalActorPool` of N actors for each kind, has each sample a few fragments, and reads
-/proc/<pid>/smaps_rollup (no psutil) of every actor and of the fork server: Rss (resident,
+Starts the driver's `EnvRunnerGroup` of N local actor processes for each kind, has each sample
+a few fragments, and reads /proc/<pid>/smaps_rollup (no psutil) of every actor and of the fork
+server: Rss (resident,
 counting pages shared with the fork server), Pss (shared pages split between sharers) and
 private (Private_Clean + Private_Dirty: what one more actor adds). The figures feed
 `impala_tf.workers.memory`'s per-actor estimates.
@@ -13,11 +14,14 @@ Run from the repository root:
 from __future__ import annotations
 
 import argparse
+import collections
 import os
 import time
 
-from impala_tf.actors.local import LocalActorPool
 from impala_tf.config import ImpalaConfig
+from impala_tf.config.policies import policy_config
+from impala_tf.driver.plan import make_plan
+from impala_tf.driver.sampling import EnvRunnerGroup
 from impala_tf.workers.memory import read_smaps_rollup
 from tests.support import envs
 from tools import proclib
@@ -57,23 +61,25 @@ def main() -> None:
             num_envs_per_env_runner=args.envs,
             rollout_fragment_length=50,
         )
-        from impala_tf.models import build_model
-        from impala_tf.rollout.env_runner import make_env
+        from impala_tf.models import build_model  # TensorFlow: after the fork server starts.
 
-        env = make_env(config, 0, 0)
-        weights = build_model(env.observation_space, env.action_space, config.model).get_weights()
-        pool = LocalActorPool(config, weights)
+        plan = make_plan(config)
+        actors = EnvRunnerGroup(config, plan, collections.Counter())
         try:
-            ids = list(range(args.actors))
-            pool.request_samples(ids, args.fragments)
+            weights = {
+                pid: (build_model(obs, act, policy_config(config, pid).model).get_weights(), 0)
+                for pid, (obs, act) in plan.spaces.policies.items()
+            }
+            actors.broadcast(weights, actors.healthy_ids())
             got, deadline = 0, time.time() + 300
             while got < args.actors * args.fragments and time.time() < deadline:
-                fragments, failures = pool.fetch_ready(1.0)
+                actors.request_idle()
+                fragments, failures = actors.fetch(1.0)
                 if failures:
                     raise RuntimeError(failures)
                 got += len(fragments)
             print(f"{name}: {args.actors} actors x {args.envs} envs, {got} fragments")
-            for pid in pool.pids():
+            for pid in actors.pids().values():
                 m = read_smaps_rollup(pid)
                 print(
                     f"  actor {pid}: rss {m['Rss'] / 2**20:7.1f} MiB  pss "
@@ -84,7 +90,7 @@ def main() -> None:
                 m = read_smaps_rollup(server)
                 print(f"  fork server {server}: rss {m['Rss'] / 2**20:7.1f} MiB")
         finally:
-            pool.stop()
+            actors.stop()
 
 
 if __name__ == "__main__":

@@ -21,9 +21,7 @@ T, ROWS = 5, 4
 
 def learner_config(**overrides) -> ImpalaConfig:
     """A CartPole config with a [16] MLP and train batches of ROWS fragments of T steps."""
-    return small_config(
-        rollout_fragment_length=T, train_batch_size=ROWS * T, lr=0.01, **overrides
-    )
+    return small_config(rollout_fragment_length=T, train_batch_size=ROWS * T, lr=0.01, **overrides)
 
 
 def sequence_batch(

@@ -33,6 +33,8 @@ __all__ = [
     "stacked_frames",
     "unpicklable_cartpole",
 ]
+
+
 class _Faulty(gym.Wrapper):
     def __init__(self, env: gym.Env, fail_after: int, sleep_s: float):
         super().__init__(env)
@@ -107,6 +109,7 @@ class StackedFrames(gym.Env):
 def stacked_frames(env_config) -> gym.Env:
     """`StackedFrames` built from `env_config` keys (its constructor's arguments)."""
     return StackedFrames(**dict(env_config))
+
 
 class _Misbehaving(gym.Wrapper):
     """CartPole that misbehaves (`mode`) from its `after`-th step on.

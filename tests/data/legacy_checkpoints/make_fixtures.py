@@ -1,6 +1,10 @@
 """Writes the legacy checkpoint fixtures with the code at commit 3b2ca7c (before one runtime)."""
-import json, os, shutil, sys
-import numpy as np
+
+import json
+import os
+import shutil
+import sys
+
 from impala_tf.config import ImpalaConfig
 
 out = sys.argv[1]
@@ -10,22 +14,34 @@ os.makedirs(out)
 single = (
     ImpalaConfig()
     .environment("CartPole-v1")
-    .env_runners(num_env_runners=1, num_envs_per_env_runner=2, rollout_fragment_length=10,
-                 observation_filter="MeanStdFilter")
+    .env_runners(
+        num_env_runners=1,
+        num_envs_per_env_runner=2,
+        rollout_fragment_length=10,
+        observation_filter="MeanStdFilter",
+    )
     .training(train_batch_size=40, model={"fcnet_hiddens": [8]})
     .reporting(min_time_s_per_iteration=0, min_sample_timesteps_per_iteration=200)
     .resources(num_gpus=0)
     .debugging(seed=11)
 )
 multi = ImpalaConfig(
-    env="impala_tf/MultiAgentCartPole", env_config={"num_agents": 2},
-    num_env_runners=1, num_envs_per_env_runner=2, rollout_fragment_length=10,
-    train_batch_size=40, model={"fcnet_hiddens": [8]}, min_time_s_per_iteration=0,
-    min_sample_timesteps_per_iteration=200, seed=12, num_gpus=0,
+    env="impala_tf/MultiAgentCartPole",
+    env_config={"num_agents": 2},
+    num_env_runners=1,
+    num_envs_per_env_runner=2,
+    rollout_fragment_length=10,
+    train_batch_size=40,
+    model={"fcnet_hiddens": [8]},
+    min_time_s_per_iteration=0,
+    min_sample_timesteps_per_iteration=200,
+    seed=12,
+    num_gpus=0,
     observation_filter="MeanStdFilter",
 )
-multi.multi_agent(policies=["p0", "p1"],
-                  policy_mapping_fn="impala_tf.multi_agent.spec.PolicyMappingFn")
+multi.multi_agent(
+    policies=["p0", "p1"], policy_mapping_fn="impala_tf.multi_agent.spec.PolicyMappingFn"
+)
 expected = {}
 for name, config in (("single_agent", single), ("multi_agent", multi)):
     algo = config.build()
