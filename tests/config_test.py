@@ -286,7 +286,7 @@ def test_alias_warns_once_per_key():
         ImpalaConfig(num_workers=3)
     assert len(caught) == 1
     assert "`num_workers`" in str(caught[0].message)
-    # Attributed to the caller's line, not to impala_tf/config.py.
+    # Attributed to the caller's line, not to a line of impala_tf.config.
     assert caught[0].filename == __file__
 
 
