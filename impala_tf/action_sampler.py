@@ -21,7 +21,7 @@ from __future__ import annotations
 import gymnasium as gym
 import numpy as np
 
-__all__ = ["ActionSampler", "SUPPORTED_ACTION_SPACES"]
+__all__ = ["ActionSampler", "SUPPORTED_ACTION_SPACES", "SamplerState"]
 
 SUPPORTED_ACTION_SPACES = (gym.spaces.Discrete, gym.spaces.MultiDiscrete, gym.spaces.Box)
 
@@ -101,3 +101,25 @@ class ActionSampler:
         logp = -0.5 * np.sum(noise**2 + 2.0 * log_std + np.log(2.0 * np.pi), axis=-1)
         shape = (actions.shape[0], *space.shape)
         return actions.reshape(shape).astype(np.float32), logp.astype(np.float32)
+
+
+class SamplerState:
+    """The sampling-state methods of a policy that samples its actions with `self.sampler` (an
+    `ActionSampler`): the numpy, the TensorFlow and the remote policy alike."""
+
+    sampler: ActionSampler
+
+    def get_rng_state(self) -> dict:
+        """The action sampler's state (a plain dict), for checkpoints."""
+        return self.sampler.get_state()
+
+    def set_rng_state(self, state: dict) -> None:
+        """Continues the action sampler from a `get_rng_state()` value."""
+        if "calls" in state:  # Checkpoints from before numpy sampling: start over from the seed.
+            self.sampler.reseed(int(state["seed"]))
+        else:
+            self.sampler.set_state(state)
+
+    def reseed(self, seed: int | None) -> None:
+        """Restarts the action sampler as if built with `seed`."""
+        self.sampler.reseed(seed)

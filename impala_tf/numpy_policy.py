@@ -22,7 +22,7 @@ import math
 import gymnasium as gym
 import numpy as np
 
-from impala_tf.action_sampler import SUPPORTED_ACTION_SPACES, ActionSampler
+from impala_tf.action_sampler import SUPPORTED_ACTION_SPACES, ActionSampler, SamplerState
 from impala_tf.config.keys import MODEL_DEFAULTS
 from impala_tf.policy_step import PolicyStep
 
@@ -68,7 +68,7 @@ def supports(
     return model["fcnet_activation"] in _ACTIVATIONS
 
 
-class NumpyPolicy:
+class NumpyPolicy(SamplerState):
     """Acts with an MLP actor-critic in numpy (same interface as `ActorPolicy`).
 
     Args:
@@ -128,20 +128,6 @@ class NumpyPolicy:
 
     def initial_state(self, batch_size: int) -> tuple:
         return ()
-
-    # Sampling state ---------------------------------------------------------------------------
-
-    def get_rng_state(self) -> dict:
-        """The action sampler's state (a plain dict), for checkpoints."""
-        return self.sampler.get_state()
-
-    def set_rng_state(self, state: dict) -> None:
-        """Continues the action sampler from a `get_rng_state()` value."""
-        self.sampler.set_state(state)
-
-    def reseed(self, seed: int | None) -> None:
-        """Restarts the action sampler as if built with `seed`."""
-        self.sampler.reseed(seed)
 
     # Forward ----------------------------------------------------------------------------------
 

@@ -14,14 +14,14 @@ import gymnasium as gym
 import numpy as np
 import tensorflow as tf
 
-from impala_tf.action_sampler import ActionSampler
+from impala_tf.action_sampler import ActionSampler, SamplerState
 from impala_tf.models import build_model
 from impala_tf.policy_step import PolicyStep
 
 __all__ = ["ActorPolicy", "PolicyStep"]
 
 
-class ActorPolicy:
+class ActorPolicy(SamplerState):
     """A policy that acts: a model, its action distribution and a compiled step function.
 
     Args:
@@ -66,21 +66,6 @@ class ActorPolicy:
         logits, values, new_state = self.forward(obs, state)
         actions, logp = self.sampler(logits)
         return PolicyStep(actions, logits, logp, values, new_state)
-
-    def get_rng_state(self) -> dict:
-        """The action sampler's state, for checkpoints."""
-        return self.sampler.get_state()
-
-    def set_rng_state(self, state: dict) -> None:
-        """Continues the action sampler from a `get_rng_state()` value."""
-        if "calls" in state:  # Checkpoints from before numpy sampling: start over from the seed.
-            self.sampler.reseed(int(state["seed"]))
-        else:
-            self.sampler.set_state(state)
-
-    def reseed(self, seed: int | None) -> None:
-        """Restarts the action sampler as if built with `seed`."""
-        self.sampler.reseed(seed)
 
     def get_weights(self) -> list[np.ndarray]:
         return self.model.get_weights()

@@ -17,7 +17,7 @@ from typing import NamedTuple
 import gymnasium as gym
 import numpy as np
 
-from impala_tf.action_sampler import ActionSampler
+from impala_tf.action_sampler import ActionSampler, SamplerState
 from impala_tf.policy_step import PolicyStep
 
 __all__ = ["Endpoint", "InferenceError", "RemotePolicy", "TcpEndpoint", "connect"]
@@ -76,7 +76,7 @@ def connect(endpoint: Endpoint, actor_id: int) -> connection.Connection:
     return conn
 
 
-class RemotePolicy:
+class RemotePolicy(SamplerState):
     """An actor's policy whose forward pass runs in the driver's `InferenceServer`.
 
     Same interface as `impala_tf.numpy_policy.NumpyPolicy` and `impala_tf.policy.ActorPolicy`;
@@ -133,12 +133,3 @@ class RemotePolicy:
 
     def get_weights(self) -> list[np.ndarray]:
         return []
-
-    def get_rng_state(self) -> dict:
-        return self.sampler.get_state()
-
-    def set_rng_state(self, state: dict) -> None:
-        self.sampler.set_state(state)
-
-    def reseed(self, seed: int | None) -> None:
-        self.sampler.reseed(seed)

@@ -39,6 +39,8 @@ from typing import Any
 
 import numpy as np
 
+from impala_tf.checkpoints.store import json_default
+
 __all__ = [
     "ResultWriter",
     "flatten",
@@ -178,14 +180,6 @@ def tensorboard_scalars(result: Mapping[str, Any], raw: bool = True) -> dict[str
     return scalars
 
 
-def _json_default(value: Any) -> Any:
-    if isinstance(value, np.generic):
-        return value.item()
-    if isinstance(value, np.ndarray):
-        return value.tolist()
-    return str(value)
-
-
 class ResultWriter:
     """Appends results to `<logdir>/result.json` and writes them as TensorBoard summaries.
 
@@ -214,7 +208,7 @@ class ResultWriter:
 
     def write(self, result: Mapping[str, Any]) -> None:
         """Appends `result` to `result.json` and writes its scalars to TensorBoard."""
-        self._json.write(json.dumps(result, default=_json_default) + "\n")
+        self._json.write(json.dumps(result, default=json_default) + "\n")
         self._json.flush()
         if self._writer is not None:
             with self._writer.as_default(step=self.step_of(result)):

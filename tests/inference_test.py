@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import collections
 import json
-import logging
 import os
 import signal
 import subprocess
@@ -58,22 +57,10 @@ def _image_config(**overrides) -> ImpalaConfig:
 @pytest.fixture(scope="module")
 def ray_session(tmp_path_factory):
     """One Ray for the module's Ray tests (the runtime reuses an initialised Ray)."""
-    import ray
+    from tests.support.ray import local_ray
 
-    from tests.support.ray import ray_environment
-
-    with ray_environment(str(tmp_path_factory.mktemp("ray-home"))):
-        ray.init(
-            address="local",
-            num_cpus=8,
-            include_dashboard=False,
-            object_store_memory=128 * 2**20,
-            logging_level=logging.WARNING,
-        )
-        try:
-            yield
-        finally:
-            ray.shutdown()
+    with local_ray(str(tmp_path_factory.mktemp("ray-home"))) as ray:
+        yield ray
 
 
 # The plan ----------------------------------------------------------------------------------------

@@ -17,13 +17,13 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 import pytest
-from pettingzoo import ParallelEnv
 
 from impala_tf.config import ImpalaConfig
 from impala_tf.config.policies import PolicySpec, policy_config
 from impala_tf.multi_agent.env import ALL, MultiAgentCartPole, MultiAgentEnv, PettingZooParallelEnv
 from impala_tf.rollout.fragment import Fragment
 from impala_tf.rollout.multi_agent_runner import MultiAgentEnvRunner
+from tests.support import envs
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 T = 10
@@ -144,57 +144,9 @@ def test_fragment_counts_env_and_agent_steps_and_bootstraps_within_each_agent_st
         assert episode.length == max(returns) and episode.ret == sum(returns)
 
 
-_COORDINATION_OBS = gym.spaces.Box(0.0, 1.0, (2,), np.float32)
-_COORDINATION_ACT = gym.spaces.Discrete(2)
-
-
-class Coordination(ParallelEnv):
-    """A tiny PettingZoo ParallelEnv: two agents are rewarded for choosing the same action."""
-
-    metadata = {"name": "coordination_v0", "render_modes": ["rgb_array"]}
-
-    def __init__(self, max_cycles: int = 7, render_mode: str | None = None):
-        self.possible_agents = ["a", "b"]
-        self.agents = []
-        self.max_cycles = max_cycles
-        self.render_mode = render_mode
-        self._t = 0
-
-    def observation_space(self, agent):
-        return _COORDINATION_OBS
-
-    def action_space(self, agent):
-        return _COORDINATION_ACT
-
-    def reset(self, seed=None, options=None):
-        self.agents = list(self.possible_agents)
-        self._t = 0
-        return {a: np.zeros(2, np.float32) for a in self.agents}, {a: {} for a in self.agents}
-
-    def step(self, actions):
-        self._t += 1
-        same = float(actions["a"] == actions["b"])
-        end = self._t >= self.max_cycles
-        obs = {a: np.array([same, self._t / self.max_cycles], np.float32) for a in self.agents}
-        rewards = {a: same for a in self.agents}
-        terms = {a: False for a in self.agents}
-        truncs = {a: end for a in self.agents}
-        infos = {a: {} for a in self.agents}
-        if end:
-            self.agents = []
-        return obs, rewards, terms, truncs, infos
-
-    def render(self):
-        return np.full((2, 3, 3), self._t, np.uint8)
-
-
-def _coordination_creator(env_config):
-    return PettingZooParallelEnv(Coordination(**env_config))
-
-
 def test_pettingzoo_env_with_one_shared_policy_bootstraps_truncated_agents():
     config = ImpalaConfig(
-        env=_coordination_creator,
+        env=envs.coordination,
         num_envs_per_env_runner=1,
         rollout_fragment_length=7,
         model={"fcnet_hiddens": [4]},
@@ -610,7 +562,7 @@ def test_a_runner_steps_a_wrapped_multi_agent_env_and_pettingzoo_renders():
     assert len(_FRAMES) >= episode.length + 2
     assert all(f.shape == (400, 1200, 3) for f in _FRAMES)
     runner.close()
-    env = PettingZooParallelEnv(Coordination(render_mode="rgb_array"))
+    env = PettingZooParallelEnv(envs.Coordination(render_mode="rgb_array"))
     env.reset(seed=0)
     env.step({"a": 0, "b": 0})
     assert env.render_mode == "rgb_array" and "rgb_array" in env.metadata["render_modes"]

@@ -21,13 +21,13 @@ import warnings
 import gymnasium as gym
 import numpy as np
 import pytest
-from pettingzoo import ParallelEnv
 
 from impala_tf import checkpoints, evaluation
 from impala_tf.config import ConfigWarning, ImpalaConfig
 from impala_tf.config import policies as ma_spec
 from impala_tf.envs.spaces import probe_spaces
-from impala_tf.multi_agent.env import MultiAgentCartPole, PettingZooParallelEnv
+from impala_tf.multi_agent.env import MultiAgentCartPole
+from tests.support import envs
 from tests.support.configs import small_config
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -153,56 +153,12 @@ def test_multi_agent_cartpole_reads_rllibs_nested_env_config_and_ends_when_all_a
         MultiAgentCartPole({"num_agents": 0})
 
 
-_COORDINATION_OBS = gym.spaces.Box(0.0, 1.0, (2,), np.float32)
-_COORDINATION_ACT = gym.spaces.Discrete(2)
-
-
-class Coordination(ParallelEnv):
-    """A tiny PettingZoo ParallelEnv: two agents are rewarded for choosing the same action."""
-
-    metadata = {"name": "coordination_v0"}
-
-    def __init__(self, max_cycles: int = 7):
-        self.possible_agents = ["a", "b"]
-        self.agents = []
-        self.max_cycles = max_cycles
-        self._t = 0
-
-    def observation_space(self, agent):
-        return _COORDINATION_OBS
-
-    def action_space(self, agent):
-        return _COORDINATION_ACT
-
-    def reset(self, seed=None, options=None):
-        self.agents = list(self.possible_agents)
-        self._t = 0
-        return {a: np.zeros(2, np.float32) for a in self.agents}, {a: {} for a in self.agents}
-
-    def step(self, actions):
-        self._t += 1
-        same = float(actions["a"] == actions["b"])
-        end = self._t >= self.max_cycles
-        obs = {a: np.array([same, self._t / self.max_cycles], np.float32) for a in self.agents}
-        rewards = {a: same for a in self.agents}
-        terms = {a: False for a in self.agents}
-        truncs = {a: end for a in self.agents}
-        infos = {a: {} for a in self.agents}
-        if end:
-            self.agents = []
-        return obs, rewards, terms, truncs, infos
-
-
-def _coordination_creator(env_config):
-    return PettingZooParallelEnv(Coordination(**env_config))
-
-
 def test_pettingzoo_adapter_passes_the_api_test_and_truncates_every_agent_at_the_end():
     from pettingzoo.test import parallel_api_test
 
-    parallel_api_test(Coordination(), num_cycles=20)
-    env = _coordination_creator({})
-    assert probe_spaces(ImpalaConfig(env=_coordination_creator)).multi_agent
+    parallel_api_test(envs.Coordination(), num_cycles=20)
+    env = envs.coordination({})
+    assert probe_spaces(ImpalaConfig(env=envs.coordination)).multi_agent
     obs, _ = env.reset(seed=0)
     assert set(obs) == {"a", "b"}
     for _ in range(6):

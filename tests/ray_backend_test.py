@@ -12,7 +12,6 @@ TCP in `tests/inference_test.py`, a lost node in `tests/ray_cluster_test.py`.
 from __future__ import annotations
 
 import collections
-import logging
 import os
 import subprocess
 import sys
@@ -88,22 +87,9 @@ CPUS, ACCEL = 8.0, 4.0
 @pytest.fixture(scope="module")
 def ray_local(tmp_path_factory):
     """One Ray for the module (the runtime reuses an initialised Ray)."""
-    import ray
-
-    home = tmp_path_factory.mktemp("home")
-    with raylib.ray_environment(str(home)):
-        ray.init(
-            address="local",
-            num_cpus=int(CPUS),
-            resources={"accel": ACCEL},
-            include_dashboard=False,
-            object_store_memory=128 * 2**20,
-            logging_level=logging.WARNING,
-        )
-        try:
-            yield ray
-        finally:
-            ray.shutdown()
+    home = str(tmp_path_factory.mktemp("home"))
+    with raylib.local_ray(home, num_cpus=int(CPUS), resources={"accel": ACCEL}) as ray:
+        yield ray
 
 
 def _objects_in_store() -> int:

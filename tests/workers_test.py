@@ -131,14 +131,10 @@ def _collect(
 @pytest.fixture(scope="module")
 def ray_cluster(tmp_path_factory):
     """One Ray for every Ray case of this module, writing only under a temporary HOME."""
-    import ray
-
     from tests.support import ray as raylib
 
-    with raylib.ray_environment(str(tmp_path_factory.mktemp("ray-home"))):
-        ray.init(address="local", num_cpus=4, include_dashboard=False, object_store_memory=2**27)
+    with raylib.local_ray(str(tmp_path_factory.mktemp("ray-home")), num_cpus=4) as ray:
         yield ray
-        ray.shutdown()
 
 
 @pytest.fixture(params=["process", "ray"])

@@ -60,6 +60,7 @@ __all__ = [
     "learner_prefix",
     "list_checkpoints",
     "prune_checkpoints",
+    "json_default",
     "read_config_dict",
     "read_driver_state",
     "read_runtime_state",
@@ -113,7 +114,9 @@ def learner_checkpoint(learner: Any) -> Any:
     return tf.train.Checkpoint(**parts)
 
 
-def _json_default(value: Any) -> Any:
+def json_default(value: Any) -> Any:
+    """`json.dump`'s `default` for results and saved state: numpy scalars and arrays as
+    numbers and lists, anything else as its string."""
     if isinstance(value, np.generic):
         return value.item()
     if isinstance(value, np.ndarray):
@@ -229,7 +232,7 @@ def write_checkpoint(
         state = {"format": FORMAT, "policy_ids": sorted(learners), **dict(driver_state or {})}
         state["config"] = storable_config(config)
         with open(os.path.join(tmp, DRIVER_STATE_FILE), "w", encoding="utf-8") as f:
-            json.dump(state, f, default=_json_default)
+            json.dump(state, f, default=json_default)
         if runtime_state is not None:
             with open(os.path.join(tmp, RUNTIME_STATE_FILE), "wb") as f:
                 pickle.dump(dict(runtime_state), f, protocol=pickle.HIGHEST_PROTOCOL)

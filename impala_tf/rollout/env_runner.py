@@ -69,9 +69,8 @@ from impala_tf.envs import atari
 from impala_tf.envs.batch import AtariVectorEnvBatch, GymEnvBatch
 from impala_tf.envs.faults import EnvGuard, StepProgress, env_name
 from impala_tf.envs.make import env_seed, make_env_batch
-from impala_tf.filters import Filter, filter_from_state, get_filter
-from impala_tf.numpy_policy import make_policy
-from impala_tf.remote_policy import RemotePolicy
+from impala_tf.filters import Filter, filter_from_state
+from impala_tf.rollout.base import Remote, RunnerBase
 from impala_tf.rollout.fragment import DEFAULT_POLICY_ID, POLICY_VERSION, Episode, Fragment
 from impala_tf.sample_batch import SampleBatch
 
@@ -82,7 +81,7 @@ __all__ = ["EnvRunner", "Weights"]
 Weights = Mapping[str, tuple["list[np.ndarray] | None", int]]
 
 
-class EnvRunner:
+class EnvRunner(RunnerBase):
     """Steps `num_envs_per_env_runner` envs with one policy (`"default_policy"`); fragments.
 
     Args:
@@ -108,13 +107,9 @@ class EnvRunner:
         explore: bool | None = None,
         update_filter: bool = True,
         progress: StepProgress | None = None,
-        remote: tuple[Any, Mapping[str, list[tuple[int, ...]]]] | None = None,
+        remote: Remote | None = None,
     ):
-        self.config = config
-        self.worker_index = worker_index
-        self.num_envs = int(config.num_envs_per_env_runner)
-        self.horizon = int(config.rollout_fragment_length)
-        self.progress = progress if progress is not None else StepProgress()
+        super().__init__(config, worker_index, explore, update_filter, progress)
         who = f"actor {worker_index - 1}" if worker_index > 0 else "the driver"
         self._guard = EnvGuard(
             env_name(config.env),
@@ -125,28 +120,11 @@ class EnvRunner:
         self.env_batch = make_env_batch(config, worker_index, self.num_envs, self._guard)
         self.observation_space = self.env_batch.observation_space
         self.action_space = self.env_batch.action_space
-        explore = config.explore if explore is None else explore
+        spaces = (self.observation_space, self.action_space)
         seed = env_seed(config.seed, worker_index, 0)
-        if remote is not None:
-            conn, state_shapes = remote
-            self.policy = RemotePolicy(
-                conn, DEFAULT_POLICY_ID, self.action_space, state_shapes[DEFAULT_POLICY_ID],
-                explore, seed,
-            )  # fmt: skip
-        else:
-            self.policy = make_policy(
-                self.observation_space, self.action_space, config.model, explore=explore, seed=seed
-            )
+        self.policy = self._make_policy(DEFAULT_POLICY_ID, spaces, config.model, seed, remote)
         self.policy_version = 0
-        self.obs_filter = get_filter(config.observation_filter, self.observation_space.shape)
-        self._update_filter = bool(update_filter)
-        if config.observation_filter != "NoFilter" and not np.issubdtype(
-            self.observation_space.dtype or np.float32, np.floating
-        ):
-            raise ValueError(
-                f"`observation_filter` {config.observation_filter!r} standardises observations "
-                f"and needs a float observation space, got {self.observation_space}."
-            )
+        self.obs_filter = self._make_filter(DEFAULT_POLICY_ID, self.observation_space)
         self._next_version = 0  # The version of the weights that computed `self._next`.
         self._obs_dtype = self.observation_space.dtype or np.float32
         self._env_actions = ActionAdapter(
@@ -318,11 +296,7 @@ class EnvRunner:
 
     def _flush_filter(self) -> dict[str, Filter] | None:
         """The filter's changes since the last fragment (for the driver); resets its buffer."""
-        if not self._update_filter or self.config.observation_filter == "NoFilter":
-            return None
-        delta = self.obs_filter.delta()
-        self.obs_filter.reset_buffer()
-        return {DEFAULT_POLICY_ID: delta}
+        return self._filter_deltas({DEFAULT_POLICY_ID: self.obs_filter})
 
     # Resuming ---------------------------------------------------------------------------------
 
@@ -408,13 +382,6 @@ class EnvRunner:
         rng = (state.get("policy_rngs") or {}).get(DEFAULT_POLICY_ID)
         if rng is not None:
             self.policy.set_rng_state(rng)
-
-    def run_episodes(self, num_episodes: int) -> list[Episode]:
-        """Samples until `num_episodes` episodes have finished; returns the first that many."""
-        done: list[Episode] = []
-        while len(done) < num_episodes:
-            done.extend(self.sample().episodes)
-        return done[:num_episodes]
 
     def close(self) -> None:
         self.env_batch.close()

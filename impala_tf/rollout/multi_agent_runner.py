@@ -65,10 +65,8 @@ from impala_tf.config.base import AlgorithmConfig
 from impala_tf.envs.faults import StepProgress
 from impala_tf.envs.make import env_seed, make_env
 from impala_tf.envs.spaces import policy_spaces
-from impala_tf.filters import Filter, filter_from_state, get_filter
+from impala_tf.filters import Filter, filter_from_state
 from impala_tf.multi_agent.env import ALL, MultiAgentEnv
-from impala_tf.numpy_policy import make_policy
-from impala_tf.remote_policy import RemotePolicy
 from impala_tf.rollout.agent_streams import (
     STEP_REW,
     STEP_TERM,
@@ -78,6 +76,7 @@ from impala_tf.rollout.agent_streams import (
     AgentStream,
     emit_sequences,
 )
+from impala_tf.rollout.base import Remote, RunnerBase
 from impala_tf.rollout.env_runner import Weights
 from impala_tf.rollout.fragment import Episode, Fragment
 from impala_tf.sample_batch import SampleBatch
@@ -109,7 +108,7 @@ _IN_FLIGHT = (
 )
 
 
-class MultiAgentEnvRunner:
+class MultiAgentEnvRunner(RunnerBase):
     """Steps `num_envs_per_env_runner` multi-agent envs with every policy; see the module doc.
 
     Args:
@@ -132,13 +131,9 @@ class MultiAgentEnvRunner:
         explore: bool | None = None,
         update_filter: bool = True,
         progress: StepProgress | None = None,
-        remote: tuple[Any, Mapping[str, list[tuple[int, ...]]]] | None = None,
+        remote: Remote | None = None,
     ):
-        self.config = config
-        self.worker_index = worker_index
-        self.num_envs = int(config.num_envs_per_env_runner)
-        self.horizon = int(config.rollout_fragment_length)
-        self.progress = progress if progress is not None else StepProgress()
+        super().__init__(config, worker_index, explore, update_filter, progress)
         self.envs: list[gym.Env] = [make_env(config, worker_index, j) for j in range(self.num_envs)]
         # Through wrappers (e.g. impala-evaluate's frame recorder) to the multi-agent env.
         base = self.envs[0].unwrapped
@@ -150,7 +145,6 @@ class MultiAgentEnvRunner:
         self.spaces = policy_spaces(config, base)
         self.policy_ids: Sequence[str] = tuple(sorted(self.spaces))
         self.mapping = policy_specs.resolve_mapping_fn(config.policy_mapping_fn)
-        explore = config.explore if explore is None else explore
         self.policies: dict[str, Any] = {}
         self.filters: dict[str, Filter] = {}
         self._adapters: dict[str, ActionAdapter] = {}
@@ -161,31 +155,16 @@ class MultiAgentEnvRunner:
         for pid in self.policy_ids:
             obs_space, act_space = self.spaces[pid]
             model = policy_specs.policy_config(config, pid).model
-            if remote is not None:
-                conn, state_shapes = remote
-                policy = RemotePolicy(
-                    conn, pid, act_space, state_shapes.get(pid, []), explore, seeds[pid]
-                )
-            else:
-                policy = make_policy(obs_space, act_space, model, explore=explore, seed=seeds[pid])
+            policy = self._make_policy(pid, (obs_space, act_space), model, seeds[pid], remote)
             self.policies[pid] = policy
             self._obs_dtypes[pid] = np.dtype(obs_space.dtype or np.float32)
-            if config.observation_filter != "NoFilter" and not np.issubdtype(
-                self._obs_dtypes[pid], np.floating
-            ):
-                raise ValueError(
-                    f"`observation_filter` {config.observation_filter!r} standardises "
-                    f"observations and needs a float observation space; policy {pid!r} has "
-                    f"{obs_space}."
-                )
-            self.filters[pid] = get_filter(config.observation_filter, obs_space.shape)
+            self.filters[pid] = self._make_filter(pid, obs_space)
             self._adapters[pid] = ActionAdapter(
                 act_space, config.normalize_actions, config.clip_actions
             )
             self._zero_state[pid] = tuple(s[0] for s in policy.initial_state(1))
             self._chunk[pid] = int(model["max_seq_len"])
         self.versions = {pid: 0 for pid in self.policy_ids}
-        self._update_filter = bool(update_filter)
         self._reset_all(config.seed)
 
     def _policy_seeds(self, seed: int | None) -> dict[str, int | None]:
@@ -451,13 +430,7 @@ class MultiAgentEnvRunner:
         return emit_sequences(self._streams, self.horizon, self._chunk, self._zero_state)
 
     def _flush_filters(self) -> dict[str, Filter] | None:
-        if not self._update_filter or self.config.observation_filter == "NoFilter":
-            return None
-        out = {}
-        for pid, f in self.filters.items():
-            out[pid] = f.delta()
-            f.reset_buffer()
-        return out
+        return self._filter_deltas(self.filters)
 
     # Resuming ---------------------------------------------------------------------------------
 
@@ -526,13 +499,6 @@ class MultiAgentEnvRunner:
         for pid, rng in (state.get("policy_rngs") or {}).items():
             if pid in self.policies and rng is not None:
                 self.policies[pid].set_rng_state(rng)
-
-    def run_episodes(self, num_episodes: int) -> list[Episode]:
-        """Samples until `num_episodes` episodes have finished; returns the first that many."""
-        done: list[Episode] = []
-        while len(done) < num_episodes:
-            done.extend(self.sample().episodes)
-        return done[:num_episodes]
 
     def close(self) -> None:
         for env in self.envs:

@@ -11,6 +11,8 @@ and `vector_index`):
 * `HugeRewardCartPole`: finite rewards whose squared value error overflows (non-finite updates);
 * `unpicklable_cartpole`: CartPole that refuses to be pickled (a simulator handle);
 * `StackedFrames` / `stacked_frames`: DeepMind-style stacks of random uint8 frames;
+* `Coordination` / `coordination`: a tiny PettingZoo parallel env (two agents rewarded for
+  choosing the same action), raw and through `PettingZooParallelEnv`;
 * `hanging_env`: CartPole or a `num_agents` MultiAgentCartPole that hangs once, at a step of one
   actor's first env (the marker file makes the restarted actor go on).
 """
@@ -22,6 +24,9 @@ import time
 
 import gymnasium as gym
 import numpy as np
+from pettingzoo import ParallelEnv
+
+from impala_tf.multi_agent.env import PettingZooParallelEnv
 
 __all__ = [
     "HugeRewardCartPole",
@@ -241,3 +246,51 @@ def hanging_env(env_config) -> gym.Env:
     if getattr(env_config, "worker_index", 1) != worker or getattr(env_config, "vector_index", 0):
         return env
     return _HangOnce(env, int(env_config.get("after", 20)), env_config["marker"])
+
+
+_COORDINATION_OBS = gym.spaces.Box(0.0, 1.0, (2,), np.float32)
+_COORDINATION_ACT = gym.spaces.Discrete(2)
+
+
+class Coordination(ParallelEnv):
+    """A tiny PettingZoo ParallelEnv: two agents are rewarded for choosing the same action."""
+
+    metadata = {"name": "coordination_v0", "render_modes": ["rgb_array"]}
+
+    def __init__(self, max_cycles: int = 7, render_mode: str | None = None):
+        self.possible_agents = ["a", "b"]
+        self.agents = []
+        self.max_cycles = max_cycles
+        self.render_mode = render_mode
+        self._t = 0
+
+    def observation_space(self, agent):
+        return _COORDINATION_OBS
+
+    def action_space(self, agent):
+        return _COORDINATION_ACT
+
+    def reset(self, seed=None, options=None):
+        self.agents = list(self.possible_agents)
+        self._t = 0
+        return {a: np.zeros(2, np.float32) for a in self.agents}, {a: {} for a in self.agents}
+
+    def step(self, actions):
+        self._t += 1
+        same = float(actions["a"] == actions["b"])
+        end = self._t >= self.max_cycles
+        obs = {a: np.array([same, self._t / self.max_cycles], np.float32) for a in self.agents}
+        rewards = {a: same for a in self.agents}
+        terms = {a: False for a in self.agents}
+        truncs = {a: end for a in self.agents}
+        infos = {a: {} for a in self.agents}
+        if end:
+            self.agents = []
+        return obs, rewards, terms, truncs, infos
+
+    def render(self):
+        return np.full((2, 3, 3), self._t, np.uint8)
+
+
+def coordination(env_config) -> gym.Env:
+    return PettingZooParallelEnv(Coordination(**env_config))

@@ -1,14 +1,18 @@
 """Shared set-up of the Ray tests: a Ray session that writes nothing outside tmp paths.
 
-`ray_environment(home)` keeps HOME and Ray's token in a temporary directory; `actor_state` reads
-Ray's state of an actor. Configs come from `tests.support.configs.small_config(backend="ray")`.
+`ray_environment(home)` keeps HOME and Ray's token in a temporary directory; `local_ray(home)`
+starts a local Ray inside it for a test module (the runtime reuses an initialised Ray);
+`actor_state` reads Ray's state of an actor. Configs come from
+`tests.support.configs.small_config(backend="ray")`.
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
 import secrets
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
+from typing import Any
 
 import pytest
 
@@ -32,6 +36,29 @@ def ray_environment(home: str) -> Iterator[None]:
         finally:
             mp.undo()
             _reload_auth()
+
+
+@contextlib.contextmanager
+def local_ray(
+    home: str, num_cpus: int = 8, resources: Mapping[str, float] | None = None
+) -> Iterator[Any]:
+    """A local Ray (128 MiB object store, no dashboard) under `ray_environment(home)`; yields
+    the `ray` module and shuts Ray down on exit."""
+    import ray
+
+    with ray_environment(home):
+        ray.init(
+            address="local",
+            num_cpus=num_cpus,
+            resources=dict(resources or {}),
+            include_dashboard=False,
+            object_store_memory=128 * 2**20,
+            logging_level=logging.WARNING,
+        )
+        try:
+            yield ray
+        finally:
+            ray.shutdown()
 
 
 def _reload_auth() -> None:

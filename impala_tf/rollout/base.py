@@ -1,0 +1,106 @@
+"""What the two env runners share: their arguments, how a policy and its filter are made, the
+filters' changes sent with a fragment, and `run_episodes`.
+
+`EnvRunner` (one policy, a vector of gymnasium envs) and `MultiAgentEnvRunner` (several policies
+over multi-agent envs) differ in how they step envs and cut sequences; everything here is written
+once so that the two cannot drift.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+
+from impala_tf.config.base import AlgorithmConfig
+from impala_tf.envs.faults import StepProgress
+from impala_tf.filters import Filter, get_filter
+from impala_tf.numpy_policy import make_policy
+from impala_tf.remote_policy import RemotePolicy
+from impala_tf.rollout.fragment import Episode
+
+__all__ = ["RunnerBase"]
+
+#: With central inference: the actor's connection to the driver's inference server and
+#: {policy_id: per-env shapes of the model's recurrent state}.
+Remote = tuple[Any, Mapping[str, list[tuple[int, ...]]]]
+
+
+class RunnerBase:
+    """The arguments and helpers both env runners share.
+
+    Args:
+      config: The algorithm config.
+      worker_index: 0 for the driver's own runner (evaluation), i + 1 for actor i; seeds the
+        envs and the action samplers.
+      explore: Sample actions (True) or take the most likely one; None: `config.explore`.
+      update_filter: Whether observations update the observation filters (False in evaluation,
+        whose filters stay the driver's).
+      progress: Where the runner publishes the step it is in (read by the host to say where a
+        hung actor hangs).
+    """
+
+    def __init__(
+        self,
+        config: AlgorithmConfig,
+        worker_index: int,
+        explore: bool | None,
+        update_filter: bool,
+        progress: StepProgress | None,
+    ):
+        self.config = config
+        self.worker_index = worker_index
+        self.num_envs = int(config.num_envs_per_env_runner)
+        self.horizon = int(config.rollout_fragment_length)
+        self.progress = progress if progress is not None else StepProgress()
+        self.explore = config.explore if explore is None else bool(explore)
+        self._update_filter = bool(update_filter)
+
+    def _make_policy(
+        self,
+        policy_id: str,
+        spaces: tuple[gym.Space, gym.Space],
+        model: Mapping[str, Any],
+        seed: int | None,
+        remote: Remote | None,
+    ) -> Any:
+        """The policy that acts for `policy_id`: through the driver's inference server
+        (`remote`) or in this process (numpy for MLPs, TensorFlow otherwise)."""
+        obs_space, act_space = spaces
+        if remote is not None:
+            conn, state_shapes = remote
+            return RemotePolicy(
+                conn, policy_id, act_space, state_shapes.get(policy_id, []), self.explore, seed
+            )
+        return make_policy(obs_space, act_space, model, explore=self.explore, seed=seed)
+
+    def _make_filter(self, policy_id: str, obs_space: gym.Space) -> Filter:
+        """`observation_filter` for `policy_id`'s observations (a float space, if it filters)."""
+        name = self.config.observation_filter
+        if name != "NoFilter" and not np.issubdtype(obs_space.dtype or np.float32, np.floating):
+            raise ValueError(
+                f"`observation_filter` {name!r} standardises observations and needs a float "
+                f"observation space; policy {policy_id!r} has {obs_space}."
+            )
+        return get_filter(name, obs_space.shape)
+
+    def _filter_deltas(self, filters: Mapping[str, Filter]) -> dict[str, Filter] | None:
+        """Each filter's changes since the last fragment (merged by the driver); resets their
+        buffers. None when this runner's filters do not learn."""
+        if not self._update_filter or self.config.observation_filter == "NoFilter":
+            return None
+        out = {}
+        for pid, f in filters.items():
+            out[pid] = f.delta()
+            f.reset_buffer()
+        return out
+
+    def run_episodes(self, num_episodes: int) -> list[Episode]:
+        """Samples (each runner's `sample`) until `num_episodes` episodes have finished; returns
+        the first that many."""
+        done: list[Episode] = []
+        while len(done) < num_episodes:
+            done.extend(self.sample().episodes)
+        return done[:num_episodes]
