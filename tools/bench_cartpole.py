@@ -34,7 +34,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import statistics
 import subprocess
 import sys
@@ -46,7 +45,6 @@ from tools import benchlib
 __all__ = ["main", "make_rllib_venv", "run_impala", "run_rllib", "steady_rate"]
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-_ITER_LINE = re.compile(r"^iter\s+\d+.*return\s+([-\d.]+)")
 
 RLLIB_SCRIPT = r"""
 import json, sys, time
@@ -118,30 +116,7 @@ def run_impala(
     ]
     if stop_time_s is not None:
         cmd.append(f"--stop_time_s={stop_time_s}")
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", PYTHONUNBUFFERED="1")
-    start = time.perf_counter()
-    proc = subprocess.Popen(
-        cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT, env=env
-    )
-    reached_s = None
-    try:
-        for line in proc.stdout:
-            match = _ITER_LINE.match(line)
-            if match and match.group(1) != "-" and float(match.group(1)) >= target:
-                reached_s = time.perf_counter() - start
-            if time.perf_counter() - start > timeout:
-                break
-    finally:
-        if proc.poll() is None:
-            proc.terminate()
-        try:
-            proc.wait(120)  # A loaded machine can take a while to stop the actors.
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(30)
-    results = []
-    with open(os.path.join(logdir, "result.json"), encoding="utf-8") as f:
-        results = [json.loads(line) for line in f]
+    reached_s, results, _ = benchlib.watch_training(cmd, ROOT, logdir, target, timeout)
     last = results[-1] if results else {}
     total_s = max(last.get("time_total_s", 0.0), 1e-9)
     return {

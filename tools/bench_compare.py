@@ -27,19 +27,15 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import statistics
-import subprocess
 import sys
 import tempfile
-import time
 
 from tools import benchlib
 
 __all__ = ["CASES", "main", "run_case"]
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-_ITER_LINE = re.compile(r"^iter\s+\d+.*return\s+([-\d.]+)")
 
 #: case -> (YAML under configs/, target return (None: none), extra flags of the binary).
 CASES = {
@@ -77,35 +73,9 @@ def run_case(python: str, root: str, case: str, seed: int, train_s: float, timeo
     ]
     if target is None:
         cmd.append(f"--stop_time_s={train_s}")
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", PYTHONUNBUFFERED="1")
-    start = time.perf_counter()
-    reached_s = None
-    proc = subprocess.Popen(
-        cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=root, env=env
-    )
-    tail: list[str] = []
-    try:
-        for line in proc.stdout:
-            tail = (tail + [line])[-30:]
-            match = _ITER_LINE.match(line)
-            value = match.group(1) if match else "-"
-            if reached_s is None and target is not None and value != "-" and float(value) >= target:
-                reached_s = time.perf_counter() - start
-            if time.perf_counter() - start > timeout:
-                break
-    finally:
-        if proc.poll() is None:
-            proc.terminate()
-        try:
-            proc.wait(120)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(30)
-    path = os.path.join(logdir, "result.json")
-    if not os.path.isfile(path):
+    reached_s, results, tail = benchlib.watch_training(cmd, root, logdir, target, timeout)
+    if not results:
         raise RuntimeError(f"{case} with {python} wrote no results:\n{''.join(tail)}")
-    with open(path, encoding="utf-8") as f:
-        results = [json.loads(line) for line in f if line.strip()]
     last = results[-1]
     return {
         "reached_s": reached_s,

@@ -1,4 +1,5 @@
-"""Helpers shared by the benchmarks in tools/: timing by median and writing BENCHMARKS.md.
+"""Helpers shared by the benchmarks in tools/: timing by median, running the train binary, and
+writing BENCHMARKS.md.
 
 Each benchmark owns one section of BENCHMARKS.md, delimited by HTML comments, and rewrites only
 that section, so benchmarks can be re-run one at a time.
@@ -6,12 +7,14 @@ that section, so benchmarks can be re-run one at a time.
 
 from __future__ import annotations
 
+import json
 import os
 import platform
 import re
 import statistics
+import subprocess
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 __all__ = [
     "BENCHMARKS_MD",
@@ -19,6 +22,7 @@ __all__ = [
     "machine_line",
     "median_seconds",
     "other_jobs_running",
+    "watch_training",
     "write_section",
 ]
 
@@ -106,3 +110,50 @@ def other_jobs_running(load_before: tuple[float, ...]) -> bool:
     the runs is not evidence: on a small machine it is the benchmark's own processes.
     """
     return load_before[0] > (os.cpu_count() or 1) / 2
+
+
+#: impala-train's line per iteration: its mean return (or "-" before any episode ended).
+ITER_LINE = re.compile(r"^iter\s+\d+.*return\s+([-\d.]+|nan)")
+
+
+def watch_training(
+    cmd: Sequence[str], cwd: str, logdir: str, target: float | None, timeout: float
+) -> tuple[float | None, list[dict], list[str]]:
+    """Runs an impala-train command line (writing to `logdir`) until it ends or `timeout`
+    seconds have passed, watching its iteration lines.
+
+    Returns the seconds from launch to the first iteration whose mean return reached `target`
+    (None: never, or no target), the results of `logdir/result.json` ([] if none) and the
+    output's last 30 lines.
+    """
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", PYTHONUNBUFFERED="1")
+    start = time.perf_counter()
+    reached_s = None
+    proc = subprocess.Popen(
+        list(cmd), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=cwd, env=env
+    )
+    tail: list[str] = []
+    try:
+        for line in proc.stdout:
+            tail = (tail + [line])[-30:]
+            match = ITER_LINE.match(line)
+            value = match.group(1) if match else "-"
+            done = target is not None and value != "-" and float(value) >= target
+            if reached_s is None and done:
+                reached_s = time.perf_counter() - start
+            if time.perf_counter() - start > timeout:
+                break
+    finally:
+        if proc.poll() is None:
+            proc.terminate()
+        try:
+            proc.wait(120)  # A loaded machine can take a while to stop the actors.
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(30)
+    path = os.path.join(logdir, "result.json")
+    results = []
+    if os.path.isfile(path):
+        with open(path, encoding="utf-8") as f:
+            results = [json.loads(line) for line in f if line.strip()]
+    return reached_s, results, tail
