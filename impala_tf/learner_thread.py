@@ -333,8 +333,8 @@ class LearnerThread(threading.Thread):
             self._stopped.set()
             # Deleting the iterator ends its prefetch threads (native threads that otherwise
             # outlive the run, 2 per algorithm built and stopped in one process). Done here, by
-            # the thread that used it: deleted by the caller of `stop`, which holds the GIL
-            # meanwhile, a MirroredStrategy iterator took 9 to 40 s to go (measured).
+            # the thread that used it, while `stop` waits in `join` (deleted by the caller of
+            # `stop` itself, a MirroredStrategy iterator took 9 to 40 s to go, measured).
             self._iterator = None
 
     def step(self, data, info: _UnitInfo) -> None:
@@ -470,8 +470,10 @@ class LearnerThread(threading.Thread):
             self._reset_fn()
         return removed
 
-    def stop(self, timeout: float = 10.0) -> None:
-        """Asks the thread to finish its current step and exit; waits up to `timeout`."""
+    def stop(self, timeout: float = 60.0) -> None:
+        """Asks the thread to finish its current step and exit; waits up to `timeout` for it to
+        end, the deletion of its `tf.data` iterator included (usually about a second; a process
+        that exits while TensorFlow still deletes an iterator can hang in its exit)."""
         self._stopped.set()
         if self.is_alive() and threading.current_thread() is not self:
             self.join(timeout)
