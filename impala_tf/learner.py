@@ -71,9 +71,11 @@ import numpy as np
 import tensorflow as tf
 
 from impala_tf import distributions, losses, sequences
+from impala_tf import frames as frames_lib
 from impala_tf.config.base import AlgorithmConfig
 from impala_tf.gradients import GradientAccumulators, apply_summed, check_plain_optimizer
 from impala_tf.models import build_model
+from impala_tf.sample_batch import OBS, OBS_FRAMES, OBS_RESTARTS
 
 __all__ = ["ImpalaLearner", "piecewise_linear", "STATS_KEYS"]
 
@@ -220,7 +222,12 @@ class ImpalaLearner(keras.Model):
     # The update -----------------------------------------------------------------------------
 
     def time_major(self, batch: dict[str, tf.Tensor]) -> dict[str, tf.Tensor]:
-        """Returns `batch` with per-step columns time-major [T, B, ...] (see module docstring)."""
+        """Returns `batch` with per-step columns time-major [T, B, ...] (see module docstring).
+
+        Frame-stacked observations that came as frames (`obs_frames`, `obs_restarts`) are
+        rebuilt into `obs` here, in the graph (`impala_tf.frames`).
+        """
+        batch = self._with_stacks(batch)
         rewards = batch["rewards"]
         if rewards.shape.rank == 2:
             return dict(batch)
@@ -238,6 +245,21 @@ class ImpalaLearner(keras.Model):
             seq = tf.reshape(column, tf.concat([[-1, horizon], tf.shape(column)[1:]], axis=0))
             perm = [1, 0] + list(range(2, column.shape.rank + 1))
             out[key] = tf.transpose(seq, perm)
+        return out
+
+    def _with_stacks(self, batch: dict[str, tf.Tensor]) -> dict[str, tf.Tensor]:
+        """`batch` with `obs` rebuilt from `obs_frames` and `obs_restarts`, if it has them."""
+        if OBS_FRAMES not in batch:
+            return batch
+        out = dict(batch)
+        frames, restarts = out.pop(OBS_FRAMES), tf.convert_to_tensor(out.pop(OBS_RESTARTS))
+        if restarts.shape.rank == 2:  # Time-major [T, B].
+            stacks = frames_lib.rebuild_stacks(frames, tf.transpose(restarts))
+            out[OBS] = tf.transpose(stacks, [1, 0, 2, 3, 4])
+        else:  # Flat [B * T].
+            horizon = int(self.config.rollout_fragment_length)
+            stacks = frames_lib.rebuild_stacks(frames, tf.reshape(restarts, [-1, horizon]))
+            out[OBS] = tf.reshape(stacks, tf.concat([[-1], tf.shape(stacks)[2:]], axis=0))
         return out
 
     def _schedules(self) -> tuple[tf.Tensor, tf.Tensor]:

@@ -30,7 +30,14 @@ import tensorflow as tf
 from impala_tf import distributions
 from impala_tf.batching import BatchBuilder, rows_per_batch  # TF-free: aggregators use them
 from impala_tf.config.base import AlgorithmConfig
-from impala_tf.sample_batch import SampleBatch, decompress, is_per_sequence_column, to_flat
+from impala_tf.sample_batch import (
+    OBS_FRAMES,
+    OBS_RESTARTS,
+    SampleBatch,
+    decompress,
+    is_per_sequence_column,
+    to_flat,
+)
 
 __all__ = [
     "BatchBuilder",
@@ -102,6 +109,7 @@ def batch_signature(
     action_space: gym.Space,
     num_replicas: int = 1,
     state_shapes: tuple[tuple[int, ...], ...] = (),
+    frame_stack: tuple[int, int] | None = None,
 ) -> dict[str, tf.TensorSpec]:
     """The `tf.TensorSpec`s of one replica's shard of a unit (train batch or microbatch).
 
@@ -111,17 +119,29 @@ def batch_signature(
       action_space: The env's action space.
       num_replicas: Learner devices.
       state_shapes: Shapes (without the batch dimension) of the model's recurrent state.
+      frame_stack: (k, s) when the observations travel as frames (`impala_tf.frames`):
+        `obs_frames` [B, T + k - 1, H, W, s] and `obs_restarts` [B * T] replace `obs`.
 
     Returns:
-      Column name -> spec, flat layout: per-step columns [B * T, ...], state columns [B, ...],
-      with B = `unit_rows(config, num_replicas) / num_replicas`.
+      Column name -> spec, flat layout: per-step columns [B * T, ...], per-sequence columns
+      (state, `obs_frames`) [B, ...], with B = `unit_rows(config, num_replicas) / num_replicas`.
     """
     rows = unit_rows(config, num_replicas) // num_replicas
     steps = rows * config.rollout_fragment_length
     obs_dtype = tf.as_dtype(observation_space.dtype or np.float32)
     act_dtype = tf.as_dtype(distributions.action_dtype(action_space))
+    if frame_stack is None:
+        obs_spec = {"obs": tf.TensorSpec([steps, *observation_space.shape], obs_dtype)}
+    else:
+        k, channels = frame_stack
+        height, width = observation_space.shape[:2]
+        horizon = config.rollout_fragment_length + k - 1
+        obs_spec = {
+            OBS_FRAMES: tf.TensorSpec([rows, horizon, height, width, channels], obs_dtype),
+            OBS_RESTARTS: tf.TensorSpec([steps], tf.bool),
+        }
     spec = {
-        "obs": tf.TensorSpec([steps, *observation_space.shape], obs_dtype),
+        **obs_spec,
         "actions": tf.TensorSpec([steps, *distributions.action_shape(action_space)], act_dtype),
         "rewards": tf.TensorSpec([steps], tf.float32),
         "terminateds": tf.TensorSpec([steps], tf.bool),

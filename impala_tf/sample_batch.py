@@ -36,6 +36,8 @@ __all__ = [
     "ACTION_DIST_INPUTS",
     "ACTION_LOGP",
     "OBS",
+    "OBS_FRAMES",
+    "OBS_RESTARTS",
     "REWARDS",
     "STATE_IN_PREFIX",
     "TERMINATEDS",
@@ -65,6 +67,10 @@ ACTION_LOGP = "action_logp"
 VF_PREDS = "vf_preds"
 VALUES_BOOTSTRAPPED = "values_bootstrapped"
 STATE_IN_PREFIX = "state_in_"
+#: Frame-stacked observations as frames, [B, T + k - 1, H, W, s] (`impala_tf.frames`): a
+#: per-sequence column, and `OBS_RESTARTS` bool [B, T] says where a stack was refilled.
+OBS_FRAMES = "obs_frames"
+OBS_RESTARTS = "obs_restarts"
 
 
 def is_per_sequence_column(name: str) -> bool:
@@ -74,14 +80,15 @@ def is_per_sequence_column(name: str) -> bool:
         name: a column name.
 
     Returns:
-        True for names starting with `STATE_IN_PREFIX`; such columns are [B, ...] in both
-        layouts and are never reshaped or transposed. False for per-step columns.
+        True for names starting with `STATE_IN_PREFIX` and for `OBS_FRAMES`; such columns are
+        [B, ...] in both layouts and are never reshaped or transposed. False for per-step
+        columns.
     """
-    return name.startswith(STATE_IN_PREFIX)
+    return name.startswith(STATE_IN_PREFIX) or name == OBS_FRAMES
 
 
 class EncodedColumn(abc.ABC):
-    """A column packed for transport (zlib, frame-stack coding); `decompress` restores it.
+    """A column packed for transport (zlib: `CompressedColumn`); `decompress` restores it.
 
     Subclasses are frozen dataclasses with at least `shape` (the original array's shape) and
     `dtype` (its `numpy.dtype.str`).
@@ -506,9 +513,9 @@ def compress(batch: SampleBatch, columns: Iterable[str] = (OBS,), level: int = 1
 def decompress(batch: SampleBatch) -> SampleBatch:
     """Restores every encoded column; returns `batch` itself when nothing is encoded.
 
-    The one place where transported batches are unpacked, whatever packed them: zlib
-    (`compress`, RLlib's `compress_observations`) and frame-stack coding
-    (`impala_tf.frames.encode_observations`), alone or together. Every receiver calls it.
+    The one place where transported batches are unpacked (zlib: `compress`, RLlib's
+    `compress_observations`). Every receiver calls it. Frame-stacked observations stay frames
+    (`OBS_FRAMES`): the learner rebuilds the stacks in its graph (`impala_tf.frames`).
 
     Args:
         batch: a SampleBatch, encoded or not.

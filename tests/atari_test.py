@@ -302,10 +302,45 @@ def test_vector_env_and_wrapper_paths_are_identical(game):
         np.testing.assert_array_equal(a.terminateds, b.terminateds)
         np.testing.assert_array_equal(a.truncateds, b.truncateds)
         np.testing.assert_array_equal(a.episode_ends, b.episode_ends)
+        np.testing.assert_array_equal(a.stack_restarts, b.stack_restarts)  # impala_tf.frames
         ends += int(a.episode_ends.sum())
         terminations += int(a.terminateds.sum())
     assert ends >= 1 and (game == "pong" or terminations > ends)  # Resets and life losses ran.
     vector.close()
+
+
+@pytest.mark.parametrize(
+    "game_id, env_config, path",
+    [
+        ("PongNoFrameskip-v4", {"max_num_frames_per_episode": 400}, AtariVectorEnvBatch),
+        ("BreakoutNoFrameskip-v4", {}, GymEnvBatch),  # Serves after lost lives refill stacks.
+    ],
+)
+def test_frames_rebuild_the_stacks_of_both_atari_paths(game_id, env_config, path):
+    """A runner sending frames (`impala_tf.frames`) and one sending stacks, same seed and
+    weights: the stacks rebuilt from the frames are the env's, refills included."""
+    from impala_tf.frames import rebuild_stacks_np
+    from impala_tf.models import build_model
+
+    config = _config(
+        env=game_id, env_config=env_config, num_envs_per_env_runner=2,
+        rollout_fragment_length=50, model={"dim": 42},
+    )  # fmt: skip
+    framed, plain = EnvRunner(config, worker_index=1), EnvRunner(config, worker_index=1)
+    assert isinstance(framed.env_batch, path) and framed.frame_stack == (4, 1)
+    plain.frame_stack = None
+    model = build_model(framed.observation_space, framed.action_space, config.model)
+    for runner in (framed, plain):
+        runner.set_weights({"default_policy": (model.get_weights(), 0)})
+    refills = 0
+    for _ in range(3 if path is AtariVectorEnvBatch else 6):
+        a = framed.sample().batches["default_policy"]
+        b = plain.sample().batches["default_policy"]
+        np.testing.assert_array_equal(a["actions"], b["actions"])
+        np.testing.assert_array_equal(rebuild_stacks_np(a["obs_frames"], a["obs_restarts"]),
+                                      b["obs"])  # fmt: skip
+        refills += int(a["obs_restarts"].sum())
+    assert refills > 0  # Resets (Pong, 100-step games) or serves (Breakout) happened.
 
 
 ATARI_YAMLS = ("pong-impala", "pong-impala-fast", "atari-impala", "pong-impala-small")

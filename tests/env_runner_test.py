@@ -163,7 +163,7 @@ def test_same_seed_same_fragments_and_distinct_env_seeds():
 
 def test_clip_rewards_and_observations_left_unpacked():
     # compress_observations packs fragments in the actor process, at the transport
-    # (impala_tf.frames.encode_observations), not in sample().
+    # (impala_tf.rollout.host.RunnerHost.sample), not in sample().
     runner = _runner(clip_rewards=0.5, compress_observations=True)
     fragment = runner.sample()
     batch = fragment.batches[DEFAULT_POLICY_ID]

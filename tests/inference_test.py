@@ -155,7 +155,9 @@ def test_central_and_per_actor_inference_sample_the_same_fragments(case):
         for pid in a.batches:
             batch, other = a.batches[pid], decompress(b.batches[pid])
             assert sorted(batch) == sorted(other)
-            for name in ("obs", "actions", "terminateds", "truncateds", "policy_version"):
+            # Frame-stacking envs send frames (impala_tf.frames), others `obs`.
+            obs = [k for k in ("obs", "obs_frames", "obs_restarts") if k in batch]
+            for name in (*obs, "actions", "terminateds", "truncateds", "policy_version"):
                 np.testing.assert_array_equal(batch[name], other[name], err_msg=name)
             for name in batch:
                 np.testing.assert_allclose(

@@ -15,6 +15,9 @@ Benchmarks (each rewrites its own section of BENCHMARKS.md unless `--no-write`):
 * `tools.bench_learner` - learner updates vs bare Keras, 1 vs 2 devices, microbatch memory, GPU.
 * `tools.bench_vtrace` - V-trace against RLlib's `tf.scan` and a numpy loop.
 * `tools.bench_scaling` - per-actor and learner figures, and where the Ray design stops scaling.
+* `tools.bench_driver` - driver intake: the real driver fed by fake actors replaying recorded
+  fragments (CartPole, Pong 42 and 84), a stub learner; env steps/s per driver core, bytes/s,
+  per-fragment costs, weight broadcasts per second with 128 actors.
 * `tools.bench_compare` - this checkout against a baseline checkout, alternating runs: CartPole
   to 450, Pong's trained env steps/s, multi-agent CartPole to 600.
 * `tools.bench_actor_inference` - one actor's CNN inference rate on one TF thread (prints only).

@@ -1,29 +1,28 @@
-"""Where the Ray design stops scaling: measured per-actor and learner figures, and the estimate.
+"""How many actors one driver feeds: measured per-actor, learner and driver figures, and a
+paper model from them.
 
     .venv/bin/python -m tools.bench_scaling                     # Pong, pong-impala-small.yaml
     .venv/bin/python -m tools.bench_scaling --sample_time 30 --no-write
 
-Run from the repository root (the parts run there as `python -m tools.bench_scaling` and
-`python -m tools.bench_atari`).
+Run from the repository root (the parts run there as `python -m tools.bench_scaling`,
+`python -m tools.bench_atari` and `python -m tools.bench_driver`).
 
 Measured here, each part in a fresh process:
 
-* **actor** - one `EnvRunner` as a Ray actor runs it (TensorFlow on 1 intra-op and 1 inter-op
+* **actor** - one `EnvRunner` as an actor runs it (TensorFlow on 1 intra-op and 1 inter-op
   thread, the config's envs, fragments and vector-env threads): env steps per second of wall
   time and per second of the process's CPU time (the second is what one dedicated core would
-  give; on a shared machine the first is lower), and the size of one fragment as the actor sends
-  it: the raw columns, frame-stack coded (what goes into the object store by default), coded and
-  zlib-compressed (`compress_observations`), and the pickle (protocol 5) of the coded fragment,
-  which is what Ray serialises. Also the CPU time to encode a fragment (actor) and to decode it
-  (`sample_batch.decompress`, driver), and the bytes of the policy weights.
+  give), and the size of one fragment: its observations as stacks would be, as sent (each frame
+  once, `impala_tf.frames`), zlib-compressed (`compress_observations`), and the pickle of the
+  fragment as sent; zlib's CPU cost both ways; the bytes of the policy weights.
 * **learner** - `ImpalaLearner.train_step` samples/s at `train_batch_size` on this machine's
-  CPU, all cores (`tools.bench_atari`'s learner case). No GPU here: the GPU figure is not
-  measured.
+  CPU, all cores (`tools.bench_atari`'s learner case). No GPU here.
+* **driver** - env steps per driver-core second the real driver takes from fake actors
+  replaying Pong-42 fragments, local processes and Ray (`tools.bench_driver`).
 
-From these the tool prints, as an estimate (arithmetic, not a measurement), the number of actors
-at which the learner's ingest is the limit, the object-store traffic per second at N actors, and
-the fragments per second the driver's one main thread can decode. Results go to BENCHMARKS.md
-(section "bench_scaling"), with the load average before and after.
+From these the tool prints a paper model (arithmetic, not a measurement): actors per driver
+core, the split of a 16-core machine with one GPU, what limits first on a Ray cluster. Results
+go to BENCHMARKS.md (section "bench_scaling"), with the load average before and after.
 """
 
 from __future__ import annotations
@@ -46,7 +45,6 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 DEFAULT_CONFIG = os.path.join(ROOT, "configs", "pong-impala-small.yaml")
 FRAME_SKIP = 4
-ACTOR_COUNTS = (8, 32, 128, 512)
 
 
 def pickled_size(obj: object) -> int:
@@ -69,14 +67,21 @@ def case_actor(path: str, seconds: float) -> dict:
 
     tf.config.threading.set_intra_op_parallelism_threads(1)
     tf.config.threading.set_inter_op_parallelism_threads(1)
+    import dataclasses
+
+    import numpy as np
+
     from impala_tf.config import ImpalaConfig
-    from impala_tf.frames import encode_observations
+    from impala_tf.learner import ImpalaLearner
     from impala_tf.rollout.env_runner import EnvRunner
-    from impala_tf.sample_batch import decompress
+    from impala_tf.rollout.fragment import DEFAULT_POLICY_ID
+    from impala_tf.sample_batch import OBS, OBS_FRAMES, compress, decompress
 
     config, _ = ImpalaConfig.from_yaml(path)
     config.validate()
     runner = EnvRunner(config, worker_index=1)
+    learner = ImpalaLearner(config, runner.observation_space, runner.action_space)
+    runner.set_weights({DEFAULT_POLICY_ID: (learner.get_policy_weights(), 0)})
     runner.sample()  # Warm-up: traces the policy.
     steps, wall0, cpu0 = 0, time.perf_counter(), time.process_time()
     fragments = []
@@ -86,35 +91,33 @@ def case_actor(path: str, seconds: float) -> dict:
         fragments.append(fragment)
     wall, cpu = time.perf_counter() - wall0, time.process_time() - cpu0
     last = fragments[-1]
-    tail = [f.batch for f in fragments[-5:]]
+    tail = [f.batches[DEFAULT_POLICY_ID] for f in fragments[-5:]]
 
     def timed(fn, items):  # CPU seconds per item: a loaded machine stretches wall time.
         start = time.process_time()
         out = [fn(x) for x in items]
         return out, (time.process_time() - start) / len(items)
 
-    coded, encode_s = timed(lambda b: encode_observations(b, compress_observations=False), tail)
-    zipped, encode_zlib_s = timed(
-        lambda b: encode_observations(b, compress_observations=True), tail
-    )
-    sent = [pickled_size(last.__class__(**{**vars(last), "batch": b})) for b in coded]
-    _, decode_s = timed(decompress, coded)
+    zipped, encode_zlib_s = timed(lambda b: compress(b, (OBS, OBS_FRAMES)), tail)
     _, decode_zlib_s = timed(decompress, zipped)
-    weights = runner.get_weights()
+    sent = [pickled_size(dataclasses.replace(last, batches={DEFAULT_POLICY_ID: b})) for b in tail]
+    batch = tail[-1]
+    stacked = int(np.prod(runner.observation_space.shape)) * batch["rewards"].size
+    obs_bytes = _nbytes({k: v for k, v in batch.items() if k in (OBS, OBS_FRAMES)})
+    weights = runner.get_weights()[DEFAULT_POLICY_ID]
     runner.close()
     return {
         "env_steps_per_fragment": last.env_steps,
-        "obs_shape": list(last.batch["obs"].shape),
+        "obs_shape": list(runner.observation_space.shape),
+        "frames": OBS_FRAMES in batch,
         "fragments": len(fragments),
         "steps_per_wall_s": steps / wall,
         "steps_per_cpu_s": steps / max(cpu, 1e-9),
-        "raw_bytes": _nbytes(last.batch),
-        "coded_bytes": sum(_nbytes(b) for b in coded) / len(coded),
+        "raw_bytes": _nbytes(batch) - obs_bytes + stacked,
+        "sent_bytes": sum(_nbytes(b) for b in tail) / len(tail),
         "zlib_bytes": sum(_nbytes(b) for b in zipped) / len(zipped),
         "pickled_bytes": sum(sent) / len(sent),
-        "encode_s": encode_s,
         "encode_zlib_s": encode_zlib_s,
-        "decode_s": decode_s,
         "decode_zlib_s": decode_zlib_s,
         "weights_bytes": sum(int(w.nbytes) for w in weights),
         "weights_count": sum(int(w.size) for w in weights),
@@ -131,30 +134,40 @@ def _run(args: list[str], timeout: float = 1800) -> dict:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def estimate(actor: dict, learner_per_s: float, counts: tuple[int, ...] = ACTOR_COUNTS) -> dict:
-    """The paper estimate from the measured figures (no measurement of its own).
+def estimate(actor: dict, learner_per_s: float, intake: dict[str, float]) -> dict:
+    """The paper model from the measured figures (arithmetic, no measurement of its own).
 
     Args:
-      actor: `case_actor`'s result.
-      learner_per_s: Learner env steps (samples) per second.
-      counts: Numbers of actors to give the object-store traffic for.
+      actor: `case_actor`'s result (one actor's env steps per CPU second, bytes per step).
+      learner_per_s: The learner's env steps (samples) per second on this CPU.
+      intake: {"local": ..., "ray": ...} env steps per second one driver core takes
+        (`tools.bench_driver`, Pong fragments, driver aggregation).
 
     Returns:
-      Per-actor rate used, actors at the learner limit, bytes per env step sent, traffic per
-      second at each count, and the fragments per second one driver thread decodes.
+      Actors per driver core on each backend, actors the CPU learner feeds, bytes per env step,
+      the 16-core machine's split, and the link's limit.
     """
     rate = actor["steps_per_cpu_s"]
     per_step = actor["pickled_bytes"] / actor["env_steps_per_fragment"]
-    fragments_per_actor = rate / actor["env_steps_per_fragment"]
+    link = LINK_BYTES_PER_S / per_step
+    # One 16-core machine: c cores of actors feed a driver that needs c * rate / intake cores.
+    cores = MACHINE_CORES - 1  # One core for the learner's input pipeline and the OS.
+    driver_share = rate / intake["local"]
+    actor_cores = cores / (1.0 + driver_share)
     return {
         "actor_steps_per_s": rate,
-        "actors_at_learner_limit": learner_per_s / rate,
         "bytes_per_env_step": per_step,
-        "fragments_per_s_per_actor": fragments_per_actor,
-        "traffic": {n: n * rate * per_step for n in counts},
-        "traffic_at_limit": learner_per_s * per_step,
-        "driver_decode_fragments_per_s": 1.0 / max(actor["decode_s"], 1e-12),
+        "actors_per_driver_core": {k: v / rate for k, v in intake.items()},
+        "actors_at_cpu_learner_limit": learner_per_s / rate,
+        "machine_actors": actor_cores,
+        "machine_steps_per_s": actor_cores * rate,
+        "machine_driver_cores": actor_cores * driver_share,
+        "link_steps_per_s": link,
     }
+
+
+LINK_BYTES_PER_S = 1.25e9  # A 10 Gbit/s link into the head node.
+MACHINE_CORES = 16
 
 
 def main() -> None:
@@ -162,12 +175,15 @@ def main() -> None:
     parser.add_argument("--config", default=DEFAULT_CONFIG)
     parser.add_argument("--sample_time", type=float, default=30.0, help="seconds of sampling")
     parser.add_argument("--repeats", type=int, default=10, help="learner calls per round")
+    parser.add_argument("--intake_seconds", type=float, default=10.0, help="per driver case")
     parser.add_argument("--no-write", action="store_true", help="do not update BENCHMARKS.md")
     parser.add_argument("--case", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.case:
         print(json.dumps(case_actor(**json.loads(args.case))), flush=True)
         return
+    from tools import bench_driver
+
     path = os.path.abspath(args.config)
     load_before = os.getloadavg()
     case = {"path": path, "seconds": args.sample_time}
@@ -176,10 +192,12 @@ def main() -> None:
     case = {"name": "learner", "path": path, "repeats": args.repeats}
     learner = _run(["-m", "tools.bench_atari", "--case", json.dumps(case)])
     print(json.dumps({"learner": learner}), flush=True)
+    intake = bench_driver.measure_intake("pong42", ("local", "ray"), args.intake_seconds)
+    print(json.dumps({"intake": intake}), flush=True)
     load_after = os.getloadavg()
     learner_per_s = learner["batch"] / learner["learner_s"]
-    est = estimate(actor, learner_per_s)
-    text = report(args, actor, learner, learner_per_s, est, load_before, load_after)
+    est = estimate(actor, learner_per_s, {k: r["env_steps_per_core_s"] for k, r in intake.items()})
+    text = report(args, actor, learner, learner_per_s, intake, est, load_before, load_after)
     print(text)
     if not args.no_write:
         benchlib.write_section("bench_scaling", text)
@@ -189,14 +207,14 @@ def _mb(x: float) -> str:
     return f"{x / 1e6:,.1f} MB"
 
 
-def report(args, actor, learner, learner_per_s, est, load_before, load_after) -> str:
+def report(args, actor, learner, learner_per_s, intake, est, load_before, load_after) -> str:
     name = os.path.relpath(os.path.abspath(args.config), ROOT)
     cores = os.cpu_count() or 1
     n = actor["env_steps_per_fragment"]
-    wall = min(est["driver_decode_fragments_per_s"] * n, 1.25e9 / est["bytes_per_env_step"])
-    through = (2 * actor["coded_bytes"] + actor["raw_bytes"]) / actor["coded_bytes"]
+    rate = est["actor_steps_per_s"]
+    per_core = est["actors_per_driver_core"]
     lines = [
-        f"## Where the Ray design stops scaling (Pong, `{name}`)",
+        f"## How many actors one driver feeds (Pong, `{name}`)",
         "",
         f"`python -m tools.bench_scaling --sample_time={args.sample_time:g}` "
         f"({benchlib.machine_line()}). Load average (1 min) {load_before[0]:.1f} before, "
@@ -204,62 +222,53 @@ def report(args, actor, learner, learner_per_s, est, load_before, load_after) ->
         "",
         "### Measured here",
         "",
-        f"- One actor (1 TF thread, a fragment = {n} env steps, obs {actor['obs_shape']} uint8): "
-        f"{actor['steps_per_wall_s']:,.0f} env steps per wall second on this shared machine, "
-        f"**{actor['steps_per_cpu_s']:,.0f} per CPU second** (what one dedicated core gives), "
-        f"over {actor['fragments']} fragments.",
-        f"- One fragment: raw {_mb(actor['raw_bytes'])}, frame-stack coded "
-        f"{_mb(actor['coded_bytes'])}, coded + zlib {_mb(actor['zlib_bytes'])}; pickled as Ray "
-        f"sends it (coded, the default) **{_mb(actor['pickled_bytes'])}**, i.e. "
-        f"{est['bytes_per_env_step']:,.0f} bytes per env step.",
-        f"- Per fragment, CPU time: actor encode {actor['encode_s'] * 1e3:.1f} ms coded, "
-        f"{actor['encode_zlib_s'] * 1e3:.1f} ms coded + zlib; driver decode "
-        f"(`sample_batch.decompress`) {actor['decode_s'] * 1e3:.1f} ms coded, "
-        f"{actor['decode_zlib_s'] * 1e3:.1f} ms coded + zlib.",
-        f"- Policy weights: {actor['weights_count']:,} numbers, {_mb(actor['weights_bytes'])} "
-        "(one `ray.put` per broadcast, one transfer per node that holds actors).",
+        f"- One actor (1 TF thread, a fragment = {n} env steps, obs {actor['obs_shape']} uint8, "
+        f"frames sent once: {actor['frames']}): {actor['steps_per_wall_s']:,.0f} env steps per "
+        f"wall second on this shared machine, **{rate:,.0f} per CPU second** (what one "
+        f"dedicated core gives), over {actor['fragments']} fragments.",
+        f"- One fragment: stacked observations would be {_mb(actor['raw_bytes'])}; as sent "
+        f"(`obs_frames`, each frame once) {_mb(actor['sent_bytes'])}, with zlib "
+        f"(`compress_observations`) {_mb(actor['zlib_bytes'])}; pickled as sent "
+        f"**{_mb(actor['pickled_bytes'])}**, {est['bytes_per_env_step']:,.0f} bytes per env "
+        f"step. zlib costs the actor {actor['encode_zlib_s'] * 1e3:.1f} ms and the receiver "
+        f"{actor['decode_zlib_s'] * 1e3:.1f} ms per fragment (CPU).",
+        f"- Policy weights: {actor['weights_count']:,} numbers, {_mb(actor['weights_bytes'])}.",
         f"- Learner, {learner['model']}, batch {learner['batch']}, CPU, all {cores} cores: "
-        f"{learner['learner_s'] * 1e3:.1f} ms per update, **{learner_per_s:,.0f} env steps/s** "
-        f"({learner_per_s * FRAME_SKIP:,.0f} frames/s). **On a GPU: not measured** (no GPU "
-        "here; `python -m tools.bench_learner --parts gpu` measures it where there is one).",
+        f"{learner['learner_s'] * 1e3:.1f} ms per update, **{learner_per_s:,.0f} env steps/s**. "
+        "On a GPU: not measured here (no GPU; `python -m tools.bench_gpu` measures it).",
+        "- Driver intake (`tools.bench_driver`, 8 fake actors replaying Pong-42 fragments, a "
+        "stub learner, aggregation in the driver): "
+        + ", ".join(
+            f"{b} **{r['env_steps_per_core_s']:,.0f}** env steps per driver-core second"
+            for b, r in intake.items()
+        )
+        + ".",
         "",
-        "### Estimate (arithmetic on the figures above, not measured)",
+        "### Paper model (arithmetic on the figures above, not measured)",
         "",
-        f"- Actors the CPU learner can feed: {learner_per_s:,.0f} / "
-        f"{est['actor_steps_per_s']:,.0f} = **{est['actors_at_learner_limit']:,.1f}** actors of "
-        "one core each. Beyond that, more actors only add samples the learner cannot train "
-        "(the learner queue drops them, `num_times_learner_queue_full`). A GPU learner raises "
-        "the limit in proportion to its samples/s: N = (GPU samples/s) / "
-        f"{est['actor_steps_per_s']:,.0f}.",
-        f"- Object-store traffic into the driver: {est['bytes_per_env_step']:,.0f} bytes/step "
-        "x steps/s: "
-        + ", ".join(f"{k} actors {_mb(v)}/s" for k, v in est["traffic"].items())
-        + f"; at the CPU learner's limit {_mb(est['traffic_at_limit'])}/s. Every fragment is "
-        "pulled to the head node: a 10 Gbit/s link (about 1,250 MB/s) carries "
-        f"{1.25e9 / est['bytes_per_env_step']:,.0f} env steps/s, "
-        f"{1.25e9 / est['bytes_per_env_step'] / est['actor_steps_per_s']:,.0f} actors' worth.",
-        f"- The driver's main thread, given a core, decodes "
-        f"{est['driver_decode_fragments_per_s']:,.0f} fragments/s "
-        f"({est['driver_decode_fragments_per_s'] * n:,.0f} env steps/s) if it does nothing "
-        "else; it also copies fragments out of the object store, batches them and "
-        "broadcasts weights, so the real ceiling is lower. With `compress_observations` the "
-        f"traffic shrinks {actor['coded_bytes'] / max(actor['zlib_bytes'], 1):.0f}x but the "
-        f"driver decodes {1.0 / max(actor['decode_zlib_s'], 1e-12):,.0f} fragments/s.",
-        "- Which wall comes first: the learner's ingest ("
-        f"{learner_per_s:,.0f} env steps/s on this CPU), the driver's decode "
-        f"({est['driver_decode_fragments_per_s'] * n:,.0f} env steps/s per core) or the head's "
-        f"10 Gbit/s link ({1.25e9 / est['bytes_per_env_step']:,.0f} env steps/s). A GPU learner "
-        "moves the first wall up to its own rate; the design stops scaling at whichever of the "
-        f"three is lowest, so past about {wall:,.0f} env steps/s ({wall * FRAME_SKIP:,.0f} "
-        "frames/s) a faster learner does not help. `num_aggregation_workers` takes the decode "
-        "off the driver's thread, but fragments still pass through the driver (in coded, out to "
-        "an aggregator, back decoded at the raw size), which multiplies its traffic per env "
-        f"step by about {through:.0f}.",
-        "- Weights traffic: at most one broadcast per learner update "
-        f"({learner_per_s / learner['batch']:,.1f} updates/s on this CPU), "
-        f"{_mb(actor['weights_bytes'])} x nodes holding actors per broadcast, out of the head "
-        "node (Ray may serve later nodes from earlier copies); it grows with the learner's "
-        "update rate, so a fast GPU learner with many nodes should raise `broadcast_interval`.",
+        "- One driver core takes the fragments of "
+        + ", ".join(f"**{v:,.0f}** actors ({b})" for b, v in per_core.items())
+        + f" of {rate:,.0f} env steps/s each.",
+        f"- 16 cores + one H100: 15 cores split between actors and the driver (one left to the "
+        f"learner's input pipeline): **{est['machine_actors']:,.1f} actors**, "
+        f"{est['machine_steps_per_s']:,.0f} env steps/s, using "
+        f"{est['machine_driver_cores']:,.2f} cores of driver. The actors' cores limit first: "
+        "the H100 trains more samples per second than 15 CPU cores of Pong actors produce, "
+        "unless its rate (unmeasured) is below "
+        f"{est['machine_steps_per_s']:,.0f} samples/s.",
+        "- A Ray cluster: one driver core takes "
+        f"{intake['ray']['env_steps_per_core_s']:,.0f} env steps/s, **{per_core['ray']:,.0f} "
+        "actors**; beyond that the driver's main thread (one core, one GIL) limits first, "
+        f"then the head node's 10 Gbit/s link at {est['link_steps_per_s']:,.0f} env steps/s "
+        f"({est['link_steps_per_s'] / rate:,.0f} actors). "
+        "`num_aggregation_workers` moves batch cutting out of the driver (bench_driver's rows "
+        "with aggregation workers).",
+        f"- This CPU's learner trains {learner_per_s:,.0f} env steps/s: "
+        f"**{est['actors_at_cpu_learner_limit']:,.1f}** actors' worth. A GPU learner at G "
+        f"samples/s needs G / {rate:,.0f} actors.",
+        "- Weights: broadcasts are bounded per second (`min_time_s_per_broadcast`, "
+        "`tools.bench_driver`'s 128-actor row), so weight traffic does not grow with the "
+        "learner's speed.",
     ]
     if benchlib.other_jobs_running(load_before):
         lines += [

@@ -115,10 +115,10 @@ class AlgorithmConfig:
     sample_timeout_s: float | None = _key(60.0, "env_runners")
     drop_nonfinite_episodes: bool = _key(False, "env_runners")
     # Where the acting policy runs (impala_tf.inference): in each actor, or in the driver for all
-    # ("central", SEED RL style); "auto" keeps it in the actors unless TensorFlow actors would
-    # not fit in memory (impala_tf.actors.local.central_inference).
+    # ("central", SEED RL style); "auto" keeps it in the actors unless local TensorFlow actors
+    # would not fit in memory (impala_tf.driver.plan decides, once per build).
     inference: str = _key("auto", "env_runners")
-    # Ray resources of each actor (`actor_backend="ray"` only; see impala_tf.actors.ray_pool).
+    # Ray resources of each actor (`actor_backend="ray"` only; see impala_tf.workers.ray_backend).
     num_cpus_per_env_runner: float = _key(1, "env_runners")
     custom_resources_per_env_runner: dict = _key({}, "env_runners")
 

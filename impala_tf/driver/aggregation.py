@@ -1,10 +1,11 @@
 """Aggregation: fragments -> decompressed, replayed, train-batch-sized pieces per policy.
 
 `Aggregator` is what happens to every fragment between the actors and the learners, per trained
-policy: decompression of its observations (`impala_tf.sample_batch.decompress`, also of
-frame-stack coding), RLlib's mix-in replay (`replay_proportion`, `replay_buffer_num_slots`; one
-buffer per policy, RLlib's "independent" multi-agent replay) and cutting into train batches of
-`train_batch_size` (`impala_tf.batching.BatchBuilder`). Policies not in `policies_to_train` are
+policy: decompression of its observations (`impala_tf.sample_batch.decompress`: zlib, with
+`compress_observations`; frame-stacked observations stay frames, `impala_tf.frames`), RLlib's
+mix-in replay (`replay_proportion`, `replay_buffer_num_slots`; one buffer per policy, RLlib's
+"independent" multi-agent replay) and cutting into train batches of `train_batch_size`
+(`impala_tf.batching.BatchBuilder`). Policies not in `policies_to_train` are
 dropped here.
 
 `AggregationStage` runs it in the driver, or, with `num_aggregation_workers` > 0 (RLlib's tree

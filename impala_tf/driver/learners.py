@@ -86,7 +86,11 @@ class LearnerGroup:
             )
             self.rows[pid] = pipeline.rows_per_batch(pconfig, replicas)
             signature = pipeline.batch_signature(
-                pconfig, *plan.spaces.policies[pid], replicas, state_shapes
+                pconfig,
+                *plan.spaces.policies[pid],
+                replicas,
+                state_shapes,
+                frame_stack=plan.spaces.frame_stacks.get(pid),
             )
             thread = LearnerThread(learner, strategy, signature, callbacks=callbacks)
             if not single:

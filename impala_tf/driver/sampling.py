@@ -78,9 +78,18 @@ class EnvRunnerGroup:
       config: The algorithm config.
       plan: The run's plan (backend, spaces, inference, preload).
       counters: The driver's counters (failures and restarts are counted here).
+      host_factory: What each actor worker hosts (`impala_tf.rollout.host.make_runner_host`;
+        `tools.bench_driver` replays recorded fragments instead), called with the actor id and
+        `(config, multi_agent, endpoint, state_shapes)`.
     """
 
-    def __init__(self, config: AlgorithmConfig, plan: RuntimePlan, counters: collections.Counter):
+    def __init__(
+        self,
+        config: AlgorithmConfig,
+        plan: RuntimePlan,
+        counters: collections.Counter,
+        host_factory: Callable[..., Any] = make_runner_host,
+    ):
         self.config = config
         self.plan = plan
         self.counters = counters
@@ -109,7 +118,7 @@ class EnvRunnerGroup:
         enabled = bool(config.restart_failed_env_runners)
         spec = WorkerSpec(
             role="actor",
-            factory=make_runner_host,
+            factory=host_factory,
             make_args=self._factory_args,
             preload=plan.preload,
             needs_tensorflow=plan.actors_need_tensorflow,

@@ -259,6 +259,13 @@ class DeepMindPreprocessing(gym.Wrapper):
         self._frames: collections.deque[np.ndarray] = collections.deque(maxlen=self.stack)
         self._lives = 0
         self._game_over = True
+        # Whether the last reset or step refilled the stack (`impala_tf.frames`).
+        self.stack_refilled = True
+
+    @property
+    def frame_stack(self) -> tuple[int, int] | None:
+        """(k, s): k frames of s channels per observation (`impala_tf.frames`); None for k = 1."""
+        return (self.stack, 1 if self.grayscale else 3) if self.stack > 1 else None
 
     # Frames -----------------------------------------------------------------------------------
 
@@ -288,6 +295,7 @@ class DeepMindPreprocessing(gym.Wrapper):
         self, *, seed: int | None = None, options: dict | None = None
     ) -> tuple[np.ndarray, dict]:
         """Starts a new game, or after a life loss (`episodic_life`) continues the current one."""
+        self.stack_refilled = False
         if not self._game_over and seed is None:
             if self._serves:
                 self._serve_again()
@@ -312,6 +320,7 @@ class DeepMindPreprocessing(gym.Wrapper):
             self._frames.append(self._frames[-1])
         self._lives = self.env.unwrapped.ale.lives()
         self._game_over = False
+        self.stack_refilled = True
         return self._observation(), {**info, "game_over": False}
 
     def _serve_again(self) -> None:
@@ -326,6 +335,7 @@ class DeepMindPreprocessing(gym.Wrapper):
             if self._game_over:
                 return
         self._frames.extend([self._frames[-1]] * (self.stack - 1))
+        self.stack_refilled = True
 
     def _act(self, action: Any) -> tuple[float, bool, bool, dict, bool]:
         """`frame_skip` frames of `action`: (reward sum, terminated, truncated, info, life lost)."""
@@ -348,6 +358,7 @@ class DeepMindPreprocessing(gym.Wrapper):
 
     def step(self, action: Any) -> tuple[np.ndarray, float, bool, bool, dict]:
         """One agent step: `frame_skip` frames of `action`; the reward is their sum, unclipped."""
+        self.stack_refilled = False
         total, terminated, truncated, info, life_lost = self._act(action)
         if self._serves and life_lost and not self.episodic_life and not self._game_over:
             # A whole game (evaluation): serve again inside this step (training serves in reset).

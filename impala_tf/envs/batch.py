@@ -33,7 +33,33 @@ import numpy as np
 
 from impala_tf.envs.faults import EnvCallError, EnvGuard, StepProgress
 
-__all__ = ["AtariVectorEnvBatch", "BatchStep", "EnvBatch", "GymEnvBatch"]
+__all__ = [
+    "AtariVectorEnvBatch",
+    "BatchStep",
+    "EnvBatch",
+    "GymEnvBatch",
+    "declared_frame_stack",
+    "sent_frame_stack",
+]
+
+
+def declared_frame_stack(env: gym.Env) -> tuple[int, int] | None:
+    """The (k, s) frame stack an env declares (`frame_stack`, anywhere in its wrappers), else
+    None. Such an env also sets `stack_refilled` after each `reset` and `step`."""
+    try:
+        declared = env.get_wrapper_attr("frame_stack")
+    except AttributeError:
+        return None
+    return None if declared is None else (int(declared[0]), int(declared[1]))
+
+
+def sent_frame_stack(
+    declared: tuple[int, int] | None, observation_filter: str
+) -> tuple[int, int] | None:
+    """The frame stack whose frames an env runner sends (`obs_frames`, `impala_tf.frames`): the
+    env's declared one, unless an `observation_filter` changes the observations, which then
+    travel as `obs`. The one rule for the runners and the learners' batch signature."""
+    return declared if observation_filter == "NoFilter" else None
 
 
 @dataclasses.dataclass
@@ -49,6 +75,9 @@ class BatchStep:
       episode_ends: bool [B] the reported episode (the whole game for Atari) ended.
       dropped: bool [B] the episode was cut here for a non-finite reward or observation
         (`drop_nonfinite_episodes`); it is not reported.
+      stack_restarts: bool [B] where `obs` is a refilled frame stack (k copies of its newest
+        frame: a reset, or a serve after a lost life) rather than the previous stack shifted by
+        one frame; None from a batch without a `frame_stack` (`impala_tf.frames`).
     """
 
     obs: np.ndarray
@@ -58,14 +87,21 @@ class BatchStep:
     final_obs: dict[int, np.ndarray]
     episode_ends: np.ndarray
     dropped: np.ndarray
+    stack_restarts: np.ndarray | None = None
 
 
 class EnvBatch(abc.ABC):
-    """B envs stepped together; spaces are those of one env."""
+    """B envs stepped together; spaces are those of one env.
+
+    `frame_stack` is (k, s) when the observations are stacks of k frames of s channels, newest
+    last, that shift by one frame per step and are refilled with copies at a reset (RLlib's
+    `framestack`); `step` then reports `stack_restarts`. None otherwise.
+    """
 
     num_envs: int
     observation_space: gym.Space
     action_space: gym.Space
+    frame_stack: tuple[int, int] | None = None
 
     @abc.abstractmethod
     def reset(self, seeds: Sequence[int | None]) -> np.ndarray:
@@ -107,6 +143,7 @@ class GymEnvBatch(EnvBatch):
         self.observation_space = self.envs[0].observation_space
         self.action_space = self.envs[0].action_space
         self._dtype = self.observation_space.dtype or np.float32
+        self.frame_stack = declared_frame_stack(self.envs[0])
         self.guard = guard if guard is not None else EnvGuard("(unnamed)", "an env batch")
         self.guard.bind(self.observation_space)
 
@@ -123,6 +160,7 @@ class GymEnvBatch(EnvBatch):
         truncateds = np.zeros(n, bool)
         ends = np.zeros(n, bool)
         dropped = np.zeros(n, bool)
+        restarts = None if self.frame_stack is None else np.zeros(n, bool)
         final_obs: dict[int, np.ndarray] = {}
         next_obs = None
         guard.progress.set(guard.steps, 0, StepProgress.STEP)
@@ -150,6 +188,8 @@ class GymEnvBatch(EnvBatch):
             if dropped[j] or terminated or truncated:
                 obs = guard.reset(env, None, j)
                 where[2] = StepProgress.STEP
+            if restarts is not None:
+                restarts[j] = env.get_wrapper_attr("stack_refilled")
             obs = np.asarray(obs, dtype=self._dtype)
             if next_obs is None:
                 next_obs = np.empty((n, *obs.shape), self._dtype)
@@ -164,9 +204,13 @@ class GymEnvBatch(EnvBatch):
                 terminateds[j], truncateds[j], ends[j], dropped[j] = False, True, False, True
                 final_obs.pop(j, None)
                 next_obs[j] = guard.reset(self.envs[j], None, j)
+                if restarts is not None:
+                    restarts[j] = self.envs[j].get_wrapper_attr("stack_refilled")
             guard.progress.set(guard.steps, -1, StepProgress.POLICY)
         guard.steps += 1
-        return BatchStep(next_obs, rewards, terminateds, truncateds, final_obs, ends, dropped)
+        return BatchStep(
+            next_obs, rewards, terminateds, truncateds, final_obs, ends, dropped, restarts
+        )
 
     def close(self) -> None:
         for env in self.envs:
@@ -203,6 +247,7 @@ class AtariVectorEnvBatch(EnvBatch):
         self.action_space = self.env.single_action_space
         self._frame = np.zeros(self.num_envs, np.int64)
         self._stack = k
+        self.frame_stack = (k, 1) if k > 1 else None
         # Steps since each env's last reset, capped at k - 1 (then no padding is left).
         self._age = np.zeros(self.num_envs, np.int64)
         self.guard = guard if guard is not None else EnvGuard("(unnamed)", "an env batch")
@@ -264,6 +309,7 @@ class AtariVectorEnvBatch(EnvBatch):
             final_obs,
             ends,
             np.zeros(self.num_envs, bool),  # ALE's uint8 frames and integer scores are finite.
+            reset if self.frame_stack is not None else None,  # A reset stack is refilled.
         )
 
     def close(self) -> None:

@@ -19,6 +19,7 @@ import gymnasium as gym
 
 import impala_tf.config.policies as policy_specs
 from impala_tf.config.base import AlgorithmConfig
+from impala_tf.envs.batch import declared_frame_stack, sent_frame_stack
 from impala_tf.envs.make import make_env
 from impala_tf.multi_agent.env import MultiAgentEnv
 
@@ -32,10 +33,13 @@ class EnvSpaces:
     Attributes:
       multi_agent: The env is a `MultiAgentEnv` (its runners step it per agent).
       policies: {policy_id: (observation_space, action_space)}, sorted by policy id.
+      frame_stacks: {policy_id: (k, s)} of the policies whose train batches carry
+        `obs_frames` instead of `obs` (`impala_tf.frames`; single-agent frame-stacking envs).
     """
 
     multi_agent: bool
     policies: dict[str, tuple[gym.Space, gym.Space]]
+    frame_stacks: dict[str, tuple[int, int]] = dataclasses.field(default_factory=dict)
 
     @property
     def policy_ids(self) -> list[str]:
@@ -59,7 +63,9 @@ def probe_spaces(config: AlgorithmConfig) -> EnvSpaces:
                 "but `policies`/`policy_mapping_fn` are set."
             )
         spaces = (env.observation_space, env.action_space)
-        return EnvSpaces(False, {policy_specs.DEFAULT_POLICY_ID: spaces})
+        pid = policy_specs.DEFAULT_POLICY_ID
+        stack = sent_frame_stack(declared_frame_stack(env), config.observation_filter)
+        return EnvSpaces(False, {pid: spaces}, {pid: stack} if stack else {})
     finally:
         env.close()
 

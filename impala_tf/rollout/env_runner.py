@@ -13,9 +13,12 @@ finished in it. Recurrent policies add `state_in_i` [B, C, H]: the
 state at the start of each of the C = ceil(T / `model.max_seq_len`) sequences the learner trains
 on (`impala_tf.sequences`).
 
-Fragments leave `sample()` unpacked; the actor process packs their observations for transport
-(`impala_tf.frames.encode_observations`: frame-stack coding, and zlib with RLlib's
-`compress_observations`), and the aggregation workers or the driver unpack them.
+An env that stacks frames (`frame_stack`: Atari with RLlib's `framestack`) has its frames stored
+once: `obs_frames` [B, T + k - 1, H, W, s] and `obs_restarts` [B, T] replace `obs`, and the
+learner rebuilds the stacks in its graph (`impala_tf.frames`); the policy acts on the env's own
+stacks. Fragments leave `sample()` unpacked; with RLlib's `compress_observations` the actor
+process zlib-compresses the observation column for transport, and the aggregation workers or the
+driver decompress it.
 
 Box actions reach the env unsquashed from [-1, 1] to the space's bounds (`normalize_actions`)
 or clipped (`clip_actions`), as `impala_tf.actions` says; the fragment keeps the policy's own
@@ -66,13 +69,13 @@ import numpy as np
 from impala_tf.actions import ActionAdapter
 from impala_tf.config.base import AlgorithmConfig
 from impala_tf.envs import atari
-from impala_tf.envs.batch import AtariVectorEnvBatch, GymEnvBatch
+from impala_tf.envs.batch import AtariVectorEnvBatch, GymEnvBatch, sent_frame_stack
 from impala_tf.envs.faults import EnvGuard, StepProgress, env_name
 from impala_tf.envs.make import env_seed, make_env_batch
 from impala_tf.filters import Filter, filter_from_state
 from impala_tf.rollout.base import Remote, RunnerBase
 from impala_tf.rollout.fragment import DEFAULT_POLICY_ID, POLICY_VERSION, Episode, Fragment
-from impala_tf.sample_batch import SampleBatch
+from impala_tf.sample_batch import OBS, OBS_FRAMES, OBS_RESTARTS, SampleBatch
 
 __all__ = ["EnvRunner", "Weights"]
 
@@ -134,6 +137,8 @@ class EnvRunner(RunnerBase):
             self.env_batch.envs[0]
         )
         self._clip_rewards = atari.clip_rewards_for(config, is_atari)
+        # Frame-stacking envs: each frame is stored once (`obs_frames`, impala_tf.frames).
+        self.frame_stack = sent_frame_stack(self.env_batch.frame_stack, config.observation_filter)
         # Raw until the first policy step filters them (after the driver's filter has arrived).
         self._obs = self._reset_all(config.seed)
         self._obs_filtered = False
@@ -184,7 +189,17 @@ class EnvRunner(RunnerBase):
             self._next_version = self._version_of(self._next)
         first = self._next
         version_buf = np.empty((horizon, n), np.int64)
-        obs_buf = np.empty((horizon, n, *self._obs.shape[1:]), self._obs.dtype)
+        frames = self.frame_stack
+        if frames is None:
+            obs_buf = np.empty((horizon, n, *self._obs.shape[1:]), self._obs.dtype)
+        else:
+            k, ch = frames
+            h, w = self._obs.shape[1:3]
+            # The stack at t = 0 as its k frames, then the newest frame of each later step.
+            frame_buf = np.empty((n, horizon + k - 1, h, w, ch), self._obs.dtype)
+            frame_buf[:, :k] = np.moveaxis(self._obs.reshape(n, h, w, k, ch), 3, 1)
+            restart_buf = np.zeros((horizon, n), bool)
+            restarts = None
         act_buf = np.empty((horizon, n, *first.actions.shape[1:]), first.actions.dtype)
         logits_buf = np.empty((horizon, n, first.logits.shape[-1]), np.float32)
         logp_buf = np.empty((horizon, n), np.float32)
@@ -204,7 +219,11 @@ class EnvRunner(RunnerBase):
                 starts.append(self._state)
             step = self._next
             version_buf[t] = self._next_version
-            obs_buf[t] = self._obs
+            if frames is None:
+                obs_buf[t] = self._obs
+            elif t > 0:
+                frame_buf[:, t + k - 1] = self._obs[..., -ch:]
+                restart_buf[t] = restarts
             act_buf[t] = step.actions
             logits_buf[t] = step.logits
             logp_buf[t] = step.logp
@@ -214,6 +233,8 @@ class EnvRunner(RunnerBase):
             stepped = self.env_batch.step(env_actions)
             next_obs = self._filter(stepped.obs.astype(self._obs_dtype, copy=False))
             final_obs = stepped.final_obs
+            if frames is not None:
+                restarts = stepped.stack_restarts
             rew_buf[t] = stepped.rewards
             term_buf[t] = stepped.terminateds
             trunc_buf[t] = stepped.truncateds
@@ -263,7 +284,6 @@ class EnvRunner(RunnerBase):
             return np.ascontiguousarray(np.swapaxes(x, 0, 1))
 
         columns: dict[str, Any] = {
-            "obs": seq(obs_buf),
             "actions": seq(act_buf),
             "rewards": seq(rew_buf),
             "terminateds": seq(term_buf),
@@ -274,6 +294,11 @@ class EnvRunner(RunnerBase):
             "values_bootstrapped": seq(vb_buf),
             POLICY_VERSION: seq(version_buf),
         }
+        if frames is None:
+            columns[OBS] = seq(obs_buf)
+        else:
+            columns[OBS_FRAMES] = frame_buf
+            columns[OBS_RESTARTS] = seq(restart_buf)
         for i in range(len(starts[0])):
             columns[f"state_in_{i}"] = np.stack([start[i] for start in starts], axis=1)
         steps = horizon * n

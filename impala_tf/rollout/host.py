@@ -1,9 +1,9 @@
 """What an actor worker hosts: an env runner whose fragments are packed for transport.
 
 The worker mechanism (`impala_tf.workers`) runs `make_runner_host` in each actor (a local process
-or a Ray actor) and calls the host's methods: `sample` (one fragment, observations packed with
-`impala_tf.frames.encode_observations`: frame-stack coding, and zlib with RLlib's
-`compress_observations`; the aggregation stage unpacks them), `set_weights` (sent coalesced: only
+or a Ray actor) and calls the host's methods: `sample` (one fragment; with RLlib's
+`compress_observations` its observation column, `obs` or `obs_frames`, is zlib-compressed, and
+the aggregation stage decompresses it), `set_weights` (sent coalesced: only
 the newest weights are applied before a sample), `get_state`/`set_state` (exact resumes,
 reseeding). With central inference the host first connects to the driver's inference server
 (`impala_tf.inference.connect`: a pipe end for local processes, a TCP endpoint for Ray actors).
@@ -18,10 +18,10 @@ from typing import Any
 
 from impala_tf.config.base import AlgorithmConfig
 from impala_tf.envs.faults import StepProgress
-from impala_tf.frames import encode_observations
 from impala_tf.remote_policy import connect
 from impala_tf.rollout import make_env_runner
 from impala_tf.rollout.fragment import Fragment
+from impala_tf.sample_batch import OBS, OBS_FRAMES, compress
 
 __all__ = ["RunnerHost", "make_runner_host"]
 
@@ -59,14 +59,14 @@ class RunnerHost:
             progress=StepProgress(progress),
             remote=remote,
         )
-        self._encode = functools.partial(
-            encode_observations, compress_observations=config.compress_observations
-        )
+        self._compress = bool(config.compress_observations)
 
     def sample(self) -> Fragment:
         fragment = self.runner.sample()
         fragment.actor_id = self.actor_id
-        return fragment.map_batches(self._encode)
+        if self._compress:
+            return fragment.map_batches(functools.partial(compress, columns=(OBS, OBS_FRAMES)))
+        return fragment
 
     def set_weights(self, weights: Mapping, filters: Mapping | None = None) -> None:
         self.runner.set_weights(weights, filters)

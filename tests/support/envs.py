@@ -77,16 +77,28 @@ class StackedFrames(gym.Env):
     fills the stack with k copies of the first frame (as DeepMind's FrameStack does). Episodes
     last `episode_len` steps (terminated); reward 1 when the action equals the newest frame's
     first pixel modulo the number of actions.
+
+    With `declare` (the default) it declares its stack as `impala_tf.frames` asks
+    (`frame_stack`, `stack_refilled`), so env runners send its frames once.
     """
 
-    def __init__(self, size=10, k=4, channels=1, episode_len=7, num_actions=3, shift=True):
+    def __init__(
+        self, size=10, k=4, channels=1, episode_len=7, num_actions=3, shift=True, declare=True
+    ):
         self.observation_space = gym.spaces.Box(0, 255, (size, size, k * channels), np.uint8)
         self.action_space = gym.spaces.Discrete(num_actions)
         self._frame_shape = (size, size, channels)
         self._episode_len = episode_len
         self._shift = shift
+        self._declare = declare
         self._t = 0
         self._stack = np.zeros(self.observation_space.shape, np.uint8)
+        self.stack_refilled = True
+
+    @property
+    def frame_stack(self):
+        k = self.observation_space.shape[-1] // self._frame_shape[-1]
+        return (k, self._frame_shape[-1]) if self._declare else None
 
     def _frame(self) -> np.ndarray:
         return self.np_random.integers(0, 256, self._frame_shape, dtype=np.uint8)
@@ -96,11 +108,13 @@ class StackedFrames(gym.Env):
         self._t = 0
         k = self.observation_space.shape[-1] // self._frame_shape[-1]
         self._stack = np.concatenate([self._frame()] * k, axis=-1)
+        self.stack_refilled = True
         return self._stack.copy(), {}
 
     def step(self, action):
         reward = float(int(action) == int(self._stack[0, 0, -1]) % self.action_space.n)
         self._t += 1
+        self.stack_refilled = False
         if self._shift:
             c = self._frame_shape[-1]
             self._stack = np.concatenate([self._stack[..., c:], self._frame()], axis=-1)
