@@ -26,6 +26,9 @@ Parts (each writes its own BENCHMARKS.md section):
 * `xla` — the update with `jit_compile_update` False and True, interleaved (the CartPole MLP at
   batch 500 and 2,000, on one and two logical CPU devices; the Nature CNN at batch 500), with
   each side's spread over the rounds. On a GPU, `python -m tools.bench_gpu` measures the same.
+* `bf16` — float32 vs Keras' `mixed_bfloat16` policy, interleaved: the learner update (MLP and
+  Nature CNN at batch 500) and the Nature CNN's inference at batch 16 (this CPU has
+  AVX512-BF16).
 """
 
 from __future__ import annotations
@@ -41,14 +44,22 @@ from collections.abc import Callable
 
 from tools import benchlib, proclib
 
-__all__ = ["bench_devices", "bench_gpu", "bench_keras", "bench_memory", "bench_xla", "main"]
+__all__ = [
+    "bench_bf16",
+    "bench_devices",
+    "bench_gpu",
+    "bench_keras",
+    "bench_memory",
+    "bench_xla",
+    "main",
+]
 
 # Inherited by the memory cases; TensorFlow is not imported up to here.
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 T = 50  # rollout_fragment_length of every case
-PARTS = ("keras", "devices", "memory", "gpu", "xla")
+PARTS = ("keras", "devices", "memory", "gpu", "xla", "bf16")
 
 
 def _configure_two_cpus() -> None:
@@ -334,6 +345,84 @@ def bench_xla(repeats: int, rounds: int = 5) -> str:
     return "\n".join(lines)
 
 
+def _with_dtype_policy(policy: str, build: Callable):
+    """Calls `build()` with Keras' dtype policy set to `policy`, then restores it."""
+    import keras
+
+    old = keras.config.dtype_policy()
+    keras.config.set_dtype_policy(policy)
+    try:
+        return build()
+    finally:
+        keras.config.set_dtype_policy(old)
+
+
+def _inference_step(batch: int) -> Callable[[], None]:
+    """The Nature CNN's forward pass on uint8 frames (an actor's inference), outputs fetched."""
+    import numpy as np
+    import tensorflow as tf
+
+    from impala_tf.models import build_model
+
+    obs_space, act_space = _spaces("cnn")
+    model = build_model(obs_space, act_space, {"custom_model": "nature_cnn"})
+    rng = np.random.default_rng(0)
+    obs = tf.constant(rng.integers(0, 256, (batch, *obs_space.shape), dtype=np.uint8))
+    forward = tf.function(lambda o: model(o), autograph=False)
+    return lambda: [np.asarray(t) for t in forward(obs)]
+
+
+def bench_bf16(repeats: int, rounds: int = 5) -> str:
+    """float32 vs Keras' "mixed_bfloat16" policy (bfloat16 compute, float32 variables)."""
+    import tensorflow as tf
+
+    strategy = tf.distribute.get_strategy()
+    cases = [
+        (
+            "learner update, CartPole MLP [256, 256], batch 500",
+            repeats,
+            lambda: _learner_step("mlp", 500, strategy),
+        ),
+        (
+            "learner update, Nature CNN, batch 500",
+            max(3, repeats // 6),
+            lambda: _learner_step("cnn", 500, strategy),
+        ),
+        ("actor inference, Nature CNN, batch 16", repeats, lambda: _inference_step(16)),
+    ]
+    lines = [
+        "### bfloat16 (Keras `mixed_bfloat16`) vs float32 on the CPU",
+        "",
+        f"Machine: {benchlib.machine_line()}",
+        "",
+        "| case | ms, float32 | ms, mixed_bfloat16 | spread float32 / bf16 (min-max of rounds) "
+        "| bf16 vs float32 |",
+        "|---|---:|---:|---|---:|",
+    ]
+    for name, reps, build in cases:
+        steps = {p: _with_dtype_policy(p, build) for p in ("float32", "mixed_bfloat16")}
+        times = _interleaved_times(steps, reps, rounds)
+        f32, bf16 = (statistics.median(times[p]) for p in ("float32", "mixed_bfloat16"))
+        spread = " / ".join(
+            f"{min(times[p]) * 1e3:.2f}-{max(times[p]) * 1e3:.2f}"
+            for p in ("float32", "mixed_bfloat16")
+        )
+        lines.append(
+            f"| {name} | {f32 * 1e3:.2f} | {bf16 * 1e3:.2f} | {spread} | {f32 / bf16:.2f}x |"
+        )
+        print(lines[-1], flush=True)
+    lines += [
+        "",
+        f"Median of {rounds} interleaved rounds of {repeats} calls (the CNN update: "
+        f"{max(3, repeats // 6)}), both cores, on data already in memory. The models are built "
+        "under Keras' global dtype policy (set for the build, then restored): layers compute in "
+        "bfloat16 with float32 variables, the heads cast logits and values to float32 "
+        "(`ActorCritic._heads`), so V-trace and the optimizer stay float32. There is no config "
+        "key for it yet, and learning with it is not measured: float32 stays the default.",
+    ]
+    return "\n".join(lines)
+
+
 def _memory_case(kind: str, batch: int, microbatch: int | None) -> dict:
     """Runs in a fresh subprocess: one update through the learner thread; returns peak RSS."""
     import numpy as np
@@ -442,7 +531,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--parts", nargs="+", choices=PARTS, default=list(PARTS))
     parser.add_argument("--repeats", type=int, default=30)
-    parser.add_argument("--rounds", type=int, default=5, help="interleaved rounds (xla)")
+    parser.add_argument("--rounds", type=int, default=5, help="interleaved rounds (xla, bf16)")
     parser.add_argument("--memory_batch", type=int, default=20_000)
     parser.add_argument("--microbatch", type=int, default=1_000)
     parser.add_argument("--memory_case", help=argparse.SUPPRESS)
@@ -462,6 +551,8 @@ def main() -> None:
             markdown = bench_memory(args.memory_batch, args.microbatch)
         elif part == "xla":
             markdown = bench_xla(args.repeats, args.rounds)
+        elif part == "bf16":
+            markdown = bench_bf16(args.repeats, args.rounds)
         else:
             markdown = bench_gpu(args.repeats)
         benchlib.write_section(f"bench_learner_{part}", markdown)
