@@ -40,6 +40,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from impala_tf import devices
 from impala_tf.config.base import AlgorithmConfig
 from impala_tf.driver.aggregation import AggregationStage
 from impala_tf.driver.broadcast import Broadcaster
@@ -62,11 +63,20 @@ logger = logging.getLogger(__name__)
 def make_strategy(config: AlgorithmConfig) -> tf.distribute.Strategy:
     """The learner's `tf.distribute` strategy for `num_gpus` / `_fake_gpus`.
 
-    One device: the default strategy (TensorFlow places ops on the GPU if there is one). N > 1:
-    `MirroredStrategy` over N GPUs, or over N logical CPU devices with `_fake_gpus=True` (these
-    must be configured before TensorFlow initialises; we do that here when we can).
+    Call it before any TensorFlow op: it first makes the GPU settings that must precede
+    TensorFlow's initialisation (`devices.configure_gpus`: memory growth on, or with
+    `num_gpus: 0` the GPUs hidden).
+
+    One device: the default strategy (TensorFlow places ops on the GPU if there is one and
+    `num_gpus > 0`); with `num_gpus: 0` and GPUs that could no longer be hidden, a
+    `OneDeviceStrategy` on the CPU. N > 1: `MirroredStrategy` over N GPUs, or over N logical
+    CPU devices with `_fake_gpus=True` (these must be configured before TensorFlow initialises;
+    we do that here when we can).
     """
+    pin_to_cpu = devices.configure_gpus(config.num_gpus)
     n = config.num_learner_devices
+    if pin_to_cpu:
+        return tf.distribute.OneDeviceStrategy("/cpu:0")
     if n <= 1:
         return tf.distribute.get_strategy()
     if config._fake_gpus:

@@ -70,7 +70,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from impala_tf import distributions, losses, sequences
+from impala_tf import devices, distributions, losses, sequences
 from impala_tf import frames as frames_lib
 from impala_tf.config.base import AlgorithmConfig
 from impala_tf.gradients import GradientAccumulators, apply_summed, check_plain_optimizer
@@ -192,6 +192,19 @@ class ImpalaLearner(keras.Model):
         self._accumulators: GradientAccumulators | None = (
             GradientAccumulators(self._groups) if config.microbatch_size is not None else None
         )
+        # `jit_compile_update`: XLA compiles the part of the update that is one device's own
+        # work (forward, V-trace, backward). The rest (all-reduce, clipping, the optimizers in
+        # a `merge_call`) cannot be compiled: `merge_call` leaves the replica function, which
+        # an XLA cluster cannot do, so Keras' `compile(jit_compile=True)` (which compiles the
+        # whole `train_step`) is never used.
+        self.jit_compile_update = devices.resolve_jit_compile(
+            config.jit_compile_update, devices.on_accelerator(tf.distribute.get_strategy())
+        )
+        self._gradients_fn = (
+            tf.function(self._gradients, jit_compile=True, autograph=False)
+            if self.jit_compile_update
+            else self._gradients
+        )
         self.compile(optimizer=self.policy_optimizer, jit_compile=False)
         # Every variable exists now; telling Keras so stops `fit` from calling the model on a
         # batch to build it.
@@ -272,7 +285,7 @@ class ImpalaLearner(keras.Model):
         """Applies one V-trace update to a batch and returns RLlib's learner stats."""
         batch, _, _ = keras.utils.unpack_x_y_sample_weight(data)
         cur_lr, entropy_coeff = self._schedules()
-        grads, sums, rows = self._gradients(self.time_major(batch), entropy_coeff)
+        grads, sums, rows = self._gradients_fn(self.time_major(batch), entropy_coeff)
         return self._apply(grads, sums, rows, cur_lr, entropy_coeff)
 
     def accumulate_step(self, data) -> tf.Tensor:
@@ -290,7 +303,7 @@ class ImpalaLearner(keras.Model):
         # The step count only moves in `apply_accumulated`: every microbatch of a train batch
         # sees the entropy coefficient the whole batch would.
         _, entropy_coeff = self._schedules()
-        grads, sums, rows = self._gradients(self.time_major(batch), entropy_coeff)
+        grads, sums, rows = self._gradients_fn(self.time_major(batch), entropy_coeff)
         self._accumulators.add(grads, sums, rows)
         return rows
 

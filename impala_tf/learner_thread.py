@@ -13,7 +13,10 @@ copies them onto the learner devices. Units occupy *slots*: `num_multi_gpu_tower
 (at least `minibatch_buffer_size`, so the buffer's ring always fits). The loader fills a free slot
 while the learner trains on the others, and a slot is freed only when its unit has had its last
 pass. So at most that many units are on the devices or in the pipeline, and with one slot loading
-and training alternate, as in RLlib.
+and training alternate, as in RLlib. Departure from RLlib: when the learner runs on an
+accelerator (`devices.on_accelerator`) there are at least two slots, so that the next unit is
+cut, copied and waiting on the device while the current one trains (a second train batch of
+device memory); on a CPU, where loading and training share the cores, the slots are as above.
 
 Without `microbatch_size`, the unit is the train batch and the minibatch buffer holds *device*
 batches: each of the `num_sgd_iter` passes reuses the batch already on the devices. With
@@ -35,6 +38,14 @@ driver's), `opt_peak_throughput` and `sample_peak_throughput` (env steps/s of th
 
 A loader that fails (a malformed batch, a timeout) stores its exception in `error` and ends the
 dataset, so the thread ends and the driver raises from it; it never leaves the learner waiting.
+
+Host reads. An update reads one tensor back to the host: its stats, stacked into one float64
+vector on the device (`_pack`); the device is never waited on otherwise (a microbatch's
+gradients are queued, not waited for, so on an accelerator `grad_time_ms` is the time to queue
+one and the wait shows in `update_time_ms`). The thread keeps `num_grad_updates` as a host int,
+`version`, set from each update's stats, so the driver (`LearnerGroup.versions()`, read every
+training step) never reads a device value. Weights are read only when asked for
+(`policy_snapshot`).
 """
 
 from __future__ import annotations
@@ -51,7 +62,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from impala_tf import pipeline
+from impala_tf import devices, pipeline
 from impala_tf.learner import ImpalaLearner
 from impala_tf.minibatch import MinibatchBuffer, TrainBatch
 from impala_tf.nonfinite import NonFiniteGuard
@@ -62,6 +73,8 @@ __all__ = ["LearnerQueueTimeout", "LearnerThread", "MinibatchBuffer", "TrainBatc
 
 _POLL_S = 0.1
 _END_OF_DATA = (StopIteration, tf.errors.OutOfRangeError, EOFError)
+#: Stats that are counts: ints, as RLlib reports them.
+_COUNT_KEYS = ("num_agent_steps_trained", "num_grad_updates_lifetime")
 
 
 class LearnerQueueTimeout(RuntimeError):
@@ -87,6 +100,9 @@ class LearnerThread(threading.Thread):
       signature: `pipeline.batch_signature(...)` of one replica's shard of a unit.
       callbacks: Keras callbacks called around each update (`on_train_batch_begin/end` with the
         stats as logs, `on_train_begin/end`).
+      accelerator: Whether the update runs on an accelerator (two loader slots, units copied
+        onto the device ahead of use); None decides from `strategy` (`devices.on_accelerator`).
+        Tests force True on CPU devices.
 
     Raises:
       ValueError: `microbatch_size` does not cut the train batch into whole, evenly sharded
@@ -99,6 +115,7 @@ class LearnerThread(threading.Thread):
         strategy: tf.distribute.Strategy,
         signature: dict[str, tf.TensorSpec],
         callbacks: list[keras.callbacks.Callback] | None = None,
+        accelerator: bool | None = None,
     ):
         super().__init__(name="impala-learner", daemon=True)
         config = learner.config
@@ -122,6 +139,11 @@ class LearnerThread(threading.Thread):
             # Passes reuse the device batch: the ring holds units out of the dataset.
             self.minibatch_buffer = MinibatchBuffer(self._next_unit, size, passes)
             self.num_slots = max(int(config.num_multi_gpu_tower_stacks), self.minibatch_buffer.size)
+        self.accelerator = (
+            devices.on_accelerator(strategy) if accelerator is None else bool(accelerator)
+        )
+        if self.accelerator:  # Loading overlaps the update (module docstring).
+            self.num_slots = max(self.num_slots, 2)
         self._free_slots = threading.Semaphore(self.num_slots)
         #: Set while the loader waits: for a train batch (the inqueue is empty), or for a free
         #: slot (all `num_slots` units are loaded or training).
@@ -158,8 +180,18 @@ class LearnerThread(threading.Thread):
             callbacks or [], add_history=False, add_progbar=False, model=learner
         )
         self._dataset = pipeline.make_dataset(
-            self._shards, signature, strategy, buffer_size=self.num_slots
+            self._shards,
+            signature,
+            strategy,
+            buffer_size=self.num_slots,
+            accelerator=self.accelerator,
+            threads=int(config.num_gpu_loader_threads),
         )
+        # `num_grad_updates` on the host (module docstring); None: read the variable at the
+        # next use (after `flush`, when a restore is about to load it).
+        self._version_lock = threading.Lock()
+        self._version: int | None = int(learner.num_grad_updates.numpy())
+        self._stat_keys: tuple[str, ...] = ()
         # Autograph is not needed (the graph code is explicit) and costs seconds of tracing.
         self._train_fn = tf.function(self._distributed_step, autograph=False)
         self._accumulate_fn = tf.function(self._distributed_accumulate, autograph=False)
@@ -169,6 +201,19 @@ class LearnerThread(threading.Thread):
     @property
     def stopped(self) -> bool:
         return self._stopped.is_set()
+
+    @property
+    def version(self) -> int:
+        """`num_grad_updates` after the latest update, a host int (reads no device value, except
+        once after `flush`)."""
+        with self._version_lock:
+            if self._version is None:
+                self._version = int(self.learner.num_grad_updates.numpy())
+            return self._version
+
+    def _set_version(self, version: int | None) -> None:
+        with self._version_lock:
+            self._version = version
 
     # The loader (runs in a tf.data thread) ----------------------------------------------------
 
@@ -271,10 +316,22 @@ class LearnerThread(threading.Thread):
         data = next(self._iterator)
         return data, self._units.popleft()
 
+    def _pack(self, stats: dict[str, tf.Tensor]) -> tf.Tensor:
+        """The stats as one float64 vector (read back in one copy); the keys are kept."""
+        self._stat_keys = tuple(stats)
+        return tf.stack([tf.cast(v, tf.float64) for v in stats.values()])
+
+    def _unpack(self, packed: tf.Tensor) -> dict[str, Any]:
+        """The update's one read back to the host: its stats, as Python numbers."""
+        stats = dict(zip(self._stat_keys, packed.numpy().tolist()))
+        for key in _COUNT_KEYS:
+            stats[key] = int(stats[key])
+        return stats
+
     def _distributed_step(self, data):
         outputs = self.strategy.run(self.learner.train_step, args=(data,))
         # Every replica returns the same (all-reduced) stats.
-        return self.strategy.experimental_local_results(outputs)[0]
+        return self._pack(self.strategy.experimental_local_results(outputs)[0])
 
     def _distributed_accumulate(self, data):
         rows = self.strategy.run(self.learner.accumulate_step, args=(data,))
@@ -282,7 +339,7 @@ class LearnerThread(threading.Thread):
 
     def _distributed_apply(self):
         outputs = self.strategy.run(self.learner.apply_accumulated)
-        return self.strategy.experimental_local_results(outputs)[0]
+        return self._pack(self.strategy.experimental_local_results(outputs)[0])
 
     def _distributed_reset(self):
         self.strategy.run(self.learner.reset_accumulators)
@@ -348,8 +405,9 @@ class LearnerThread(threading.Thread):
             if info.generation != self.generation:  # Flushed meanwhile.
                 self.num_units_dropped += 1
                 return
-            updates_before = int(self.learner.num_grad_updates.numpy())
-            stats = {k: v.numpy().item() for k, v in self._train_fn(data).items()}
+            updates_before = self.version
+            stats = self._unpack(self._train_fn(data))
+            self._set_version(stats["num_grad_updates_lifetime"])
             self._publish_if_wanted()
         self._report(stats, info, info.env_steps, updates_before)
 
@@ -364,13 +422,14 @@ class LearnerThread(threading.Thread):
         acc = self._accumulated
         if acc.microbatches == 0:
             self._callbacks.on_train_batch_begin(self.num_steps)
-            acc.updates_before = int(self.learner.num_grad_updates.numpy())
+            acc.updates_before = self.version
         start = time.perf_counter()
         with self.lock:
             if info.generation != self.generation:  # Flushed meanwhile.
                 self.num_units_dropped += 1
                 return
-            self._accumulate_fn(data).numpy()  # .numpy() waits for the device.
+            # Not waited for (module docstring): on a CPU the call returns when it is done.
+            self._accumulate_fn(data)
         seconds = time.perf_counter() - start
         self.microbatch_grad_timer.push(seconds)
         self.microbatch_grad_timer.push_units_processed(info.env_steps)
@@ -382,7 +441,8 @@ class LearnerThread(threading.Thread):
             if info.generation != self.generation:  # Flushed: the sums were zeroed.
                 self.num_units_dropped += 1
                 return
-            stats = {k: v.numpy().item() for k, v in self._apply_fn().items()}
+            stats = self._unpack(self._apply_fn())
+            self._set_version(stats["num_grad_updates_lifetime"])
             self._publish_if_wanted()
         seconds = time.perf_counter() - start
         self.update_timer.push(seconds)
@@ -438,7 +498,7 @@ class LearnerThread(threading.Thread):
             self.lock.release()
 
     def _read_snapshot(self) -> tuple[list[np.ndarray], int]:
-        return self.learner.get_policy_weights(), int(self.learner.num_grad_updates.numpy())
+        return self.learner.get_policy_weights(), self.version
 
     def _publish_if_wanted(self) -> None:
         """After an update, under `lock`: publishes the weights if the driver asked."""
@@ -457,6 +517,7 @@ class LearnerThread(threading.Thread):
           The number of train batches removed from the inqueue.
         """
         self._published = None  # Weights from before a restore must not be broadcast after it.
+        self._set_version(None)  # A restore loads the counter next: read it at the next use.
         with self._generation_lock:
             self.generation += 1
             removed = 0

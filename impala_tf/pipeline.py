@@ -10,7 +10,8 @@ env-contiguous; per-sequence columns such as RNN state [B, ...]), checked agains
 distributed with the learner's strategy and copied onto the learner devices ahead of use
 (`experimental_fetch_to_device`; with one GPU and the default strategy, through a
 `OneDeviceStrategy`), so the host->device copy of the next unit overlaps training on the current
-one; with one CPU device it is a plain prefetching dataset. `distribute_datasets_from_function`
+one; with one CPU device it is a plain prefetching dataset. `num_gpu_loader_threads` sizes the
+private thread pool of the pipeline that copies onto devices. `distribute_datasets_from_function`
 hands consecutive elements to consecutive replicas, so per-step and per-sequence columns stay
 aligned.
 
@@ -215,6 +216,8 @@ def make_dataset(
     signature: dict[str, tf.TensorSpec],
     strategy: tf.distribute.Strategy,
     buffer_size: int = 1,
+    accelerator: bool = False,
+    threads: int | None = None,
 ):
     """Builds the distributed input pipeline over a generator of replica shards.
 
@@ -224,10 +227,14 @@ def make_dataset(
       signature: `batch_signature(...)` of one replica's shard.
       strategy: The learner's distribution strategy.
       buffer_size: Units copied onto each device ahead of use (the learner's tower-stack slots).
+      accelerator: The learner runs on an accelerator (`devices.on_accelerator`): copy units
+        onto its device ahead of use, also with one device.
+      threads: Size of the pipeline's private thread pool when it copies onto devices
+        (`num_gpu_loader_threads`); None: tf.data's shared pool.
 
     Returns:
-      A distributed dataset whose elements are per-replica dicts of flat columns; with one
-      device, a dataset of plain dicts of tensors.
+      A distributed dataset whose elements are per-replica dicts of flat columns; on one device,
+      a dataset of plain dicts of tensors.
     """
     output_signature = dict(signature)
     buffer_size = max(1, int(buffer_size))
@@ -235,12 +242,21 @@ def make_dataset(
     def dataset_fn(_: tf.distribute.InputContext | None = None) -> tf.data.Dataset:
         return tf.data.Dataset.from_generator(source, output_signature=output_signature)
 
-    if strategy.num_replicas_in_sync == 1 and not tf.config.list_logical_devices("GPU"):
+    if strategy.num_replicas_in_sync == 1 and not accelerator:
         # One CPU device: the host is the device. A multi-device iterator would only add its
         # hand-off, about a millisecond per unit on a 2-core machine (measured).
         return dataset_fn().prefetch(buffer_size)
+
+    def device_dataset_fn(context: tf.distribute.InputContext | None = None) -> tf.data.Dataset:
+        dataset = dataset_fn(context)
+        if threads is not None:
+            options = tf.data.Options()
+            options.threading.private_threadpool_size = int(threads)
+            dataset = dataset.with_options(options)
+        return dataset
+
     return _input_strategy(strategy).distribute_datasets_from_function(
-        dataset_fn,
+        device_dataset_fn,
         tf.distribute.InputOptions(
             experimental_fetch_to_device=True,
             experimental_per_replica_buffer_size=buffer_size,
@@ -252,10 +268,12 @@ def _input_strategy(strategy: tf.distribute.Strategy) -> tf.distribute.Strategy:
     """The strategy that copies input onto the learner devices ahead of use.
 
     TensorFlow's default strategy does not (its datasets are plain datasets, copied to the GPU
-    inside the step); a `OneDeviceStrategy` on the GPU the update runs on does, and yields plain
-    tensors that the default strategy's step accepts.
+    inside the step); a `OneDeviceStrategy` on the device the update runs on (the first GPU;
+    the CPU when the accelerator path is forced on a CPU-only machine, as tests do) does, and
+    yields plain tensors that the default strategy's step accepts.
     """
     # Outside any scope `get_strategy()` is the default strategy; inside one we keep `strategy`.
     if tf.distribute.has_strategy() or strategy is not tf.distribute.get_strategy():
         return strategy
-    return tf.distribute.OneDeviceStrategy("/gpu:0")
+    device = "/gpu:0" if tf.config.list_logical_devices("GPU") else "/cpu:0"
+    return tf.distribute.OneDeviceStrategy(device)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import os
 import pkgutil
 
 import pytest
@@ -22,3 +23,18 @@ def test_a_tool_imports_and_has_a_command_line(name):
 def test_the_index_lists_every_tool_and_library():
     for name in [*_TOOLS, *_LIBRARIES]:
         assert f"`tools.{name}`" in tools.__doc__, name
+
+
+def test_bench_gpu_prints_its_plan_without_a_gpu_and_refuses_to_measure_on_a_cpu():
+    import subprocess
+    import sys
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    run = [sys.executable, "-m", "tools.bench_gpu", "--parts", "learner", "pong"]
+    env = dict(os.environ, CUDA_VISIBLE_DEVICES="", TF_CPP_MIN_LOG_LEVEL="3")
+    dry = subprocess.run([*run, "--dry"], capture_output=True, text=True, cwd=root, env=env)
+    assert dry.returncode == 0, dry.stderr
+    assert "jit_compile_update=True" in dry.stdout and "batch 2,000" in dry.stdout
+    refused = subprocess.run(run, capture_output=True, text=True, cwd=root, env=env)
+    assert refused.returncode == 2
+    assert "sees none" in refused.stderr and "tools.bench_learner" in refused.stderr

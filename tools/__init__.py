@@ -21,6 +21,8 @@ Benchmarks (each rewrites its own section of BENCHMARKS.md unless `--no-write`):
 * `tools.bench_compare` - this checkout against a baseline checkout, alternating runs: CartPole
   to 450, Pong's trained env steps/s, multi-agent CartPole to 600.
 * `tools.bench_actor_inference` - one actor's CNN inference rate on one TF thread (prints only).
+* `tools.bench_gpu` - on a GPU only: learner vs bare Keras with XLA off and on, the learner
+  thread's rate and GPU utilisation, Pong end to end; `--dry` prints the plan anywhere.
 * `tools.measure_actor_memory` - Rss, Pss and private memory of actor processes (prints only;
   the figures behind `impala_tf.workers.memory`'s estimates).
 

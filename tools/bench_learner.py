@@ -3,6 +3,7 @@
     .venv/bin/python -m tools.bench_learner               # every part, into BENCHMARKS.md
     .venv/bin/python -m tools.bench_learner --parts keras devices
     .venv/bin/python -m tools.bench_learner --parts memory --memory_batch 20000
+    .venv/bin/python -m tools.bench_learner --parts xla --repeats 20 --rounds 5
 
 Run from the repository root (the memory cases run there as `python -m tools.bench_learner`).
 
@@ -22,6 +23,12 @@ Parts (each writes its own BENCHMARKS.md section):
   (reported beside them).
 * `gpu` — Nature CNN learner samples/s at batch 500 and 2,000 on one GPU; skipped with a note
   when no GPU is visible.
+* `xla` — the update with `jit_compile_update` False and True, interleaved (the CartPole MLP at
+  batch 500 and 2,000, on one and two logical CPU devices; the Nature CNN at batch 500), with
+  each side's spread over the rounds. On a GPU, `python -m tools.bench_gpu` measures the same.
+* `bf16` — float32 vs Keras' `mixed_bfloat16` policy, interleaved: the learner update (MLP and
+  Nature CNN at batch 500) and the Nature CNN's inference at batch 16 (this CPU has
+  AVX512-BF16).
 """
 
 from __future__ import annotations
@@ -37,14 +44,22 @@ from collections.abc import Callable
 
 from tools import benchlib, proclib
 
-__all__ = ["bench_devices", "bench_gpu", "bench_keras", "bench_memory", "main"]
+__all__ = [
+    "bench_bf16",
+    "bench_devices",
+    "bench_gpu",
+    "bench_keras",
+    "bench_memory",
+    "bench_xla",
+    "main",
+]
 
 # Inherited by the memory cases; TensorFlow is not imported up to here.
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 T = 50  # rollout_fragment_length of every case
-PARTS = ("keras", "devices", "memory", "gpu")
+PARTS = ("keras", "devices", "memory", "gpu", "xla", "bf16")
 
 
 def _configure_two_cpus() -> None:
@@ -105,7 +120,7 @@ def _random_batch(kind: str, rows: int, seed: int = 0) -> dict:
     }
 
 
-def _learner_step(kind: str, batch: int, strategy) -> Callable[[], None]:
+def _learner_step(kind: str, batch: int, strategy, **overrides) -> Callable[[], None]:
     """One distributed learner update on a batch already on the devices, result fetched."""
     import numpy as np
     import tensorflow as tf
@@ -114,7 +129,7 @@ def _learner_step(kind: str, batch: int, strategy) -> Callable[[], None]:
     from impala_tf.learner import ImpalaLearner
     from impala_tf.sample_batch import SampleBatch
 
-    config = _config(kind, batch)
+    config = _config(kind, batch, **overrides)
     obs_space, act_space = _spaces(kind)
     with strategy.scope():
         learner = ImpalaLearner(config, obs_space, act_space)
@@ -180,10 +195,10 @@ def _keras_step(batch: int) -> Callable[[], None]:
     return lambda: np.asarray(step())
 
 
-def _interleaved_seconds(
+def _interleaved_times(
     steps: dict[str, Callable[[], None]], repeats: int, rounds: int = 5
-) -> dict[str, float]:
-    """Median over `rounds` of each step's median time, the steps timed in turn each round.
+) -> dict[str, list[float]]:
+    """Each step's median time in each of `rounds` rounds, the steps timed in turn each round.
 
     Interleaving spreads the noise of a shared machine over every step alike.
     """
@@ -191,6 +206,14 @@ def _interleaved_seconds(
     for _ in range(rounds):
         for name, step in steps.items():
             times[name].append(benchlib.median_seconds(step, repeats=repeats, warmup=3))
+    return times
+
+
+def _interleaved_seconds(
+    steps: dict[str, Callable[[], None]], repeats: int, rounds: int = 5
+) -> dict[str, float]:
+    """Median over `rounds` of each step's median time (`_interleaved_times`)."""
+    times = _interleaved_times(steps, repeats, rounds)
     return {name: statistics.median(values) for name, values in times.items()}
 
 
@@ -266,6 +289,136 @@ def bench_devices(repeats: int) -> str:
         "and applied. Both devices run on the same cores, so on a CPU this costs the split and "
         "the all-reduce and gains nothing; it exists to test the multi-GPU code path. "
         f"Median of 5 interleaved rounds of {repeats} calls each.",
+    ]
+    return "\n".join(lines)
+
+
+def bench_xla(repeats: int, rounds: int = 5) -> str:
+    """`jit_compile_update` False vs True, interleaved, on the CPU devices of this machine."""
+    import tensorflow as tf
+
+    devices = [d.name for d in tf.config.list_logical_devices("CPU")[:2]]
+    cases = [
+        ("CartPole MLP [256, 256]", "mlp", 500, tf.distribute.get_strategy()),
+        ("CartPole MLP [256, 256]", "mlp", 2000, tf.distribute.get_strategy()),
+        (
+            "CartPole MLP [256, 256], 2 devices",
+            "mlp",
+            2000,
+            tf.distribute.MirroredStrategy(devices),
+        ),
+        ("Nature CNN 84x84x4", "cnn", 500, tf.distribute.get_strategy()),
+    ]
+    lines = [
+        "### `jit_compile_update`: the learner update with and without XLA, on the CPU",
+        "",
+        f"Machine: {benchlib.machine_line()}",
+        "",
+        "| model | batch | ms / update, XLA off | ms, XLA on | spread off / on (min-max of "
+        "rounds) | XLA on vs off |",
+        "|---|---:|---:|---:|---|---:|",
+    ]
+    for name, kind, batch, strategy in cases:
+        reps = max(3, repeats // 6) if kind == "cnn" else repeats
+        steps = {
+            "off": _learner_step(kind, batch, strategy, jit_compile_update=False),
+            "on": _learner_step(kind, batch, strategy, jit_compile_update=True),
+        }
+        times = _interleaved_times(steps, reps, rounds)
+        off, on = statistics.median(times["off"]), statistics.median(times["on"])
+        spread = " / ".join(
+            f"{min(times[k]) * 1e3:.2f}-{max(times[k]) * 1e3:.2f}" for k in ("off", "on")
+        )
+        lines.append(
+            f"| {name} | {batch:,} | {off * 1e3:.2f} | {on * 1e3:.2f} | {spread} | "
+            f"{off / on:.2f}x |"
+        )
+        print(lines[-1], flush=True)
+    lines += [
+        "",
+        f"Median of {rounds} interleaved rounds, each the median of {repeats} calls (the CNN: "
+        f"{max(3, repeats // 6)}) of a compiled update on a batch already in memory, result "
+        "fetched; `XLA on vs off` above 1 means XLA is faster. XLA compiles each device's "
+        "forward, V-trace and backward pass; the all-reduce, clipping and optimizer step stay "
+        "outside it (`impala_tf.learner`).",
+    ]
+    return "\n".join(lines)
+
+
+def _with_dtype_policy(policy: str, build: Callable):
+    """Calls `build()` with Keras' dtype policy set to `policy`, then restores it."""
+    import keras
+
+    old = keras.config.dtype_policy()
+    keras.config.set_dtype_policy(policy)
+    try:
+        return build()
+    finally:
+        keras.config.set_dtype_policy(old)
+
+
+def _inference_step(batch: int) -> Callable[[], None]:
+    """The Nature CNN's forward pass on uint8 frames (an actor's inference), outputs fetched."""
+    import numpy as np
+    import tensorflow as tf
+
+    from impala_tf.models import build_model
+
+    obs_space, act_space = _spaces("cnn")
+    model = build_model(obs_space, act_space, {"custom_model": "nature_cnn"})
+    rng = np.random.default_rng(0)
+    obs = tf.constant(rng.integers(0, 256, (batch, *obs_space.shape), dtype=np.uint8))
+    forward = tf.function(lambda o: model(o), autograph=False)
+    return lambda: [np.asarray(t) for t in forward(obs)]
+
+
+def bench_bf16(repeats: int, rounds: int = 5) -> str:
+    """float32 vs Keras' "mixed_bfloat16" policy (bfloat16 compute, float32 variables)."""
+    import tensorflow as tf
+
+    strategy = tf.distribute.get_strategy()
+    cases = [
+        (
+            "learner update, CartPole MLP [256, 256], batch 500",
+            repeats,
+            lambda: _learner_step("mlp", 500, strategy),
+        ),
+        (
+            "learner update, Nature CNN, batch 500",
+            max(3, repeats // 6),
+            lambda: _learner_step("cnn", 500, strategy),
+        ),
+        ("actor inference, Nature CNN, batch 16", repeats, lambda: _inference_step(16)),
+    ]
+    lines = [
+        "### bfloat16 (Keras `mixed_bfloat16`) vs float32 on the CPU",
+        "",
+        f"Machine: {benchlib.machine_line()}",
+        "",
+        "| case | ms, float32 | ms, mixed_bfloat16 | spread float32 / bf16 (min-max of rounds) "
+        "| bf16 vs float32 |",
+        "|---|---:|---:|---|---:|",
+    ]
+    for name, reps, build in cases:
+        steps = {p: _with_dtype_policy(p, build) for p in ("float32", "mixed_bfloat16")}
+        times = _interleaved_times(steps, reps, rounds)
+        f32, bf16 = (statistics.median(times[p]) for p in ("float32", "mixed_bfloat16"))
+        spread = " / ".join(
+            f"{min(times[p]) * 1e3:.2f}-{max(times[p]) * 1e3:.2f}"
+            for p in ("float32", "mixed_bfloat16")
+        )
+        lines.append(
+            f"| {name} | {f32 * 1e3:.2f} | {bf16 * 1e3:.2f} | {spread} | {f32 / bf16:.2f}x |"
+        )
+        print(lines[-1], flush=True)
+    lines += [
+        "",
+        f"Median of {rounds} interleaved rounds of {repeats} calls (the CNN update: "
+        f"{max(3, repeats // 6)}), both cores, on data already in memory. The models are built "
+        "under Keras' global dtype policy (set for the build, then restored): layers compute in "
+        "bfloat16 with float32 variables, the heads cast logits and values to float32 "
+        "(`ActorCritic._heads`), so V-trace and the optimizer stay float32. There is no config "
+        "key for it yet, and learning with it is not measured: float32 stays the default.",
     ]
     return "\n".join(lines)
 
@@ -378,6 +531,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--parts", nargs="+", choices=PARTS, default=list(PARTS))
     parser.add_argument("--repeats", type=int, default=30)
+    parser.add_argument("--rounds", type=int, default=5, help="interleaved rounds (xla, bf16)")
     parser.add_argument("--memory_batch", type=int, default=20_000)
     parser.add_argument("--microbatch", type=int, default=1_000)
     parser.add_argument("--memory_case", help=argparse.SUPPRESS)
@@ -395,6 +549,10 @@ def main() -> None:
             markdown = bench_devices(args.repeats)
         elif part == "memory":
             markdown = bench_memory(args.memory_batch, args.microbatch)
+        elif part == "xla":
+            markdown = bench_xla(args.repeats, args.rounds)
+        elif part == "bf16":
+            markdown = bench_bf16(args.repeats, args.rounds)
         else:
             markdown = bench_gpu(args.repeats)
         benchlib.write_section(f"bench_learner_{part}", markdown)

@@ -134,6 +134,11 @@ class AlgorithmConfig:
     vtrace_drop_last_ts: bool = _key(False, "training")
     # training(): data flow into the learner
     num_multi_gpu_tower_stacks: int = _key(1, "training")
+    # Threads of the loader's `tf.data` pipeline when it copies onto learner devices (an
+    # accelerator, or several devices): its private thread pool, which runs the prefetching and
+    # the host->device copies (RLlib's loader threads copy batches into the towers). Cutting a
+    # batch into device shards stays one Python thread, which keeps units in order. No effect
+    # on one CPU device, where the loader is a plain prefetching dataset.
     num_gpu_loader_threads: int = _key(8, "training")
     minibatch_buffer_size: int = _key(1, "training")
     num_sgd_iter: int = _key(1, "training")
@@ -163,6 +168,10 @@ class AlgorithmConfig:
     # Not an RLlib key: updates with a non-finite loss or gradient are skipped; this many in a
     # row raise (`impala_tf.nonfinite`).
     max_nonfinite_updates: int = _key(10, "training")
+    # Not an RLlib key: XLA-compile each device's part of the update (forward, V-trace,
+    # backward; the all-reduce and the optimizer step stay outside XLA). True, False, or "auto"
+    # (`impala_tf.devices.resolve_jit_compile`: off on a CPU, where it measured slower).
+    jit_compile_update: bool | str = _key("auto", "training")
 
     # resources()
     num_gpus: float = _key(1, "resources")

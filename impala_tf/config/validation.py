@@ -197,6 +197,12 @@ def _learning(config) -> None:
 def _runtime(config) -> None:
     check_int(config, "num_multi_gpu_tower_stacks", minimum=1)
     check_int(config, "num_gpu_loader_threads", minimum=1)
+    jit = config.jit_compile_update
+    if not (isinstance(jit, bool) or (isinstance(jit, str) and jit == "auto")):
+        raise ValueError(
+            f'`jit_compile_update` must be True, False or "auto" (XLA-compile the learner\'s '
+            f"update, or not, or decide from the device), got {config.jit_compile_update!r}."
+        )
     check_int(config, "minibatch_buffer_size", minimum=1)
     check_int(config, "learner_queue_size", minimum=1)
     check_number(config, "learner_queue_timeout", minimum=0.0, strict=True)

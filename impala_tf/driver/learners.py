@@ -69,6 +69,7 @@ class LearnerGroup:
         self.configs = {p: policy_config(config, p) for p in self.policy_ids}
         self.learners: dict[str, ImpalaLearner] = {}
         self.threads: dict[str, LearnerThread] = {}
+        self._fixed_versions: dict[str, int] = {}  # Untrained policies' `num_grad_updates`.
         single = self.policy_ids == [DEFAULT_POLICY_ID]
         replicas = strategy.num_replicas_in_sync
         self.rows: dict[str, int] = {}
@@ -189,6 +190,7 @@ class LearnerGroup:
 
         Call it inside `locked()`: no update that started before returns after it.
         """
+        self._fixed_versions.clear()
         for thread in self.threads.values():
             thread.flush()
             while True:
@@ -200,8 +202,22 @@ class LearnerGroup:
     # Weights ------------------------------------------------------------------------------------
 
     def versions(self) -> dict[str, int]:
-        """{policy_id: num_grad_updates} as the variables hold them now."""
-        return {p: int(learner.num_grad_updates.numpy()) for p, learner in self.learners.items()}
+        """{policy_id: num_grad_updates} after each policy's latest update, as host ints.
+
+        Read every training step, so it reads no device value: a trained policy's count is its
+        learner thread's `version`; an untrained one's is read once (and again after `flush`,
+        which a restore calls before loading the counters).
+        """
+        out = {}
+        for pid, learner in self.learners.items():
+            thread = self.threads.get(pid)
+            if thread is not None:
+                out[pid] = thread.version
+            else:
+                if pid not in self._fixed_versions:
+                    self._fixed_versions[pid] = int(learner.num_grad_updates.numpy())
+                out[pid] = self._fixed_versions[pid]
+        return out
 
     def snapshot(self, pid: str, wait: bool = True) -> tuple[list[np.ndarray], int] | None:
         """One policy's weights and `num_grad_updates`, read between two of its updates.
@@ -211,8 +227,7 @@ class LearnerGroup:
         """
         thread = self.threads.get(pid)
         if thread is None:  # Not trained: nothing updates it.
-            learner = self.learners[pid]
-            return learner.get_policy_weights(), int(learner.num_grad_updates.numpy())
+            return self.learners[pid].get_policy_weights(), self.versions()[pid]
         return thread.policy_snapshot(wait=wait)
 
     def weights(self) -> dict[str, tuple[list[np.ndarray], int]]:
