@@ -24,6 +24,8 @@ setup(
         "pyyaml",
         # TensorFlow 2.21 no longer depends on it; tf.summary needs it.
         "tensorboard",
+        # Evaluation videos (`render_env`): GIFs for TensorBoard and impala-evaluate --video.
+        "pillow",
     ],
     extras_require={
         "test": [

@@ -50,7 +50,7 @@ from impala_tf.driver.plan import RuntimePlan, check_deterministic, derived_seed
 from impala_tf.driver.sampling import EnvRunnerGroup, make_backend
 from impala_tf.driver.schedule import make_schedule
 from impala_tf.driver.state import Progress, SavedState
-from impala_tf.evaluation import Evaluator, evaluation_metrics
+from impala_tf.evaluation import Evaluator, evaluation_media, evaluation_metrics
 from impala_tf.learner import ImpalaLearner
 from impala_tf.learner_thread import LearnerThread
 from impala_tf.rollout.fragment import DEFAULT_POLICY_ID
@@ -288,12 +288,16 @@ class Impala:
         from `config.get_evaluation_config()` (`impala_tf.evaluation`). In a seeded run their
         seeds derive from the seed and the iteration, so an evaluation is reproducible (and the
         same after a resume). Sampling pauses meanwhile; the learners go on with the batches
-        already queued.
+        already queued. With `render_env` / `record_env` in the evaluation config, recorded
+        episodes come back as GIFs under `episode_media` (`impala_tf.evaluation.evaluation_media`;
+        files in `record_env`'s directory, relative to the logdir, named by the iteration).
 
         Returns:
           RLlib's `evaluation` metrics: `episode_reward_mean/min/max`, `episode_len_mean`,
           `episodes_this_iter`, `num_env_steps_sampled_this_iter`, `policy_reward_*`,
-          `time_this_iter_s`, and the same under `env_runners` with the new API stack's names.
+          `time_this_iter_s`, and the same under `env_runners` with the new API stack's names;
+          plus `episode_media: {"video": [impala_tf.video.Video, ...]}` when episodes were
+          recorded.
         """
         start = time.perf_counter()
         if self._evaluator is None:
@@ -304,7 +308,12 @@ class Impala:
             int(self.config.evaluation_duration),
             derived_seed(self.config.seed, self.progress.iteration, 1),
         )
-        return evaluation_metrics(episodes, self.plan.multi_agent, time.perf_counter() - start)
+        name = f"iteration_{self.progress.iteration:06d}"
+        media = evaluation_media(self._evaluator, self.logdir, name)
+        metrics = evaluation_metrics(episodes, self.plan.multi_agent, time.perf_counter() - start)
+        if media is not None:
+            metrics["episode_media"] = media
+        return metrics
 
     # Checkpoints --------------------------------------------------------------------------------
 

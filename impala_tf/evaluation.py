@@ -7,6 +7,12 @@ RLlib it acts with the evaluation config's `explore` (default True: sampled acti
 that was trained); `evaluation_config={"explore": False}` evaluates the greedy policy. Each
 `run` starts new episodes seeded from its `seed`, so an evaluation is reproducible.
 
+With RLlib's `render_env` or `record_env` set in the evaluation config, the evaluator makes its
+env with `render_mode="rgb_array"`, wraps it in an `impala_tf.video.EpisodeRecorder` and keeps the
+frames of the first `video_episodes` episodes of every `video_interval`-th run in `videos`
+(`impala_tf.video` has the bounds); `evaluation_media` encodes them as GIFs for the result and
+TensorBoard and writes them to `record_env`'s directory.
+
 * `Impala.evaluate()` runs one with the learners' current weights (RLlib's `evaluation` entry
   of the result, `evaluation_metrics`);
 * `evaluate_checkpoint` runs one with a checkpoint's policies (`impala-evaluate`);
@@ -18,6 +24,7 @@ returns summed over a multi-agent episode's agents, and `policy_reward_*` per po
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -32,10 +39,18 @@ from impala_tf.envs.spaces import EnvSpaces, probe_spaces
 from impala_tf.models import build_model
 from impala_tf.rollout import make_env_runner
 from impala_tf.rollout.fragment import Episode
+from impala_tf.video import (
+    EpisodeRecorder,
+    Recording,
+    Video,
+    VideoSettings,
+    rendering_env_config,
+)
 
 __all__ = [
     "Evaluator",
     "evaluate_checkpoint",
+    "evaluation_media",
     "evaluation_metrics",
     "load_checkpoint_policies",
     "load_policy_model",
@@ -50,15 +65,32 @@ class Evaluator:
       config: The evaluation config (`AlgorithmConfig.get_evaluation_config()` applied).
       multi_agent: The env is a `MultiAgentEnv`.
       explore: Overrides the config's `explore`.
+
+    Attributes:
+      video: What is recorded (`VideoSettings.from_config(config)`); None records nothing.
+      recorder: The `EpisodeRecorder` around the env, when `video` is set.
+      videos: The episodes the last `run` recorded (`impala_tf.video.Recording`: frames and
+        fps); empty when it recorded none.
     """
 
     def __init__(self, config: AlgorithmConfig, multi_agent: bool, explore: bool | None = None):
         config = config.copy()
         config.env_runners(num_envs_per_env_runner=1)
+        self.video = VideoSettings.from_config(config)
+        if self.video is not None:
+            config.env_config = rendering_env_config(config.env_config)
         self.config = config
         self.runner = make_env_runner(
             config, multi_agent, worker_index=0, explore=explore, update_filter=False
         )
+        self.recorder: EpisodeRecorder | None = None
+        if self.video is not None:
+            video = self.video
+            self.recorder = self.runner.wrap_env(
+                lambda env: EpisodeRecorder(env, video.max_frames, video.max_width)
+            )
+        self.videos: list[Recording] = []
+        self._runs = 0
 
     def run(
         self,
@@ -67,13 +99,54 @@ class Evaluator:
         num_episodes: int,
         seed: int | None,
     ) -> list[Episode]:
-        """`num_episodes` new episodes with these weights ({policy_id: (weights, version)})."""
-        self.runner.set_weights(weights, filters)
-        self.runner.reset(seed)
-        return self.runner.run_episodes(int(num_episodes))
+        """`num_episodes` new episodes with these weights ({policy_id: (weights, version)}).
+
+        The first `video.episodes` of them are recorded into `videos` when this is the first
+        run or `video.interval` runs after the last one that recorded.
+        """
+        record = self.recorder is not None and self._runs % self.video.interval == 0
+        self._runs += 1
+        self.videos = []
+        if record:
+            self.recorder.start(self.video.episodes)
+        try:
+            self.runner.set_weights(weights, filters)
+            self.runner.reset(seed)
+            return self.runner.run_episodes(int(num_episodes))
+        finally:
+            if record:
+                self.videos = self.recorder.stop()
 
     def close(self) -> None:
         self.runner.close()
+
+
+def evaluation_media(
+    evaluator: Evaluator, logdir: str | None, name: str
+) -> dict[str, list[Video]] | None:
+    """The videos of the evaluator's last run as RLlib's `episode_media` entry of a result.
+
+    Each recorded episode is encoded once as an animated GIF (`impala_tf.video.Video`), which
+    `impala_tf.reporting` writes to TensorBoard; with `record_env` it is also written to
+    `<record_env directory>/<name>_episode_<k>.gif`.
+
+    Args:
+      evaluator: An `Evaluator` that has run.
+      logdir: The run's directory, which a relative `record_env` directory is relative to
+        (the current directory when None).
+      name: The files' name stem, e.g. `iteration_000010`.
+
+    Returns:
+      `{"video": [Video, ...]}`, or None when the last run recorded nothing.
+    """
+    if not evaluator.videos:
+        return None
+    videos = [Video.encode(recording) for recording in evaluator.videos]
+    directory = evaluator.video.directory(logdir)
+    if directory is not None:
+        for k, video in enumerate(videos):
+            video.save(os.path.join(directory, f"{name}_episode_{k}.gif"))
+    return {"video": videos}
 
 
 def evaluation_metrics(
@@ -144,6 +217,7 @@ def evaluate_checkpoint(
     explore: bool | None = None,
     policy_id: str | None = None,
     spaces: EnvSpaces | None = None,
+    recordings: list[Recording] | None = None,
 ) -> list[Episode]:
     """Runs `num_episodes` episodes with a checkpoint's policies (`impala-evaluate`).
 
@@ -156,6 +230,8 @@ def evaluate_checkpoint(
       policy_id: Report the mean return of this policy's agents per episode instead of the
         return summed over the agents.
       spaces: The env's spaces when the caller probed them already.
+      recordings: Receives the episodes recorded when `config` sets `render_env` or
+        `record_env` (the first `video_episodes`; `Evaluator.videos`).
 
     Raises:
       ValueError: `policy_id` is not a policy of the checkpoint (the message lists them).
@@ -170,6 +246,8 @@ def evaluate_checkpoint(
     evaluator = Evaluator(config, spaces.multi_agent, explore)
     try:
         episodes = evaluator.run(weights, filters, num_episodes, config.seed)
+        if recordings is not None:
+            recordings.extend(evaluator.videos)
     finally:
         evaluator.close()
     return episodes if policy_id is None else policy_episodes(episodes, policy_id)

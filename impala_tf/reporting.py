@@ -27,6 +27,15 @@ scalars stepped by `timesteps_total` (env steps sampled), under readable tags
 
 Optionally, histograms of the models' weights under `weights/<variable path>` (with several
 policies, `weights/<policy_id>/<variable path>`).
+
+Evaluation videos (RLlib's `render_env` / `record_env` in `evaluation_config`,
+`impala_tf.video`): the episodes an evaluation recorded (its result's
+`evaluation/episode_media/video`) go to the Images dashboard as animated GIFs under
+`evaluation/video`, one sample per episode. `tf.summary.image` would re-encode the frames as
+still PNGs, so the GIF bytes are written as they are, in the images plugin's own layout
+([width, height, image, ...] strings; what `tf.summary.image` writes, and what TensorBoard makes
+of TF1's `Summary.Image`), with `tf.summary.write`. In `result.json` a video shows as a short
+`Video(...)` description.
 """
 
 from __future__ import annotations
@@ -34,12 +43,15 @@ from __future__ import annotations
 import json
 import math
 import os
-from collections.abc import Iterable, Iterator, Mapping
-from typing import Any
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from impala_tf.checkpoints.store import json_default
+
+if TYPE_CHECKING:
+    from impala_tf.video import Video
 
 __all__ = [
     "ResultWriter",
@@ -207,14 +219,30 @@ class ResultWriter:
         return int(result.get("timesteps_total", result.get("training_iteration", 0)))
 
     def write(self, result: Mapping[str, Any]) -> None:
-        """Appends `result` to `result.json` and writes its scalars to TensorBoard."""
+        """Appends `result` to `result.json` and writes its scalars (and evaluation videos) to
+        TensorBoard."""
         self._json.write(json.dumps(result, default=json_default) + "\n")
         self._json.flush()
         if self._writer is not None:
             with self._writer.as_default(step=self.step_of(result)):
                 for tag, value in tensorboard_scalars(result, raw=self.raw).items():
                     self._tf.summary.scalar(tag, value)
+                videos = lookup(result, "evaluation/episode_media/video")
+                if videos:
+                    self._write_gifs("evaluation/video", videos)
             self._writer.flush()
+
+    def _write_gifs(self, tag: str, videos: Sequence[Video]) -> None:
+        """One image summary of GIFs (one sample each), which TensorBoard shows animated."""
+        from tensorboard.plugins.image import metadata as image_metadata
+
+        metadata = image_metadata.create_summary_metadata(
+            display_name=tag,
+            description="Evaluation episodes (`render_env`), one sample per episode.",
+        )
+        size = [str(videos[0].width).encode(), str(videos[0].height).encode()]
+        tensor = self._tf.constant(size + [video.gif for video in videos])
+        self._tf.summary.write(tag, tensor, metadata=metadata)
 
     def write_histograms(self, step: int, values: Iterable[tuple[str, Any]]) -> None:
         """Writes one histogram per (name, array) under `weights/<name>`.

@@ -90,6 +90,8 @@ GROUPS = {f.name: f.metadata["group"] for f in dataclasses.fields(ImpalaConfig)}
         ("restart_failed_env_runners", True),
         ("evaluation_interval", None),
         ("evaluation_duration", 10),
+        ("render_env", False),
+        ("record_env", False),
         ("checkpoint_freq", 1),
     ],
 )
@@ -455,6 +457,18 @@ INVALID = [
     ({"evaluation_config": [1]}, "evaluation_config"),
     ({"evaluation_config": {"lrr": 0.1}}, "evaluation_config"),
     ({"evaluation_config": {"explore": "no"}}, "evaluation_config"),
+    ({"render_env": "yes"}, "render_env"),
+    ({"record_env": 1}, "record_env"),
+    ({"record_env": " "}, "record_env"),
+    ({"render_env": True, "env_config": {"render_mode": "human"}}, "render_env"),
+    ({"record_env": "clips", "env_config": {"render_mode": "ansi"}}, "record_env"),
+    ({"video_episodes": 0}, "video_episodes"),
+    ({"video_max_frames": 1}, "video_max_frames"),
+    ({"video_max_width": 8}, "video_max_width"),
+    ({"video_max_width": 64.5}, "video_max_width"),
+    ({"video_interval": 0}, "video_interval"),
+    ({"evaluation_config": {"render_env": "yes"}}, "`evaluation_config`: `render_env`"),
+    ({"evaluation_config": {"video_max_frames": 0}}, "`evaluation_config`: `video_max_frames`"),
     ({"keep_checkpoints_num": 0}, "keep_checkpoints_num"),
     ({"checkpoint_freq": -1}, "checkpoint_freq"),
     ({"env_config": [1, 2]}, "env_config"),
@@ -525,6 +539,15 @@ def test_unknown_env_id_message_passes_on_gymnasium_hint():
         {"evaluation_interval": 0},
         {"evaluation_config": None},
         {"evaluation_config": {"explore": False}},
+        {
+            "evaluation_interval": 1,
+            "evaluation_config": {
+                "render_env": True,
+                "record_env": "clips",
+                "video_max_width": None,
+            },
+        },
+        {"evaluation_interval": 2, "record_env": True, "env_config": {"render_mode": "rgb_array"}},
         {"env": "CartPole-v1", "clip_rewards": True},
         {"clip_rewards": 5.0},
         {"min_time_s_per_iteration": None},
@@ -556,6 +579,18 @@ def test_env_callable_and_env_class_are_accepted():
             super().__init__()
 
     ImpalaConfig(env=MyEnv).validate(require_env=True)
+
+
+@pytest.mark.parametrize(
+    "settings",
+    [{"render_env": True}, {"evaluation_config": {"record_env": "clips"}}],
+)
+def test_recording_without_evaluation_during_training_warns(settings):
+    with pytest.warns(ConfigWarning, match="`evaluation_interval` is not set"):
+        ImpalaConfig.from_dict(settings).validate()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ConfigWarning)
+        ImpalaConfig.from_dict({**settings, "evaluation_interval": 3}).validate()
 
 
 def test_aggregation_workers_above_half_warns():

@@ -10,7 +10,6 @@ the binary imports this module through the gymnasium id
 
 from __future__ import annotations
 
-import io
 import json
 import os
 import re
@@ -117,17 +116,6 @@ def evaluation_config(checkpoint_dir, seed):
 def run_module(module, *args, timeout=120):
     return subprocess.run(
         [sys.executable, "-m", module, *map(str, args)],
-        cwd=REPO,
-        env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONPATH": REPO},
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
-
-
-def run_python(code, timeout=60):
-    return subprocess.run(
-        [sys.executable, "-c", code],
         cwd=REPO,
         env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONPATH": REPO},
         capture_output=True,
@@ -330,6 +318,7 @@ def evaluations(tmp_path_factory):
             "--seed=3",
             "--policy_id=p1",
             f"--video={root / 'agents.gif'}",
+            "--video_max_width=300",
         ],
         "unknown_policy": [f"--checkpoint={root / 'multi'}", "--policy_id=p7"],
         "missing": [f"--checkpoint={root / 'missing'}"],
@@ -410,7 +399,8 @@ def test_evaluate_a_multi_agent_checkpoint_per_policy_with_its_agents_side_by_si
         height, width, _ = cartpole.render().shape
         cartpole.close()
         with Image.open(root / "agents.gif") as gif:
-            assert gif.size == (2 * width, height)  # The two agents' CartPoles, side by side.
+            # The two agents' CartPoles side by side, downscaled to --video_max_width.
+            assert gif.size == (300, round(height * 300 / (2 * width)))
         # Counted as written: the GIF encoder merges identical consecutive frames (a still one).
         frames = int(re.search(r"wrote (\d+) frames", output).group(1))
     assert code == 0, output[-3000:]
@@ -466,43 +456,3 @@ def test_evaluate_video_of_classic_control_needs_pygame(evaluations):
     else:
         assert code == 0, output[-3000:]
         assert (root / "cartpole.gif").stat().st_size > 0
-
-
-def test_builtin_gif_encoder_decodes_to_the_332_palette(tmp_path):
-    from PIL import Image
-
-    rng = np.random.default_rng(0)
-    # Random pixels overflow the 4096-entry LZW table (a clear code mid-frame); the flat frame
-    # grows long codes; odd sizes check the row layout.
-    frames = [
-        rng.integers(0, 256, (48, 90, 3), dtype=np.uint8),
-        np.full((48, 90, 3), 77, np.uint8),
-        rng.integers(0, 256, (48, 90, 3), dtype=np.uint8),
-    ]
-    np.save(tmp_path / "frames.npy", np.stack(frames))
-    # The binary's module defines absl flags; importing it in this process could clash with
-    # another binary's flags, so it runs in its own.
-    proc = run_python(
-        "import numpy as np\n"
-        "from impala_tf.bin.evaluate import write_gif\n"
-        f"frames = list(np.load({str(tmp_path / 'frames.npy')!r}))\n"
-        f"write_gif({str(tmp_path / 'out.gif')!r}, frames, fps=25, use_pillow=False)\n"
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-
-    levels3 = np.arange(8) * 255 // 7
-    levels2 = np.arange(4) * 255 // 3
-    with Image.open(io.BytesIO((tmp_path / "out.gif").read_bytes())) as gif:
-        assert gif.n_frames == len(frames)
-        assert gif.info["loop"] == 0 and gif.info["duration"] == 40
-        for i, frame in enumerate(frames):
-            gif.seek(i)
-            want = np.stack(
-                [
-                    levels3[frame[..., 0] >> 5],
-                    levels3[frame[..., 1] >> 5],
-                    levels2[frame[..., 2] >> 6],
-                ],
-                axis=-1,
-            )
-            np.testing.assert_array_equal(np.asarray(gif.convert("RGB")), want)

@@ -536,7 +536,7 @@ _FRAMES: list[np.ndarray] = []
 
 
 class _FrameRecorder(gym.Wrapper):
-    """Keeps a frame after every reset and step in `_FRAMES` (as impala-evaluate --video)."""
+    """Keeps a frame after every reset and step in `_FRAMES` (an env creator's wrapper)."""
 
     def reset(self, **kwargs):
         out = self.env.reset(**kwargs)

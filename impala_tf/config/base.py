@@ -101,6 +101,11 @@ class AlgorithmConfig:
     # Box actions: the policy acts in [-1, 1], unsquashed to the bounds (see impala_tf.actions).
     normalize_actions: bool = _key(True, "environment")
     clip_actions: bool = _key(False, "environment")
+    # RLlib's `render_env` and RLlib 1.x's `record_env` (True or a directory): here they record
+    # evaluation episodes only, as GIFs in TensorBoard and, with `record_env`, in files
+    # (impala_tf.video); training env runners never render.
+    render_env: bool = _key(False, "environment")
+    record_env: bool | str = _key(False, "environment")
 
     # env_runners()
     num_env_runners: int = _key(2, "env_runners")
@@ -198,6 +203,13 @@ class AlgorithmConfig:
     evaluation_interval: int | None = _key(None, "evaluation")
     evaluation_duration: int = _key(10, "evaluation")
     evaluation_config: dict | None = _key({}, "evaluation")
+    # Not RLlib keys: the bounds of the videos `render_env` / `record_env` record
+    # (impala_tf.video): episodes per evaluation, frames per episode, frame width in pixels
+    # (None: the env's), and every how many evaluations one records.
+    video_episodes: int = _key(1, "evaluation")
+    video_max_frames: int = _key(500, "evaluation")
+    video_max_width: int | None = _key(256, "evaluation")
+    video_interval: int = _key(1, "evaluation")
 
     # checkpointing()
     keep_checkpoints_num: int | None = _key(None, "checkpointing")
@@ -222,7 +234,8 @@ class AlgorithmConfig:
         return self._apply(kwargs, group="training")
 
     def environment(self, env: Any = _UNSET, **kwargs: Any) -> AlgorithmConfig:
-        """Sets `env`, `env_config`, `clip_rewards`, `normalize_actions`, `clip_actions`."""
+        """Sets `env`, `env_config`, `clip_rewards`, `normalize_actions`, `clip_actions`,
+        `render_env`, `record_env`; returns self."""
         if env is not _UNSET:
             kwargs = {"env": env, **kwargs}
         return self._apply(kwargs, group="environment")
@@ -257,7 +270,9 @@ class AlgorithmConfig:
         return self._apply(kwargs, group="fault_tolerance")
 
     def evaluation(self, **kwargs: Any) -> AlgorithmConfig:
-        """Sets `evaluation_interval`, `evaluation_duration`, `evaluation_config`; returns self."""
+        """Sets `evaluation_interval`, `evaluation_duration`, `evaluation_config` and the video
+        bounds (`video_episodes`, `video_max_frames`, `video_max_width`, `video_interval`);
+        returns self."""
         return self._apply(kwargs, group="evaluation")
 
     def checkpointing(self, **kwargs: Any) -> AlgorithmConfig:

@@ -27,6 +27,7 @@ from impala_tf.config.keys import (
     is_int,
     is_number,
     warn,
+    warn_once,
 )
 
 __all__ = ["check_bool", "check_int", "check_number", "validate"]
@@ -48,6 +49,7 @@ def validate(config: Any, require_env: bool = False) -> None:
     _runtime(config)
     _model(config)
     _multi_device(config)
+    _video(config)
     if config.policies is not None or config.policy_mapping_fn is not None:
         from impala_tf.config.policies import validate_multi_agent
 
@@ -234,6 +236,40 @@ def _runtime(config) -> None:
     check_int(config, "evaluation_duration", minimum=1)
     check_int(config, "keep_checkpoints_num", minimum=1, optional=True)
     check_int(config, "checkpoint_freq", minimum=0)
+
+
+def _video(config) -> None:
+    """RLlib's `render_env` / `record_env` and the bounds of what they record (impala_tf.video)."""
+    check_bool(config, "render_env")
+    record = config.record_env
+    if not (isinstance(record, bool) or (isinstance(record, str) and record.strip())):
+        raise ValueError(
+            f"`record_env` must be True, False or a directory to write the videos to (relative "
+            f"to the run's logdir, or absolute), got {record!r}."
+        )
+    check_int(config, "video_episodes", minimum=1)
+    check_int(config, "video_max_frames", minimum=2)  # One frame would not move.
+    check_int(config, "video_max_width", minimum=16, optional=True)
+    check_int(config, "video_interval", minimum=1)
+    key = "render_env" if config.render_env else "record_env" if record else None
+    env_config = config.env_config if isinstance(config.env_config, Mapping) else {}
+    render_mode = env_config.get("render_mode")
+    if key and render_mode not in (None, "rgb_array"):
+        raise ValueError(
+            f"`{key}` records the env's rgb_array frames, but `env_config` sets "
+            f"render_mode={render_mode!r}: remove it or set it to 'rgb_array'."
+        )
+    overrides = config.evaluation_config if isinstance(config.evaluation_config, Mapping) else {}
+    if (key or overrides.get("render_env") or overrides.get("record_env")) and not (
+        config.evaluation_interval
+    ):
+        warn_once(
+            "render_env",
+            "`render_env` / `record_env` record evaluation episodes (impala_tf.video), but "
+            "`evaluation_interval` is not set, so training runs no evaluation to record "
+            "(`impala-evaluate --video` records after training).",
+            ConfigWarning,
+        )
 
 
 def _backend(config) -> None:

@@ -3,7 +3,7 @@
 `make_env_runner` builds the runner of a config: `EnvRunner` for a single-agent env (one policy,
 `"default_policy"`; vectorised, the fast path) or `MultiAgentEnvRunner` for a `MultiAgentEnv`
 (one policy per mapped agent). Both keep one contract (`sample`, `set_weights`, `get_state`,
-`set_state`, `reset`, `run_episodes`, `close`) and emit the one `Fragment` type
+`set_state`, `reset`, `run_episodes`, `wrap_env`, `close`) and emit the one `Fragment` type
 (`impala_tf.rollout.fragment`). `impala_tf.rollout.host` is what an actor worker hosts around a
 runner. Nothing here imports TensorFlow unless a policy needs it.
 """

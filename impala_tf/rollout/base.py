@@ -8,7 +8,7 @@ once so that the two cannot drift.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import gymnasium as gym
@@ -96,6 +96,25 @@ class RunnerBase:
             out[pid] = f.delta()
             f.reset_buffer()
         return out
+
+    def wrap_env(self, wrapper: Callable[[gym.Env], gym.Env]) -> gym.Env:
+        """Replaces this runner's first env by `wrapper(env)` and returns the wrapper.
+
+        The evaluation runner wraps its one env in an `impala_tf.video.EpisodeRecorder`. Each
+        runner keeps its gymnasium envs in the list `self.envs`.
+
+        Raises:
+          TypeError: the runner steps ale-py's native vector env (training runners only),
+            whose envs are not gymnasium envs.
+        """
+        envs = self.envs
+        if not envs:
+            raise TypeError(
+                f"{type(self).__name__} {self.worker_index} steps a native vector env, whose "
+                "envs cannot be wrapped."
+            )
+        envs[0] = wrapped = wrapper(envs[0])
+        return wrapped
 
     def run_episodes(self, num_episodes: int) -> list[Episode]:
         """Samples (each runner's `sample`) until `num_episodes` episodes have finished; returns

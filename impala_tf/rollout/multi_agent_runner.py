@@ -135,7 +135,7 @@ class MultiAgentEnvRunner(RunnerBase):
     ):
         super().__init__(config, worker_index, explore, update_filter, progress)
         self.envs: list[gym.Env] = [make_env(config, worker_index, j) for j in range(self.num_envs)]
-        # Through wrappers (e.g. impala-evaluate's frame recorder) to the multi-agent env.
+        # Through an env creator's wrappers to the multi-agent env.
         base = self.envs[0].unwrapped
         if not isinstance(base, MultiAgentEnv):
             raise ValueError(
