@@ -90,7 +90,7 @@ class AlgorithmConfig:
     builders: `ImpalaConfig().environment("CartPole-v1").training(lr=1e-3)`. Values are not
     checked until `validate()` (called by `build()`).
 
-    See SEMANTICS.md section 1 for the meaning of each IMPALA key; the fields below are grouped
+    Every key, its default and its RLlib name: `docs/configs.md`. The fields below are grouped
     by the builder method that sets them.
     """
 
@@ -116,9 +116,9 @@ class AlgorithmConfig:
     drop_nonfinite_episodes: bool = _key(False, "env_runners")
     # Where the acting policy runs (impala_tf.inference): in each actor, or in the driver for all
     # ("central", SEED RL style); "auto" keeps it in the actors unless TensorFlow actors would
-    # not fit in memory (impala_tf.actors.local.central_inference).
+    # not fit in memory (impala_tf.driver.plan).
     inference: str = _key("auto", "env_runners")
-    # Ray resources of each actor (`actor_backend="ray"` only; see impala_tf.actors.ray_pool).
+    # Ray resources of each actor (`actor_backend="ray"` only; see impala_tf.workers.ray_backend).
     num_cpus_per_env_runner: float = _key(1, "env_runners")
     custom_resources_per_env_runner: dict = _key({}, "env_runners")
 
