@@ -41,6 +41,15 @@ setup(
         "video": ["gymnasium[classic-control]", "imageio[ffmpeg]"],
         # PettingZoo parallel envs through impala_tf.multi_agent.env.PettingZooParallelEnv.
         "pettingzoo": ["pettingzoo>=1.24"],
+        # The documentation site: `mkdocs build --strict` (mkdocs.yml; API pages from docstrings).
+        "docs": [
+            "mkdocs>=1.6,<2",
+            "mkdocs-material>=9.5,<10",
+            "mkdocstrings[python]>=1.0,<2",
+            "mkdocstrings-python>=2.0,<3",
+            # mkdocstrings formats the signatures with it.
+            "ruff",
+        ],
     },
     entry_points={
         "console_scripts": [

@@ -41,8 +41,8 @@ class ImpalaConfig(AlgorithmConfig):
     Construct with defaults (`ImpalaConfig()`), or with settings
     (`ImpalaConfig(env="CartPole-v1", lr=1e-3)`, the same as `update_from_dict`), then chain
     builders: `ImpalaConfig().environment("CartPole-v1").training(lr=1e-3)`. Values are not
-    checked until `validate()` (called by `build()`). See SEMANTICS.md section 1 for the meaning
-    of each IMPALA key.
+    checked until `validate()` (called by `build()`). Every key, its default and its RLlib name:
+    `docs/configs.md`.
     """
 
     def build(

@@ -90,7 +90,7 @@ class AlgorithmConfig:
     builders: `ImpalaConfig().environment("CartPole-v1").training(lr=1e-3)`. Values are not
     checked until `validate()` (called by `build()`).
 
-    See SEMANTICS.md section 1 for the meaning of each IMPALA key; the fields below are grouped
+    Every key, its default and its RLlib name: `docs/configs.md`. The fields below are grouped
     by the builder method that sets them.
     """
 

@@ -8,7 +8,7 @@ spaces (probed once, `impala_tf.envs.spaces`), the trained policies, where the a
 none of them looks at those keys again.
 
 `inference: "auto"` keeps acting in each actor: MLPs act in numpy there, and on an idle 2-core
-machine per-actor CNN inference trained 1.7x the env steps/s of central inference, since the
+machine per-actor CNN inference trained 1.6x the env steps/s of central inference, since the
 driver also runs the learner (`tools/bench_atari.py --compare_inference`, BENCHMARKS.md). Only
 when TensorFlow actors would not fit in this machine's memory (`impala_tf.workers.memory`:
 RLlib's 128-worker Pong on a 24 GB machine) does "auto" pick central inference, whose actors

@@ -1,0 +1,87 @@
+"""The README and the docs site agree with the code: commands, config keys, defaults, links."""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import pathlib
+import re
+
+import pytest
+
+from impala_tf.config.base import AlgorithmConfig
+from impala_tf.config.keys import ALIASES, IGNORED, IGNORED_MODEL, MODEL_DEFAULTS, UNSUPPORTED
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+README = (ROOT / "README.md").read_text(encoding="utf-8")
+CONFIGS_PAGE = (ROOT / "docs" / "configs.md").read_text(encoding="utf-8")
+FIELDS = {f.name for f in dataclasses.fields(AlgorithmConfig)}
+
+
+def _quick_start_commands(markdown: str) -> list[str]:
+    section = markdown.split("## Quick start", 1)[1].split("\n## ", 1)[0]
+    return re.findall(r"```bash\n(.*?)\n```", section, flags=re.S)
+
+
+def test_the_readme_quick_start_is_two_commands_the_docs_repeat():
+    commands = _quick_start_commands(README)
+    assert len(commands) == 2 and all("\n" not in c for c in commands), commands
+    train, tests = commands
+    assert "impala-train --config=configs/cartpole-impala.yaml" in train
+    assert "pytest" in tests
+    quickstart = (ROOT / "docs" / "quickstart.md").read_text(encoding="utf-8")
+    assert all(c in quickstart for c in commands)
+
+
+def test_ci_runs_the_readme_test_command_then_builds_the_docs_strictly():
+    ci = (ROOT / ".ci" / "run").read_text(encoding="utf-8")
+    test_command = _quick_start_commands(README)[1]
+    assert test_command in ci
+    docs_build = ci.index("mkdocs build --strict")
+    assert ci.index(test_command) < docs_build
+
+
+def test_the_readme_fits_two_screens_and_its_links_resolve():
+    assert len(README.splitlines()) < 200
+    for target in re.findall(r"\]\(([^)#]+)\)", README):
+        if not target.startswith("http"):
+            assert (ROOT / target).exists(), target
+
+
+def _cells(line: str) -> list[str]:
+    return [cell.strip() for cell in line.strip().strip("|").split("|")]
+
+
+def _key_defaults(markdown: str) -> dict[str, str]:
+    """{key: its cell in the "default" column} of every table with one."""
+    defaults, column = {}, None
+    for line in markdown.splitlines():
+        if line.startswith("| key |"):
+            header = _cells(line)
+            column = header.index("default") if "default" in header else None
+        elif line.startswith("| `") and column is not None:
+            row = _cells(line)
+            defaults[row[0].strip("`")] = row[column]
+    return defaults
+
+
+def test_the_configs_page_lists_every_key_with_its_default():
+    keys_part, rest = CONFIGS_PAGE.split("## Model keys", 1)
+    keys, model = _key_defaults(keys_part), _key_defaults(rest.split("\n## ", 1)[0])
+    assert set(keys) == FIELDS
+    assert set(model) == set(MODEL_DEFAULTS)
+    config = AlgorithmConfig()
+    for key, cell in keys.items():
+        if key == "model":
+            continue
+        assert ast.literal_eval(cell.strip("`")) == getattr(config, key), key
+    for key, cell in model.items():
+        assert ast.literal_eval(cell.strip("`")) == MODEL_DEFAULTS[key], key
+
+
+@pytest.mark.parametrize(
+    "key",
+    [*ALIASES, *IGNORED, *UNSUPPORTED, *(f"model.{k}" for k in IGNORED_MODEL)],
+)
+def test_the_configs_page_names_rllibs_other_keys(key):
+    assert f"| `{key}` |" in CONFIGS_PAGE
