@@ -189,7 +189,12 @@ class Impala:
             self.stop()
             raise
         self.broadcaster = Broadcaster(
-            self.learners, self.actors, config.broadcast_interval, counters, wait=self.deterministic
+            self.learners,
+            self.actors,
+            config.broadcast_interval,
+            counters,
+            wait=self.deterministic,
+            min_time_s=0.0 if self.deterministic else config.min_time_s_per_broadcast,
         )
         self.schedule = make_schedule(
             config, plan, self.actors, self.aggregation, self.learners, self.broadcaster,

@@ -237,7 +237,9 @@ def test_runner_reports_whole_games_with_clipped_training_rewards(worker_index):
     while len(returns) < 2:
         fragment = runner.sample()
         batch = fragment.batches["default_policy"]
-        assert batch["obs"].dtype == np.uint8 and batch["obs"].shape[2:] == (42, 42, 4)
+        # Frames sent once (impala_tf.frames): the stacks' newest frames, 42x42 gray.
+        frames = batch["obs_frames"]
+        assert frames.dtype == np.uint8 and frames.shape[1:] == (100 + 3, 42, 42, 1)
         terminations += int(batch["terminateds"].sum())
         rewards.append(batch["rewards"])
         returns += [e.ret for e in fragment.episodes]

@@ -23,26 +23,28 @@ def _actor(**overrides) -> dict:
         "env_steps_per_fragment": 800,
         "steps_per_cpu_s": 2000.0,
         "pickled_bytes": 1_600_000.0,
-        "decode_s": 0.01,
     }
     actor.update(overrides)
     return actor
 
 
 def test_estimate_arithmetic():
-    est = bench_scaling.estimate(_actor(), learner_per_s=10_000.0, counts=(1, 10))
-    assert est["actors_at_learner_limit"] == pytest.approx(5.0)
+    intake = {"local": 200_000.0, "ray": 100_000.0}
+    est = bench_scaling.estimate(_actor(), learner_per_s=10_000.0, intake=intake)
+    assert est["actors_at_cpu_learner_limit"] == pytest.approx(5.0)
     assert est["bytes_per_env_step"] == pytest.approx(2000.0)
-    assert est["fragments_per_s_per_actor"] == pytest.approx(2.5)
-    assert est["traffic"][1] == pytest.approx(4e6)  # 2,000 steps/s x 2,000 bytes.
-    assert est["traffic"][10] == pytest.approx(4e7)
-    assert est["traffic_at_limit"] == pytest.approx(2e7)
-    assert est["driver_decode_fragments_per_s"] == pytest.approx(100.0)
+    assert est["actors_per_driver_core"] == {"local": 100.0, "ray": 50.0}
+    # 15 cores shared so that c actors' fragments take c * 2,000 / 200,000 driver cores.
+    assert est["machine_actors"] == pytest.approx(15 / 1.01)
+    assert est["machine_driver_cores"] == pytest.approx(15 / 1.01 * 0.01)
+    assert est["link_steps_per_s"] == pytest.approx(1.25e9 / 2000.0)
 
 
 def test_estimate_follows_the_actor_rate():
-    slow = bench_scaling.estimate(_actor(steps_per_cpu_s=1000.0), learner_per_s=10_000.0)
-    assert slow["actors_at_learner_limit"] == pytest.approx(10.0)
+    intake = {"local": 200_000.0, "ray": 100_000.0}
+    slow = bench_scaling.estimate(_actor(steps_per_cpu_s=1000.0), 10_000.0, intake)
+    assert slow["actors_at_cpu_learner_limit"] == pytest.approx(10.0)
+    assert slow["actors_per_driver_core"]["ray"] == pytest.approx(100.0)
 
 
 def test_cartpole_steady_rate_excludes_the_first_iteration():

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import collections
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -152,6 +153,70 @@ def test_actors_take_their_cpus_and_custom_resources_hide_gpus_and_stop_leaves_n
     assert wait_until(lambda: _objects_in_store() == 0, 30), _objects_in_store()
     assert wait_until(lambda: _free(ray_local, "CPU", CPUS) and _free(ray_local, "accel", ACCEL))
     assert ray_local.is_initialized()
+
+
+def test_a_restarting_actor_does_not_stall_the_others(ray_local):
+    """Ray restarts a killed actor while the driver goes on: `restart` returns at once, the
+    other actor's fragments keep training, and the calls held for the restarting actor go out
+    once Ray's restart answers (no driver wait, which was up to 60 s)."""
+    algo = small_config(backend="ray", num_cpus_per_env_runner=0.5).build()
+    seen: list[int] = []
+    fetch = algo.actors.fetch
+
+    def recording_fetch(timeout_s):
+        fragments, failures = fetch(timeout_s)
+        seen.extend(f.actor_id for f in fragments)
+        return fragments, failures
+
+    algo.actors.fetch = recording_fetch
+    try:
+        algo.train()
+        impl = algo.actors.workers._impl
+        old_pid = algo.actors.pids()[0]
+        os.kill(old_pid, signal.SIGKILL)
+        while impl._actors[0].restarting is None:  # Until the driver noticed and restarted it.
+            algo.training_step()
+            assert algo.metrics.counters["num_env_runner_restarts"] <= 1
+        # Restarting: the driver's steps go on and actor 1's fragments arrive meanwhile.
+        trained = algo.metrics.counters["num_env_steps_trained"]
+        del seen[:]
+        while impl._actors[0].restarting is not None:
+            algo.training_step()
+        assert 1 in seen, "no fragment from the other actor while actor 0 restarted"
+        assert algo.metrics.counters["num_env_steps_trained"] >= trained
+        del seen[:]
+        assert wait_until(lambda: algo.training_step() or 0 in seen, 60)
+        assert algo.actors.pids()[0] != old_pid
+        assert algo.metrics.counters["num_env_runner_restarts"] == 1
+    finally:
+        algo.stop()
+
+
+def test_aggregation_workers_read_fragments_from_the_object_store(ray_local, monkeypatch):
+    """On Ray the batches of a fragment go to an aggregation worker as an object reference:
+    the driver fetches only the fragment's counts and episodes, never its batches."""
+    from impala_tf.workers.ray_backend import RayStoredValue
+
+    fetched = []
+    get = RayStoredValue.get
+    monkeypatch.setattr(RayStoredValue, "get", lambda self: fetched.append(1) or get(self))
+    handed = []
+    algo = small_config(backend="ray", num_aggregation_workers=1).build()
+    process = algo.aggregation.workers.call
+
+    def recording_call(worker, method, *args, **kwargs):
+        handed.append(type(args[0]) if method == "process" else None)
+        return process(worker, method, *args, **kwargs)
+
+    algo.aggregation.workers.call = recording_call
+    try:
+        results = [algo.train() for _ in range(2)]
+    finally:
+        algo.stop()
+    assert results[-1]["num_env_steps_trained"] > 0
+    assert handed and set(handed) - {None} == {RayStoredValue}
+    assert not fetched
+    assert results[-1]["num_times_no_aggregation_worker_available"] == 0
 
 
 def test_a_broadcast_puts_the_weights_into_the_object_store_once(ray_local, monkeypatch):

@@ -48,8 +48,8 @@ def _algo_config(**overrides) -> ImpalaConfig:
 
 class _TearingWriter(threading.Thread):
     """Writes update k into every model variable, one at a time with a pause, under the lock
-    (as the learner thread's update holds it) and counts it in `num_grad_updates`: a read
-    without the lock sees two updates."""
+    (as the learner thread's update holds it) and counts it in `num_grad_updates` and the
+    thread's host-side `version`: a read without the lock sees two updates."""
 
     def __init__(self, thread: LearnerThread):
         super().__init__(daemon=True)
@@ -68,6 +68,7 @@ class _TearingWriter(threading.Thread):
                     variable.assign(tf.fill(variable.shape, float(self.rounds)))
                     time.sleep(0.001)
                 learner.num_grad_updates.assign_add(1)
+                self.thread._set_version(self.thread.version + 1)  # As an update publishes it.
             time.sleep(0.005)
 
 

@@ -257,7 +257,13 @@ def case_intake(
         rows = {p: rows_per_batch(policy_config(config, p), 1) for p in plan.trained}
         agg_backend = make_backend(config, plan) if aggregation_workers else None
         aggregation = AggregationStage(config, rows, counters, agg_backend)
-        broadcaster = Broadcaster(learners, group, config.broadcast_interval, counters)
+        broadcaster = Broadcaster(
+            learners,
+            group,
+            config.broadcast_interval,
+            counters,
+            min_time_s=config.min_time_s_per_broadcast,
+        )
         schedule = AsyncSchedule(group, aggregation, learners, broadcaster, metrics)
         timer = _StageTimer()
         for obj, method, stage in (

@@ -154,6 +154,11 @@ class AlgorithmConfig:
     timeout_s_aggregator_manager: float = _key(0.0, "training")
     max_requests_in_flight_per_aggregator_worker: int = _key(2, "training")
     broadcast_interval: int = _key(1, "training")
+    # Not an RLlib key: the least seconds between two weight broadcasts, so that weight puts per
+    # second stay bounded however fast the learner updates (`impala_tf.driver.broadcast`: an
+    # actor uses at most one weight set per fragment). 0 sends after every training step with
+    # a new update, as RLlib does. Ignored in deterministic (lockstep) runs.
+    min_time_s_per_broadcast: float = _key(0.1, "training")
     num_aggregation_workers: int = _key(0, "training")
     # training(): replay
     replay_proportion: float = _key(0.0, "training")

@@ -10,7 +10,10 @@ dropped here.
 
 `AggregationStage` runs it in the driver, or, with `num_aggregation_workers` > 0 (RLlib's tree
 aggregation), in aggregation workers on the actors' backend (local processes or Ray actors; the
-same `impala_tf.workers` mechanism): each fragment goes to a random healthy worker
+same `impala_tf.workers` mechanism): each fragment goes to a random healthy worker (on Ray as
+an object reference: the batches go from the actor's object store to the aggregation worker
+without passing through the driver, which then sees only train batches; a fragment whose
+batches were lost with their actor costs that aggregation worker a restart, counted)
 (`num_times_no_aggregation_worker_available` when none is healthy: the driver aggregates it
 itself) and the train batches come back. A worker that dies is restarted
 (`num_aggregation_worker_restarts`); the env steps it held are lost
@@ -35,7 +38,7 @@ from impala_tf.config.policies import policy_config
 from impala_tf.replay import MixInReplayBuffer, replay_ratio_from_proportion
 from impala_tf.rollout.fragment import Fragment
 from impala_tf.sample_batch import SampleBatch, decompress
-from impala_tf.workers import RestartPolicy, WorkerGroup, WorkerSpec
+from impala_tf.workers import RestartPolicy, WorkerGroup, WorkerSpec, resolve
 
 __all__ = ["AggregationStage", "Aggregator", "AggregatorHost", "make_aggregator_host"]
 
@@ -203,7 +206,7 @@ class AggregationStage:
                     self._last_call = max(self._last_call, call_id)
                     return []
             self.counters["num_times_no_aggregation_worker_available"] += 1
-        return self.local.process(fragment.batches, versions)
+        return self.local.process(resolve(fragment.batches), versions)
 
     def fetch(self, timeout_s: float = 0.0) -> list[Output]:
         """The train batches the workers finished; restarts the workers that died."""

@@ -10,6 +10,22 @@ running update ends, for the next training step's try. A policy's weights are ne
 the last ones sent: a snapshot older than that is replaced by what was sent (so is one of a
 policy with no new update). Lockstep runs read with `wait=True` (no update runs between steps).
 
+Bounded broadcasts (a departure from RLlib, `min_time_s_per_broadcast`, default 0.1 s): besides
+`broadcast_interval` (RLlib's meaning kept: the least training steps, with a new update, between
+broadcasts), a broadcast also waits until `min_time_s_per_broadcast` seconds have passed since
+the last one. The reasoning: an actor applies at most one weight set per fragment (the worker
+host coalesces what arrived meanwhile, `impala_tf.workers.host`), so weights sent more often than
+the actors finish fragments are never used, yet each broadcast costs the driver one `ray.put`
+of the whole model (4 MB for the Pong CNN) and a copy to every node, or on local processes a
+pickle per actor. RLlib broadcasts after every training step with a new update, which on a fast
+learner (a GPU doing hundreds of updates per second) makes weight traffic grow with the
+learner's speed; with the floor, broadcasts are at most 1 / `min_time_s_per_broadcast` per
+second whatever the learner does (`tools.bench_driver`: 128 actors, a stub learner at 1,000
+updates/s). The cost is at most that many seconds of extra policy lag, which V-trace corrects
+(and `diff_num_grad_updates_vs_sampler_policy` reports). 0 restores RLlib's behaviour.
+Deterministic (lockstep) runs ignore the floor: a clock must not decide what a seeded run
+trains on.
+
 Departure from RLlib: RLlib sends to the actors that sampled in this step; an actor that sampled
 while no newer weights could be read waits here for the next step's try instead of being
 skipped until it samples again.
@@ -18,7 +34,8 @@ skipped until it samples again.
 from __future__ import annotations
 
 import collections
-from collections.abc import Iterable
+import time
+from collections.abc import Callable, Iterable
 
 import numpy as np
 
@@ -39,6 +56,8 @@ class Broadcaster:
       interval: `broadcast_interval`, the least training steps between broadcasts.
       counters: The driver's counters (`num_weight_broadcasts`).
       wait: Read weights waiting for a running update (lockstep runs).
+      min_time_s: `min_time_s_per_broadcast`, the least seconds between broadcasts (0: none).
+      clock: Seconds, monotonic (tests pass their own).
     """
 
     def __init__(
@@ -48,12 +67,17 @@ class Broadcaster:
         interval: int,
         counters: collections.Counter,
         wait: bool = False,
+        min_time_s: float = 0.0,
+        clock: Callable[[], float] = time.monotonic,
     ):
         self.learners = learners
         self.actors = actors
         self.interval = int(interval)
         self.counters = counters
         self.wait = wait
+        self.min_time_s = float(min_time_s)
+        self._clock = clock
+        self._last_time = -float("inf")
         self.steps_since_broadcast = 0
         self._awaiting: set[int] = set()  # Sampled since their last weights.
         self.sent: Weights = {}
@@ -76,6 +100,8 @@ class Broadcaster:
         self._awaiting.update(sampled)
         if not self._awaiting or self.steps_since_broadcast < self.interval:
             return False
+        if self.min_time_s > 0 and self._clock() - self._last_time < self.min_time_s:
+            return False
         versions = self.learners.versions()
         changed = [p for p in self.learners.trained if versions[p] != self.sent[p][1]]
         if not changed:
@@ -94,5 +120,6 @@ class Broadcaster:
         self.sent = weights
         self._awaiting.clear()
         self.steps_since_broadcast = 0
+        self._last_time = self._clock()
         self.counters["num_weight_broadcasts"] += 1
         return True

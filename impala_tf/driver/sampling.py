@@ -15,7 +15,10 @@ RLlib's env-runner group seen from the driver:
   changes and go to the actors with the weights;
 * with central inference the driver's `InferenceServer` acts for every actor: broadcasts load
   the server once and the actors get the versions only;
-* after a restore, fragments requested before it are dropped (`drop_in_flight`).
+* after a restore, fragments requested before it are dropped (`drop_in_flight`);
+* on Ray with aggregation workers a fragment's batches stay in the object store
+  (`sample_parts`): the driver reads the counts, episodes and filter changes, and the batches
+  go to an aggregation worker as an object reference (`impala_tf.driver.aggregation`).
 
 Before any local actor starts, `impala_tf.workers.memory.check_actor_memory` refuses a pool that
 would not fit in this machine's memory (`ActorMemoryError`, naming `num_env_runners`).
@@ -24,6 +27,7 @@ would not fit in this machine's memory (`ActorMemoryError`, naming `num_env_runn
 from __future__ import annotations
 
 import collections
+import dataclasses
 import functools
 import logging
 import os
@@ -132,6 +136,10 @@ class EnvRunnerGroup:
         self.restarts = RestartPolicy(
             "actor", enabled=enabled, max_restarts=int(config.max_num_env_runner_restarts)
         )
+        # On Ray with aggregation workers, fragments' batches stay in the object store and go
+        # to an aggregation worker from there (`impala_tf.driver.aggregation`): the driver
+        # fetches only the rest (counts, episodes, filter changes).
+        self._parts = plan.backend == "ray" and int(config.num_aggregation_workers) > 0
         self.in_flight = {i: 0 for i in range(self.num_actors)}
         self._barrier = 0  # Sample calls with smaller ids predate a restore: dropped.
         self._last_call = -1
@@ -158,6 +166,11 @@ class EnvRunnerGroup:
 
     # Sampling -----------------------------------------------------------------------------------
 
+    def _sample(self, actor_id: int) -> int | None:
+        if self._parts:
+            return self._call(actor_id, "sample_parts", parts=True)
+        return self._call(actor_id, "sample")
+
     def _call(self, actor_id: int, method: str, *args, **kwargs) -> int | None:
         call_id = self.workers.call(actor_id, method, *args, **kwargs)
         if call_id is not None:
@@ -169,14 +182,14 @@ class EnvRunnerGroup:
         limit = int(self.config.max_requests_in_flight_per_env_runner)
         for actor_id in self.workers.healthy_ids():
             for _ in range(limit - self.in_flight[actor_id]):
-                if self._call(actor_id, "sample") is None:
+                if self._sample(actor_id) is None:
                     break
                 self.in_flight[actor_id] += 1
 
     def request_idle(self) -> None:
         """One sample request to each healthy actor with none outstanding (lockstep)."""
         for actor_id in self.workers.healthy_ids():
-            if self.in_flight[actor_id] == 0 and self._call(actor_id, "sample") is not None:
+            if self.in_flight[actor_id] == 0 and self._sample(actor_id) is not None:
                 self.in_flight[actor_id] = 1
 
     def fetch(self, timeout_s: float) -> tuple[list[Fragment], list[WorkerFailure]]:
@@ -187,13 +200,16 @@ class EnvRunnerGroup:
         replies, failures = self.workers.poll(timeout_s)
         fragments = []
         for reply in replies:
-            if reply.method != "sample":
+            if reply.method not in ("sample", "sample_parts"):
                 continue
             self.in_flight[reply.worker_id] = max(0, self.in_flight[reply.worker_id] - 1)
             self.restarts.succeeded(reply.worker_id)
             if reply.call_id < self._barrier:
                 continue
             fragment = reply.value
+            if reply.method == "sample_parts":  # The batches: a `StoredValue` on Ray.
+                head, batches = fragment
+                fragment = dataclasses.replace(head, batches=batches)
             for pid, delta in (fragment.filter_deltas or {}).items():
                 if delta is not None:
                     self.filters[pid].apply_changes(delta)

@@ -11,6 +11,7 @@ reseeding). With central inference the host first connects to the driver's infer
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import os
 from collections.abc import Mapping
@@ -67,6 +68,13 @@ class RunnerHost:
         if self._compress:
             return fragment.map_batches(functools.partial(compress, columns=(OBS, OBS_FRAMES)))
         return fragment
+
+    def sample_parts(self) -> tuple[Fragment, dict]:
+        """`sample()` as (the fragment without its batches, the batches): on Ray the driver
+        keeps the second in the object store for an aggregation worker to read
+        (`impala_tf.workers.WorkerGroup.call(..., parts=True)`)."""
+        fragment = self.sample()
+        return dataclasses.replace(fragment, batches={}), fragment.batches
 
     def set_weights(self, weights: Mapping, filters: Mapping | None = None) -> None:
         self.runner.set_weights(weights, filters)

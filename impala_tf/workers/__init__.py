@@ -22,9 +22,11 @@ from __future__ import annotations
 from impala_tf.workers.group import (
     Reply,
     RestartPolicy,
+    StoredValue,
     WorkerFailure,
     WorkerGroup,
     WorkerSpec,
+    resolve,
 )
 from impala_tf.workers.host import WorkerHost
 from impala_tf.workers.process import ProcessBackend, prestart_fork_server
@@ -35,9 +37,11 @@ __all__ = [
     "RayBackend",
     "Reply",
     "RestartPolicy",
+    "StoredValue",
     "WorkerFailure",
     "WorkerGroup",
     "WorkerHost",
     "WorkerSpec",
     "prestart_fork_server",
+    "resolve",
 ]

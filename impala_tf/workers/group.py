@@ -31,9 +31,11 @@ __all__ = [
     "Death",
     "Reply",
     "RestartPolicy",
+    "StoredValue",
     "WorkerFailure",
     "WorkerGroup",
     "WorkerSpec",
+    "resolve",
 ]
 
 _START_METHODS = ("forkserver", "spawn")
@@ -95,6 +97,23 @@ class WorkerSpec:
             raise ValueError(
                 f"{self.timeout_key}={self.timeout_s!r}: must be positive (or None for no limit)"
             )
+
+
+class StoredValue:
+    """A part of a reply kept in the backend's store (`WorkerGroup.call(..., parts=True)`).
+
+    Passed as an argument of another worker's call, the backend hands it over without it passing
+    through this process (Ray resolves it from its object store); `get()` fetches a private copy
+    here.
+    """
+
+    def get(self) -> Any:
+        raise NotImplementedError
+
+
+def resolve(value: Any) -> Any:
+    """`value`, fetched here if it is a `StoredValue`."""
+    return value.get() if isinstance(value, StoredValue) else value
 
 
 @dataclasses.dataclass(frozen=True)
@@ -164,7 +183,14 @@ class BackendGroup(Protocol):
 
     def start(self, worker_id: int, args: tuple) -> None: ...
     def send(
-        self, worker_id: int, call_id: int, method: str, args: tuple, coalesce: bool, reply: bool
+        self,
+        worker_id: int,
+        call_id: int,
+        method: str,
+        args: tuple,
+        coalesce: bool,
+        reply: bool,
+        parts: bool = False,
     ) -> None: ...
     def collect(self, timeout_s: float) -> list[Answer | Death]: ...
     def kill(self, worker_id: int) -> None: ...
@@ -223,7 +249,13 @@ class WorkerGroup:
     # Calls -----------------------------------------------------------------------------------
 
     def call(
-        self, worker_id: int, method: str, *args: Any, coalesce: bool = False, reply: bool = True
+        self,
+        worker_id: int,
+        method: str,
+        *args: Any,
+        coalesce: bool = False,
+        reply: bool = True,
+        parts: bool = False,
     ) -> int | None:
         """Calls `method(*args)` on worker `worker_id`'s hosted object, without waiting.
 
@@ -235,6 +267,11 @@ class WorkerGroup:
             `WorkerHost`); such a call is never answered, so it needs `reply=False`.
           reply: The return value is wanted (a `Reply` from `poll`); counts in `outstanding`
             and in the timeout.
+          parts: The method returns (head, body): the reply's value is (head, body) with the
+            body left where the backend keeps it, a `StoredValue` on Ray (pass it to another
+            worker's call and Ray resolves it there, from the object store, without it passing
+            through this process; `.get()` it here otherwise), the body itself on local
+            processes.
 
         Returns:
           The call id (increasing across the group), or None if the worker is not healthy.
@@ -252,7 +289,7 @@ class WorkerGroup:
             if not worker.calls:
                 worker.waiting_since = time.monotonic()
             worker.calls[call_id] = method
-        self._impl.send(worker_id, call_id, method, args, coalesce, reply)
+        self._impl.send(worker_id, call_id, method, args, coalesce, reply, parts)
         return call_id
 
     def poll(self, timeout_s: float) -> tuple[list[Reply], list[WorkerFailure]]:

@@ -248,8 +248,16 @@ class _ProcessGroup:
         self._procs[worker_id] = _Process(process, recv_end, commands, progress)
 
     def send(
-        self, worker_id: int, call_id: int, method: str, args: tuple, coalesce: bool, reply: bool
+        self,
+        worker_id: int,
+        call_id: int,
+        method: str,
+        args: tuple,
+        coalesce: bool,
+        reply: bool,
+        parts: bool = False,
     ) -> None:
+        del parts  # Replies come through the pipe whole: (head, body) as the method returned it.
         proc = self._procs[worker_id]
         if proc.live:
             with contextlib.suppress(ValueError, OSError):  # Closed: its death is reported.

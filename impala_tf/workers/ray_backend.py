@@ -19,10 +19,13 @@ Every worker is the same Ray actor class, `RayWorker`, hosting its object in a
   delivered in each actor's call order;
 * a call that raised kills its actor with `no_restart=False` (Ray restarts it, within
   `WorkerSpec.max_restarts`) and is reported, fatal when the exception has a true `fatal`; a
-  dead actor (`RayActorError`) likewise. `restart` then waits until Ray's own restart answers
-  (Ray refuses calls to a restarting actor rather than queueing them), or makes a new actor
-  when Ray gave up on it or its custom resources left the cluster with their node (the new
-  actor then asks for CPUs only, and a warning says so).
+  dead actor (`RayActorError`) likewise. `restart` never blocks the driver: it returns at once,
+  the calls sent meanwhile are held, and each `collect` checks, without waiting, whether Ray's
+  own restart answers yet (Ray refuses calls to a restarting actor rather than queueing them);
+  once it does, the hosted object is built and the held calls go out in order. When Ray gave up
+  on the actor, its restart does not answer within `_RESTART_TIMEOUT_S`, or its custom
+  resources left the cluster with their node, a new actor replaces it (asking for CPUs only in
+  the last case, with a warning). The other workers sample and train meanwhile.
 
 Where Ray runs is `impala_tf.workers.ray_session`'s business: each group acquires the session
 when it opens and releases it when it stops.
@@ -39,18 +42,20 @@ from collections.abc import Mapping
 from typing import Any
 
 import impala_tf.workers.ray_session as ray_session
-from impala_tf.workers.group import Answer, Death, WorkerSpec
+from impala_tf.workers.group import Answer, Death, StoredValue, WorkerSpec
 from impala_tf.workers.host import WorkerHost
 from impala_tf.workers.process import worker_env_vars
 
-__all__ = ["RayBackend", "RayWorker", "actor_runtime_env", "copy_out"]
+__all__ = ["RayBackend", "RayStoredValue", "RayWorker", "actor_runtime_env", "copy_out"]
 
 logger = logging.getLogger(__name__)
 
 #: How long `pids`/`node_ids` wait for the actors' answers.
 _CALL_TIMEOUT_S = 120.0
-#: How long `restart` waits for Ray's own restart of an actor to answer before making a new one.
+#: How long Ray's own restart of an actor may take to answer before a new actor replaces it.
 _RESTART_TIMEOUT_S = 60.0
+#: Seconds between two checks of a restarting actor (a `pid` call each).
+_PROBE_INTERVAL_S = 0.2
 #: Call id of the `init` task that builds the hosted object (never answered).
 _INIT = -1
 
@@ -63,6 +68,18 @@ def actor_runtime_env() -> dict[str, Any]:
 def copy_out(value: Any) -> Any:
     """A deep copy of what `ray.get` returned: no array still points into the object store."""
     return copy.deepcopy(value)
+
+
+class RayStoredValue(StoredValue):
+    """The body of a `parts` reply, left in Ray's object store (`WorkerGroup.call`)."""
+
+    def __init__(self, ref: Any):
+        self.ref = ref
+
+    def get(self) -> Any:
+        import ray
+
+        return copy_out(ray.get(self.ref))
 
 
 class RayWorker:
@@ -137,6 +154,19 @@ class RayBackend:
             raise
 
 
+class _Restart:
+    """Ray's own restart of an actor, waited for without blocking (see `_RayGroup.restart`)."""
+
+    def __init__(self, args: tuple, old_pid: int | None):
+        self.args = args  # The factory arguments of the restart.
+        self.old_pid = old_pid  # An answer from this pid is the old process, not yet gone.
+        self.deadline = time.monotonic() + _RESTART_TIMEOUT_S
+        self.probe: Any = None  # The ref of the `pid` call in flight.
+        self.next_probe = 0.0
+        # Calls sent while it restarts: (call_id, method, args, coalesce, reply), in order.
+        self.held: list[tuple[int, str, tuple, bool, bool, bool]] = []
+
+
 class _Actor:
     """The driver's handle on one Ray worker."""
 
@@ -144,8 +174,10 @@ class _Actor:
         self.handle = handle
         self.resources = resources  # The custom resources it was made with.
         self.live = True
-        self.pending: collections.deque[tuple[int, Any, bool]] = collections.deque()
+        # (call id, ref of the reply or its head, reply wanted, ref of the body or None).
+        self.pending: collections.deque[tuple[int, Any, bool, Any]] = collections.deque()
         self.pid: int | None = None  # Of the process that built the hosted object.
+        self.restarting: _Restart | None = None
 
 
 class _RayGroup:
@@ -189,23 +221,26 @@ class _RayGroup:
     def _init(self, worker_id: int, actor: _Actor, args: tuple) -> None:
         kwargs = {"progress": None} if self.spec.shared_progress else {}
         ref = actor.handle.init.remote(self.spec.factory, worker_id, kwargs, *args)
-        actor.pending.append((_INIT, ref, False))
+        actor.pending.append((_INIT, ref, False, None))
         actor.live = True
 
     def restart(self, worker_id: int, args: tuple) -> None:
-        ray = self._ray
+        """Restarts worker `worker_id` without waiting (see the module docstring)."""
         old = self._actors[worker_id]
         old.pending.clear()
-        feasible = not any(ray.cluster_resources().get(k, 0) <= 0 for k in old.resources)
-        if (
-            feasible
-            and _actor_state(old.handle) not in ("DEAD", None)
-            and self._wait_until_up(old.handle, old.pid)
-        ):
-            self._init(worker_id, old, args)  # Ray has restarted the actor (`max_restarts`).
+        feasible = not any(self._ray.cluster_resources().get(k, 0) <= 0 for k in old.resources)
+        if feasible and _actor_state(old.handle) not in ("DEAD", None):
+            # Ray restarts it (`max_restarts`): held calls go out once it answers.
+            old.live = True
+            old.restarting = _Restart(args, old.pid)
             return
+        self._replace(worker_id, args, feasible, held=[])
+
+    def _replace(self, worker_id: int, args: tuple, feasible: bool, held: list) -> None:
+        """A new actor for `worker_id` (Ray gave up on the old one); `held` calls go to it."""
+        old = self._actors[worker_id]
         try:
-            ray.kill(old.handle, no_restart=True)
+            self._ray.kill(old.handle, no_restart=True)
         except Exception as e:  # noqa: BLE001 - gone already: a new actor replaces it.
             logger.debug("ray.kill failed: %s", e)
         resources = old.resources
@@ -219,43 +254,73 @@ class _RayGroup:
                 old.resources,
             )
             resources = {}
-        self.start(worker_id, args, resources)
+        self.start(worker_id, args, resources)  # Ray queues calls until the actor is created.
+        for call in held:
+            self.send(worker_id, *call)
 
-    def _wait_until_up(self, handle: Any, old_pid: int | None) -> bool:
-        """Waits until Ray's restart of `handle` answers a call; False if it died or never did.
+    def _check_restarts(self) -> None:
+        """Advances every restarting actor by at most one non-blocking look (module docstring).
 
-        An answer from `old_pid` is the process being killed, not yet gone: it does not count.
-
-        With `max_task_retries=0` Ray refuses a call made while the actor restarts
-        (`ActorUnavailableError`) instead of queueing it, so the new hosted object can only be
-        built once the new process answers. This blocks the driver for as long as the restart
-        takes (a process start and imports: seconds), at most `_RESTART_TIMEOUT_S`.
+        An answer from a pid other than the old one means Ray's restart is up: the hosted
+        object is built and the held calls are sent. No answer yet (`ActorUnavailableError`, or
+        the old process still answering): look again later. Dead for good, or no answer within
+        `_RESTART_TIMEOUT_S`: a new actor replaces it.
         """
         ray = self._ray
-        deadline = time.monotonic() + _RESTART_TIMEOUT_S
-        while True:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                return False
-            try:
-                if ray.get(handle.pid.remote(), timeout=left) != old_pid:
-                    return True
-                time.sleep(0.2)
-            except ray.exceptions.ActorUnavailableError:
-                time.sleep(0.2)
-            except ray.exceptions.RayError:  # Dead for good, or no answer in time.
-                return False
+        now = time.monotonic()
+        for worker_id, actor in list(self._actors.items()):
+            restart = actor.restarting
+            if restart is None or not actor.live:
+                continue
+            if restart.probe is not None and ray.wait([restart.probe], timeout=0)[0]:
+                probe, restart.probe = restart.probe, None
+                try:
+                    pid = ray.get(probe)
+                except ray.exceptions.ActorUnavailableError:
+                    pid = restart.old_pid  # Still restarting.
+                except ray.exceptions.RayError:  # Dead for good.
+                    actor.restarting = None
+                    self._replace(worker_id, restart.args, True, restart.held)
+                    continue
+                if pid != restart.old_pid:
+                    actor.restarting = None
+                    self._init(worker_id, actor, restart.args)
+                    for call in restart.held:
+                        self.send(worker_id, *call)
+                    continue
+                restart.next_probe = now + _PROBE_INTERVAL_S
+            if now > restart.deadline:
+                actor.restarting = None
+                self._replace(worker_id, restart.args, True, restart.held)
+            elif restart.probe is None and now >= restart.next_probe:
+                restart.probe = actor.handle.pid.remote()
 
     # Calls -----------------------------------------------------------------------------------
 
     def send(
-        self, worker_id: int, call_id: int, method: str, args: tuple, coalesce: bool, reply: bool
+        self,
+        worker_id: int,
+        call_id: int,
+        method: str,
+        args: tuple,
+        coalesce: bool,
+        reply: bool,
+        parts: bool = False,
     ) -> None:
         actor = self._actors[worker_id]
-        if actor.live:
+        if actor.live and actor.restarting is not None:
+            actor.restarting.held.append((call_id, method, args, coalesce, reply, parts))
+        elif actor.live:
             # Arguments go top-level, where Ray resolves object refs.
-            ref = actor.handle.call.remote(call_id, method, coalesce, reply, *self._shared(args))
-            actor.pending.append((call_id, ref, reply))
+            shared = self._shared(args)
+            if parts:  # (head, body): the body stays in the object store (`RayStoredValue`).
+                head, body = actor.handle.call.options(num_returns=2).remote(
+                    call_id, method, coalesce, reply, *shared
+                )
+                actor.pending.append((call_id, head, reply, body))
+            else:
+                ref = actor.handle.call.remote(call_id, method, coalesce, reply, *shared)
+                actor.pending.append((call_id, ref, reply, None))
 
     def _shared(self, args: tuple) -> tuple:
         """`args`, each object sent again since the last `collect` passed as one shared ref.
@@ -267,6 +332,9 @@ class _RayGroup:
         """
         shared = []
         for arg in args:
+            if isinstance(arg, RayStoredValue):  # Resolved by Ray in the worker it goes to.
+                shared.append(arg.ref)
+                continue
             if arg is None or isinstance(arg, (bool, int, float, str, self._ray.ObjectRef)):
                 shared.append(arg)
                 continue
@@ -284,7 +352,8 @@ class _RayGroup:
     def collect(self, timeout_s: float) -> list[Answer | Death]:
         ray = self._ray
         self._recent.clear()
-        refs = [ref for a in self._actors.values() if a.live for _, ref, _ in a.pending]
+        self._check_restarts()
+        refs = [p[1] for a in self._actors.values() if a.live for p in a.pending]
         if not refs:
             if timeout_s > 0:
                 time.sleep(timeout_s)
@@ -296,9 +365,11 @@ class _RayGroup:
         for worker_id, actor in self._actors.items():
             # In call order: a later call's result waits for the earlier ones'.
             while actor.live and actor.pending and actor.pending[0][1] in ready:
-                call_id, ref, reply = actor.pending.popleft()
+                call_id, ref, reply, body = actor.pending.popleft()
                 try:
                     value = copy_out(ray.get(ref))
+                    if body is not None:
+                        value = (value, RayStoredValue(body))
                 except ray.exceptions.RayError as e:
                     if not isinstance(e, ray.exceptions.RayActorError):
                         # It raised but lives, its state unknown: Ray restarts it fresh.
@@ -324,6 +395,7 @@ class _RayGroup:
     def _forget(actor: _Actor) -> None:
         actor.live = False
         actor.pending.clear()  # Their answers, if any come, are from the dead actor.
+        actor.restarting = None
 
     # Introspection ---------------------------------------------------------------------------
 
@@ -331,15 +403,23 @@ class _RayGroup:
         del worker_id
         return None
 
+    def _up(self, worker_ids: list[int]) -> list[int]:
+        """Those of `worker_ids` not restarting (a restarting actor refuses calls)."""
+        return [i for i in worker_ids if self._actors[i].restarting is None]
+
     def pids(self, worker_ids: list[int]) -> dict[int, int]:
-        handles = [self._actors[i].handle for i in worker_ids]
+        """Worker id -> OS pid (workers still restarting are left out)."""
+        ids = self._up(worker_ids)
+        handles = [self._actors[i].handle for i in ids]
         found = self._ray.get([h.pid.remote() for h in handles], timeout=_CALL_TIMEOUT_S)
-        return dict(zip(worker_ids, found))
+        return dict(zip(ids, found))
 
     def node_ids(self, worker_ids: list[int]) -> dict[int, str]:
-        handles = [self._actors[i].handle for i in worker_ids]
+        """Worker id -> Ray node id (workers still restarting are left out)."""
+        ids = self._up(worker_ids)
+        handles = [self._actors[i].handle for i in ids]
         found = self._ray.get([h.node_id.remote() for h in handles], timeout=_CALL_TIMEOUT_S)
-        return dict(zip(worker_ids, found))
+        return dict(zip(ids, found))
 
     def actor_ids_in_ray(self) -> list[str]:
         """Ray's ids (hex) of every actor this group made and still holds."""

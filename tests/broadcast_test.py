@@ -1,0 +1,90 @@
+"""Tests for impala_tf.driver.broadcast: broadcast_interval and the time floor bound it."""
+
+from __future__ import annotations
+
+import collections
+
+import pytest
+
+from impala_tf.config import ImpalaConfig
+from impala_tf.driver.broadcast import Broadcaster
+
+
+class Clock:
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class Learners:
+    """A learner at `rate` updates per second of `clock` (never waits, never dies)."""
+
+    trained = ["default_policy"]
+
+    def __init__(self, clock: Clock, rate: float):
+        self.clock, self.rate = clock, rate
+
+    def versions(self) -> dict[str, int]:
+        return {"default_policy": int(self.clock() * self.rate)}
+
+    def snapshot(self, pid: str, wait: bool = True):
+        return ["w"], self.versions()[pid]
+
+    def weights(self):
+        return {p: self.snapshot(p) for p in self.trained}
+
+
+class Actors:
+    def __init__(self, n: int):
+        self.n = n
+        self.sends: list[tuple[int, list[int]]] = []
+
+    def healthy_ids(self) -> list[int]:
+        return list(range(self.n))
+
+    def broadcast(self, weights, actor_ids) -> None:
+        self.sends.append((weights["default_policy"][1], list(actor_ids)))
+
+
+def run(min_time_s: float, interval: int = 1, seconds: float = 10.0, step_s: float = 0.001):
+    """A driver loop of `step_s` steps for `seconds`, 128 actors each finishing a fragment every
+    50 steps, a learner at 1,000 updates/s; returns (broadcasts, actors' sends)."""
+    clock = Clock()
+    actors = Actors(128)
+    counters = collections.Counter()
+    broadcaster = Broadcaster(
+        Learners(clock, 1000.0), actors, interval, counters, min_time_s=min_time_s, clock=clock
+    )
+    broadcaster.send(actors.healthy_ids())
+    for step in range(int(seconds / step_s)):
+        clock.now = step * step_s
+        broadcaster.step([a for a in range(128) if (step + a) % 50 == 0])
+    return counters["num_weight_broadcasts"], actors.sends[1:]
+
+
+def test_the_time_floor_bounds_broadcasts_per_second_whatever_the_learner_does():
+    broadcasts, sends = run(min_time_s=0.1)
+    assert 95 <= broadcasts <= 100  # 10 per second over 10 s.
+    # Each broadcast goes to every actor that sampled since its last weights, newest weights.
+    assert all(len(ids) == 128 for _, ids in sends[1:])
+    assert [v for v, _ in sends] == sorted(v for v, _ in sends)
+
+
+def test_without_the_floor_every_training_step_with_an_update_broadcasts():
+    broadcasts, _ = run(min_time_s=0.0, seconds=1.0)
+    assert broadcasts == 999  # RLlib's behaviour: one per step that had a new update.
+
+
+def test_broadcast_interval_keeps_its_meaning_under_the_floor():
+    # Few steps per second: the interval (steps), not the floor, is what binds.
+    broadcasts, _ = run(min_time_s=0.1, interval=20, seconds=10.0, step_s=0.05)
+    assert broadcasts == pytest.approx(200 / 20, abs=1)
+
+
+def test_the_floor_is_a_validated_config_key():
+    assert ImpalaConfig().min_time_s_per_broadcast == 0.1
+    config = ImpalaConfig(env="CartPole-v1").training(min_time_s_per_broadcast=-1)
+    with pytest.raises(ValueError, match="min_time_s_per_broadcast"):
+        config.validate()
