@@ -133,6 +133,11 @@ class ReplayHost:
         self._next += 1
         return dataclasses.replace(fragment, actor_id=self.actor_id)
 
+    def sample_parts(self):
+        """`sample()` as (the fragment without batches, the batches), as `RunnerHost` gives it."""
+        fragment = self.sample()
+        return dataclasses.replace(fragment, batches={}), fragment.batches
+
     def set_weights(self, weights: Mapping, filters: Mapping | None = None) -> None:
         del weights, filters
         self.weights_applied += 1
