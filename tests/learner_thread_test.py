@@ -140,24 +140,11 @@ def test_the_driver_reads_no_device_value_for_the_versions(monkeypatch):
         group.stop()
 
 
-class _Gate(keras.callbacks.Callback):
-    """Holds the learner in its first update until released."""
-
-    def __init__(self):
-        super().__init__()
-        self.entered = threading.Event()
-        self.release = threading.Event()
-
-    def on_train_batch_begin(self, batch, logs=None):
-        self.entered.set()
-        self.release.wait(60)
-
-
 @pytest.mark.parametrize("name", ["default", "mirrored"])
 @pytest.mark.parametrize("accelerator", [False, True], ids=["cpu", "accelerator"])
 def test_on_an_accelerator_the_loader_loads_the_next_unit_during_an_update(name, accelerator):
     strategy = _strategy(name)
-    gate = _Gate()
+    gate = fakes.Gate()
     thread = _thread(strategy, callbacks=[gate], accelerator=accelerator)
     slots = 2 if accelerator else 1
     assert thread.num_slots == slots

@@ -6,7 +6,6 @@ Two logical CPU devices (tests/conftest.py) stand in for two GPUs, as `_fake_gpu
 from __future__ import annotations
 
 import os
-import threading
 import time
 
 import keras
@@ -88,22 +87,9 @@ def test_two_towers_reuse_device_batches_and_match_one_device():
     assert outputs[-1][2]["num_agent_steps_trained"] == 4 * ROWS * T
 
 
-class _Gate(keras.callbacks.Callback):
-    """Holds the learner in its first update until released."""
-
-    def __init__(self):
-        super().__init__()
-        self.entered = threading.Event()
-        self.release = threading.Event()
-
-    def on_train_batch_begin(self, batch, logs=None):
-        self.entered.set()
-        self.release.wait(30)
-
-
 @pytest.mark.parametrize("stacks", [1, 3])
 def test_loader_holds_at_most_the_tower_stacks(stacks):
-    gate = _Gate()
+    gate = fakes.Gate(timeout_s=30)
     thread = _thread(_config(num_multi_gpu_tower_stacks=stacks), callbacks=[gate])
     thread.start()
     try:

@@ -1,17 +1,36 @@
 """Synthetic batches for learner tests: RLlib columns with random but valid contents.
 
 `learner_config` is `tests.support.configs.small_config` with the learner tests' sizes: train
-batches of ROWS fragments of T steps on the spaces OBS and ACT.
+batches of ROWS fragments of T steps on the spaces OBS and ACT. `Gate` holds a learner thread in
+its first update until the test releases it.
 """
 
 from __future__ import annotations
 
+import threading
+
 import gymnasium as gym
+import keras
 import numpy as np
 
 from impala_tf import distributions
 from impala_tf.config import ImpalaConfig
 from tests.support.configs import small_config
+
+
+class Gate(keras.callbacks.Callback):
+    """Holds the learner in its first update until `release` is set (at most `timeout_s`)."""
+
+    def __init__(self, timeout_s: float = 60.0):
+        super().__init__()
+        self.entered = threading.Event()
+        self.release = threading.Event()
+        self.timeout_s = timeout_s
+
+    def on_train_batch_begin(self, batch, logs=None):
+        self.entered.set()
+        self.release.wait(self.timeout_s)
+
 
 #: Spaces, fragment length and rows of the small learner tests (`learner_config`).
 OBS = gym.spaces.Box(-1.0, 1.0, (4,), np.float32)
