@@ -29,6 +29,7 @@ from impala_tf.policy import ActorPolicy
 from impala_tf.rollout.env_runner import EnvRunner
 from impala_tf.rollout.fragment import DEFAULT_POLICY_ID
 from tests.support import batches as fakes
+from tests.support import strategies
 
 VEC = gym.spaces.Box(-1.0, 1.0, (4,), np.float32)
 IMG = gym.spaces.Box(0, 255, (36, 36, 2), np.uint8)  # The Nature CNN's smallest input.
@@ -164,6 +165,33 @@ def test_a_bfloat16_learner_updates_with_float32_loss_vtrace_and_stats(monkeypat
     assert {w.dtype for w in after} == {np.dtype(np.float32)}
     assert any(not np.array_equal(a, b) for a, b in zip(before, after))
     assert int(bf16.num_grad_updates.numpy()) == 1
+
+
+def test_a_bfloat16_learner_updates_on_two_devices_as_on_one():
+    # The mirrored update sums the replicas' gradients of float32 variables (gradients.py).
+    one = _learner(BF16)
+    strategy = strategies.mirrored()
+    with strategy.scope():
+        two = _learner(BF16)
+    two.model.set_weights(one.model.get_weights())
+    batch = _batch()
+    want = tf.function(one.train_step)(batch)
+    half = ROWS // 2  # Each device gets half of the B sequences of the time-major batch.
+    shards = strategy.experimental_distribute_values_from_function(
+        lambda ctx: {
+            k: v[:, ctx.replica_id_in_sync_group * half :][:, :half] for k, v in batch.items()
+        }
+    )
+    got = tf.function(lambda b: strategy.run(two.train_step, args=(b,)))(shards)
+    got = {k: strategy.experimental_local_results(v)[0] for k, v in got.items()}
+    assert two.model.torso.compute_dtype == "bfloat16"
+    assert {v.dtype for v in two.model.variables} == {"float32"}
+    for key in ("total_loss", "grad_gnorm_unclipped", "var_gnorm"):
+        np.testing.assert_allclose(got[key], want[key], rtol=1e-3, err_msg=key)
+    # Adam's first step moves each weight by about lr: a gradient element near zero may take
+    # either sign when the devices round their halves in bfloat16, so weights agree to lr only.
+    for a, b in zip(one.get_policy_weights(), two.get_policy_weights()):
+        np.testing.assert_allclose(b, a, atol=2 * one.config.lr)
 
 
 def test_weights_broadcast_from_a_bfloat16_learner_round_trip_as_float32_arrays():
