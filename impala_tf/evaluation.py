@@ -198,7 +198,8 @@ def load_checkpoint_policies(
     checkpoint_dir = resolve_checkpoint_dir(checkpoint_dir)
     weights = {}
     for pid, (obs, act) in spaces.policies.items():
-        model = build_model(obs, act, policy_config(config, pid).model)
+        pconfig = policy_config(config, pid)
+        model = build_model(obs, act, pconfig.model, precision=pconfig.precision)
         restore_model(model, checkpoint_dir, pid)
         weights[pid] = (model.get_weights(), 0)
     saved = read_state(checkpoint_dir)["observation_filters"]
@@ -285,7 +286,8 @@ def load_policy_model(
             f"{spaces.policy_ids}."
         )
     obs, act = spaces.policies[policy_id]
-    model = build_model(obs, act, policy_config(config, policy_id).model)
+    pconfig = policy_config(config, policy_id)
+    model = build_model(obs, act, pconfig.model, precision=pconfig.precision)
     restore_model(model, checkpoint_dir, policy_id)
     saved = read_state(checkpoint_dir)["observation_filters"].get(policy_id)
     obs_filter = filter_lib.filter_from_state(saved) if saved is not None else None

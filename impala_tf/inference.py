@@ -96,15 +96,27 @@ class InferenceServer:
     Args:
       policies: {policy_id: (observation_space, action_space, model_config)}, the model config
         holding RLlib model keys (`impala_tf.models.build_model`).
+      precisions: {policy_id: the policy's `precision` config key}, the Keras dtype policy its
+        model is built under; a policy not in it is built in float32.
     """
 
-    def __init__(self, policies: Mapping[str, tuple[gym.Space, gym.Space, dict]]):
+    def __init__(
+        self,
+        policies: Mapping[str, tuple[gym.Space, gym.Space, dict]],
+        precisions: Mapping[str, str] | None = None,
+    ):
         from impala_tf.policy import ActorPolicy  # TensorFlow: the driver has it already.
 
         if not policies:
             raise ValueError("the inference server needs at least one policy")
         self._policies = {
-            str(pid): ActorPolicy(obs_space, act_space, model_config, explore=False)
+            str(pid): ActorPolicy(
+                obs_space,
+                act_space,
+                model_config,
+                explore=False,
+                precision=(precisions or {}).get(pid, "float32"),
+            )
             for pid, (obs_space, act_space, model_config) in policies.items()
         }
         self._obs_shapes = {

@@ -157,7 +157,9 @@ class ImpalaLearner(keras.Model):
         self.config = config
         self.observation_space = observation_space
         self.action_space = action_space
-        self.model = model or build_model(observation_space, action_space, config.model)
+        self.model = model or build_model(
+            observation_space, action_space, config.model, precision=config.precision
+        )
         self._lr_points = config.lr_schedule_points()
         self._entropy_points = config.entropy_coeff_schedule_points()
         self._separate_vf = bool(config._separate_vf_optimizer)

@@ -182,10 +182,15 @@ def make_policy(
     model_config: dict | None = None,
     explore: bool = True,
     seed: int | None = None,
+    precision: str = "float32",
 ):
-    """The acting policy for these spaces: `NumpyPolicy` for MLPs, else `ActorPolicy` (TF)."""
+    """The acting policy for these spaces: `NumpyPolicy` for MLPs, else `ActorPolicy` (TF).
+
+    `precision` (the config key) applies to `ActorPolicy`'s Keras model; `NumpyPolicy` computes
+    in float32 numpy whatever it says.
+    """
     if supports(observation_space, action_space, model_config):
         return NumpyPolicy(observation_space, action_space, model_config, explore, seed)
     from impala_tf.policy import ActorPolicy  # imports TensorFlow
 
-    return ActorPolicy(observation_space, action_space, model_config, explore, seed)
+    return ActorPolicy(observation_space, action_space, model_config, explore, seed, precision)

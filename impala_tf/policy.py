@@ -31,6 +31,8 @@ class ActorPolicy(SamplerState):
       explore: Sample actions when True, take the distribution's mode when False (RLlib
         `explore`).
       seed: Seed of the stateless action sampling; None draws one at random.
+      precision: The `precision` config key: the Keras dtype policy the model is built under
+        (`impala_tf.models.precision`); logits, values and weights are float32 either way.
     """
 
     def __init__(
@@ -40,11 +42,12 @@ class ActorPolicy(SamplerState):
         model_config: dict | None = None,
         explore: bool = True,
         seed: int | None = None,
+        precision: str = "float32",
     ):
         self.observation_space = observation_space
         self.action_space = action_space
         self.explore = explore
-        self.model = build_model(observation_space, action_space, model_config)
+        self.model = build_model(observation_space, action_space, model_config, precision=precision)
         self.sampler = ActionSampler(action_space, explore, seed)
         self._forward = tf.function(self.model.step, reduce_retracing=True, autograph=False)
 

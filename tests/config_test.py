@@ -424,6 +424,7 @@ INVALID = [
     ({"minibatch_buffer_size": 0}, "minibatch_buffer_size"),
     ({"num_multi_gpu_tower_stacks": 0}, "num_multi_gpu_tower_stacks"),
     ({"num_gpu_loader_threads": 0}, "num_gpu_loader_threads"),
+    ({"precision": "bfloat16"}, "precision"),
     ({"broadcast_interval": 0}, "broadcast_interval"),
     ({"max_requests_in_flight_per_env_runner": 0}, "max_requests_in_flight_per_env_runner"),
     ({"max_requests_in_flight_per_aggregator_worker": 0}, "max_requests_in_flight_per_aggre"),

@@ -26,9 +26,11 @@ Parts (each writes its own BENCHMARKS.md section):
 * `xla` — the update with `jit_compile_update` False and True, interleaved (the CartPole MLP at
   batch 500 and 2,000, on one and two logical CPU devices; the Nature CNN at batch 500), with
   each side's spread over the rounds. On a GPU, `python -m tools.bench_gpu` measures the same.
-* `bf16` — float32 vs Keras' `mixed_bfloat16` policy, interleaved: the learner update (MLP and
-  Nature CNN at batch 500) and the Nature CNN's inference at batch 16 (this CPU has
-  AVX512-BF16).
+* `bf16` — the `precision` key, "float32" vs "mixed_bfloat16", interleaved: the learner update
+  at batch 500 (CartPole MLP, Nature CNN 84x84, and `configs/pong-impala-small.yaml`'s RLlib
+  vision net on 42x42 frames) on both cores, and an actor's inference (`ActorPolicy.step`) at
+  that config's `num_envs_per_env_runner` on one TensorFlow thread, as actor processes run, in a
+  fresh subprocess (this CPU has AVX512-BF16).
 """
 
 from __future__ import annotations
@@ -60,6 +62,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 T = 50  # rollout_fragment_length of every case
 PARTS = ("keras", "devices", "memory", "gpu", "xla", "bf16")
+_PRECISIONS = ("float32", "mixed_bfloat16")  # The `precision` key's values, as bf16 compares them.
+#: The Pong config whose model the `bf16` part measures (RLlib's vision net on 42x42 frames).
+PONG_SMALL = os.path.join(ROOT, "configs", "pong-impala-small.yaml")
 
 
 def _configure_two_cpus() -> None:
@@ -79,13 +84,24 @@ def _spaces(kind: str):
 
     if kind == "cnn":
         return gym.spaces.Box(0, 255, (84, 84, 4), np.uint8), gym.spaces.Discrete(6)
+    if kind == "pong":
+        return gym.spaces.Box(0, 255, (42, 42, 4), np.uint8), gym.spaces.Discrete(6)
     return gym.spaces.Box(-1.0, 1.0, (4,), np.float32), gym.spaces.Discrete(2)
+
+
+def _pong_small():
+    """`configs/pong-impala-small.yaml`'s config."""
+    from impala_tf.config import ImpalaConfig
+
+    return ImpalaConfig.from_yaml(PONG_SMALL)[0]
 
 
 def _config(kind: str, batch: int, **overrides):
     from impala_tf.config import ImpalaConfig
 
     model = {"custom_model": "nature_cnn"} if kind == "cnn" else {"fcnet_hiddens": [256, 256]}
+    if kind == "pong":
+        model = _pong_small().model
     config = ImpalaConfig().environment("CartPole-v1")
     config.training(train_batch_size=batch, model=model)
     config.env_runners(rollout_fragment_length=T)
@@ -101,7 +117,7 @@ def _random_batch(kind: str, rows: int, seed: int = 0) -> dict:
     obs_space, act_space = _spaces(kind)
     rng = np.random.default_rng(seed)
     shape = (rows, T)
-    if kind == "cnn":
+    if kind in ("cnn", "pong"):
         obs = rng.integers(0, 256, (*shape, *obs_space.shape), dtype=np.uint8)
     else:
         obs = rng.uniform(-1, 1, (*shape, *obs_space.shape)).astype(np.float32)
@@ -345,82 +361,115 @@ def bench_xla(repeats: int, rounds: int = 5) -> str:
     return "\n".join(lines)
 
 
-def _with_dtype_policy(policy: str, build: Callable):
-    """Calls `build()` with Keras' dtype policy set to `policy`, then restores it."""
-    import keras
-
-    old = keras.config.dtype_policy()
-    keras.config.set_dtype_policy(policy)
-    try:
-        return build()
-    finally:
-        keras.config.set_dtype_policy(old)
+#: (row name, model kind) of the `bf16` part's actor-inference rows.
+_INFERENCE_CASES = (
+    ("pong-impala-small: RLlib vision net, 42x42x4", "pong"),
+    ("Nature CNN, 84x84x4", "cnn"),
+)
 
 
-def _inference_step(batch: int) -> Callable[[], None]:
-    """The Nature CNN's forward pass on uint8 frames (an actor's inference), outputs fetched."""
+def _inference_case(kind: str, batch: int, repeats: int, rounds: int) -> dict[str, list[float]]:
+    """Runs in a fresh subprocess on one TensorFlow thread: `ActorPolicy.step` at `batch`, float32
+    and mixed_bfloat16 interleaved; returns each precision's median seconds per round."""
     import numpy as np
     import tensorflow as tf
 
-    from impala_tf.models import build_model
+    # Before TensorFlow runs an op, as actor processes do (`impala_tf.workers.process`).
+    tf.config.threading.set_intra_op_parallelism_threads(1)
+    tf.config.threading.set_inter_op_parallelism_threads(1)
+    from impala_tf.policy import ActorPolicy
 
-    obs_space, act_space = _spaces("cnn")
-    model = build_model(obs_space, act_space, {"custom_model": "nature_cnn"})
+    obs_space, act_space = _spaces(kind)
+    model = _config(kind, 500).model
     rng = np.random.default_rng(0)
-    obs = tf.constant(rng.integers(0, 256, (batch, *obs_space.shape), dtype=np.uint8))
-    forward = tf.function(lambda o: model(o), autograph=False)
-    return lambda: [np.asarray(t) for t in forward(obs)]
+    obs = rng.integers(0, 256, (batch, *obs_space.shape), dtype=np.uint8)
+    steps = {}
+    for precision in _PRECISIONS:
+        policy = ActorPolicy(obs_space, act_space, model, seed=0, precision=precision)
+        steps[precision] = lambda p=policy: p.step(obs)
+    times = _interleaved_times(steps, repeats, rounds)
+    assert tf.config.threading.get_intra_op_parallelism_threads() == 1
+    return times
+
+
+def _spread(times: dict[str, list[float]]) -> str:
+    return " / ".join(f"{min(times[p]) * 1e3:.2f}-{max(times[p]) * 1e3:.2f}" for p in _PRECISIONS)
 
 
 def bench_bf16(repeats: int, rounds: int = 5) -> str:
-    """float32 vs Keras' "mixed_bfloat16" policy (bfloat16 compute, float32 variables)."""
+    """The `precision` key: "float32" vs "mixed_bfloat16" (bfloat16 compute, float32 variables),
+    interleaved, for the learner update and an actor's inference."""
     import tensorflow as tf
 
+    load_before = os.getloadavg()
     strategy = tf.distribute.get_strategy()
+    pong = _pong_small()
+    envs = int(pong.num_envs_per_env_runner)
     cases = [
-        (
-            "learner update, CartPole MLP [256, 256], batch 500",
-            repeats,
-            lambda: _learner_step("mlp", 500, strategy),
-        ),
-        (
-            "learner update, Nature CNN, batch 500",
-            max(3, repeats // 6),
-            lambda: _learner_step("cnn", 500, strategy),
-        ),
-        ("actor inference, Nature CNN, batch 16", repeats, lambda: _inference_step(16)),
+        ("CartPole MLP [256, 256]", "mlp", repeats),
+        ("Nature CNN, 84x84x4", "cnn", max(3, repeats // 6)),
+        ("pong-impala-small: RLlib vision net, 42x42x4", "pong", max(3, repeats // 3)),
     ]
     lines = [
-        "### bfloat16 (Keras `mixed_bfloat16`) vs float32 on the CPU",
+        "### `precision`: mixed_bfloat16 vs float32 on the CPU (learner and actor inference)",
         "",
-        f"Machine: {benchlib.machine_line()}",
+        f"Machine: {benchlib.machine_line()}; AVX512-BF16: {_has_avx512_bf16()}; load average "
+        f"before: {load_before[0]:.2f} (1 min)",
         "",
         "| case | ms, float32 | ms, mixed_bfloat16 | spread float32 / bf16 (min-max of rounds) "
         "| bf16 vs float32 |",
         "|---|---:|---:|---|---:|",
     ]
-    for name, reps, build in cases:
-        steps = {p: _with_dtype_policy(p, build) for p in ("float32", "mixed_bfloat16")}
-        times = _interleaved_times(steps, reps, rounds)
-        f32, bf16 = (statistics.median(times[p]) for p in ("float32", "mixed_bfloat16"))
-        spread = " / ".join(
-            f"{min(times[p]) * 1e3:.2f}-{max(times[p]) * 1e3:.2f}"
-            for p in ("float32", "mixed_bfloat16")
-        )
+
+    def row(name: str, times: dict[str, list[float]]) -> None:
+        f32, bf16 = (statistics.median(times[p]) for p in _PRECISIONS)
         lines.append(
-            f"| {name} | {f32 * 1e3:.2f} | {bf16 * 1e3:.2f} | {spread} | {f32 / bf16:.2f}x |"
+            f"| {name} | {f32 * 1e3:.2f} | {bf16 * 1e3:.2f} | {_spread(times)} | "
+            f"{f32 / bf16:.2f}x |"
         )
         print(lines[-1], flush=True)
+
+    for name, kind, reps in cases:
+        steps = {p: _learner_step(kind, 500, strategy, precision=p) for p in _PRECISIONS}
+        times = _interleaved_times(steps, reps, rounds)
+        row(f"learner update, {name}, batch 500, both cores", times)
+    for name, kind in _INFERENCE_CASES:
+        case = {"kind": kind, "batch": envs, "repeats": repeats, "rounds": rounds}
+        args = [sys.executable, "-m", "tools.bench_learner", "--inference_case", json.dumps(case)]
+        out = subprocess.run(args, capture_output=True, text=True, check=False, cwd=ROOT)
+        if out.returncode != 0:
+            raise RuntimeError(f"inference case {kind} failed:\n{out.stderr[-3000:]}")
+        times = json.loads(out.stdout.strip().splitlines()[-1])
+        row(f"actor inference (`ActorPolicy.step`), {name}, batch {envs}, 1 thread", times)
+    load_after = os.getloadavg()
+    loaded = benchlib.other_jobs_running(load_before)
     lines += [
         "",
-        f"Median of {rounds} interleaved rounds of {repeats} calls (the CNN update: "
-        f"{max(3, repeats // 6)}), both cores, on data already in memory. The models are built "
-        "under Keras' global dtype policy (set for the build, then restored): layers compute in "
-        "bfloat16 with float32 variables, the heads cast logits and values to float32 "
-        "(`ActorCritic._heads`), so V-trace and the optimizer stay float32. There is no config "
-        "key for it yet, and learning with it is not measured: float32 stays the default.",
+        f"Median of {rounds} interleaved rounds (float32 and mixed_bfloat16 timed in turn each "
+        f"round), each the median of {repeats} calls (the Nature CNN update: "
+        f"{max(3, repeats // 6)}, the 42x42 update: {max(3, repeats // 3)}), on data already in "
+        "memory, results fetched. The learner is `ImpalaLearner.train_step` (V-trace, Adam, "
+        "clipping) built with the `precision` key, on both cores as the learner runs. The "
+        "inference rows run in a fresh subprocess with one intra-op and one inter-op TensorFlow "
+        "thread, as actor processes do, at the batch an actor of `configs/pong-impala-small.yaml` "
+        f"acts on (`num_envs_per_env_runner` = {envs}), the call including the action sampling "
+        "in numpy. Under mixed_bfloat16 the torsos compute in bfloat16; variables, heads, "
+        "V-trace and the optimizer stay float32. The issue's rule adopts it as the default only "
+        "if the learner and inference rows gain at least 1.2x and Pong reaches 0 in no more env "
+        "steps (2 seeds); Pong learning with it is not measured, so float32 stays the default. "
+        f"Load average after: {load_after[0]:.2f}"
+        + (" (other jobs were running when it started: figures are noisy)." if loaded else "."),
     ]
     return "\n".join(lines)
+
+
+def _has_avx512_bf16() -> str:
+    """ "yes" or "no" from /proc/cpuinfo's flags, "unknown" where it cannot be read."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            return "yes" if "avx512_bf16" in f.read() else "no"
+    except OSError:
+        return "unknown"
 
 
 def _memory_case(kind: str, batch: int, microbatch: int | None) -> dict:
@@ -535,10 +584,16 @@ def main() -> None:
     parser.add_argument("--memory_batch", type=int, default=20_000)
     parser.add_argument("--microbatch", type=int, default=1_000)
     parser.add_argument("--memory_case", help=argparse.SUPPRESS)
+    parser.add_argument("--inference_case", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.memory_case:
         case = json.loads(args.memory_case)
         print(json.dumps(_memory_case(case["kind"], case["batch"], case["microbatch"])))
+        return
+    if args.inference_case:
+        case = json.loads(args.inference_case)
+        times = _inference_case(case["kind"], case["batch"], case["repeats"], case["rounds"])
+        print(json.dumps(times))
         return
     _configure_two_cpus()
     for part in args.parts:

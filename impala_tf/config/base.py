@@ -182,6 +182,12 @@ class AlgorithmConfig:
     # backward; the all-reduce and the optimizer step stay outside XLA). True, False, or "auto"
     # (`impala_tf.devices.resolve_jit_compile`: off on a CPU, where it measured slower).
     jit_compile_update: bool | str = _key("auto", "training")
+    # Not an RLlib key (RLlib's TF policies have no mixed precision): the Keras dtype policy every
+    # TensorFlow model of the run is built under (learner, TF actors, the inference server,
+    # evaluation, export). "mixed_bfloat16": torsos compute in bfloat16, variables, heads, LSTM
+    # core, V-trace and the loss stay float32 (`impala_tf.models.precision`). Numpy MLP actors
+    # act in float32 either way.
+    precision: str = _key("float32", "training")
 
     # resources()
     num_gpus: float = _key(1, "resources")

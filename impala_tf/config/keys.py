@@ -34,6 +34,7 @@ __all__ = [
     "MODEL_ALIASES",
     "MODEL_DEFAULTS",
     "OPTIMIZERS",
+    "PRECISIONS",
     "RAY_ADDRESS",
     "STOP_KEYS",
     "SYNONYMS",
@@ -76,6 +77,8 @@ ACTOR_BACKENDS = ("local", "ray")
 RAY_ADDRESS = re.compile(r"^(?:\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_.-]+):(?:[1-9][0-9]{0,4})$")
 CUSTOM_MODELS = (None, "nature_cnn", "impala_resnet")
 OPTIMIZERS = ("adam", "rmsprop")
+#: The `precision` key's values, each the name of the Keras dtype policy it builds models under.
+PRECISIONS = ("float32", "mixed_bfloat16")
 
 # Old name -> new name. A key listed in SYNONYMS is a current RLlib name too, so it is
 # applied without a deprecation warning.

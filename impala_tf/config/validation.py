@@ -21,6 +21,7 @@ from impala_tf.config.keys import (
     CUSTOM_MODELS,
     FILTER_NAMES,
     OPTIMIZERS,
+    PRECISIONS,
     RAY_ADDRESS,
     ConfigWarning,
     is_conv_filter,
@@ -204,6 +205,12 @@ def _runtime(config) -> None:
         raise ValueError(
             f'`jit_compile_update` must be True, False or "auto" (XLA-compile the learner\'s '
             f"update, or not, or decide from the device), got {config.jit_compile_update!r}."
+        )
+    if config.precision not in PRECISIONS:
+        raise ValueError(
+            f"`precision` must be one of {PRECISIONS} (the Keras dtype policy the models are "
+            f"built under; mixed_bfloat16: bfloat16 compute, float32 variables), got "
+            f"{config.precision!r}."
         )
     check_int(config, "minibatch_buffer_size", minimum=1)
     check_int(config, "learner_queue_size", minimum=1)

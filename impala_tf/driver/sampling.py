@@ -113,11 +113,13 @@ class EnvRunnerGroup:
         if plan.central_inference:
             from impala_tf.inference import InferenceServer  # TensorFlow: the driver's.
 
+            configs = {pid: policy_config(config, pid) for pid in plan.spaces.policies}
             self.server = InferenceServer(
                 {
-                    pid: (obs, act, policy_config(config, pid).model)
+                    pid: (obs, act, configs[pid].model)
                     for pid, (obs, act) in plan.spaces.policies.items()
-                }
+                },
+                precisions={pid: c.precision for pid, c in configs.items()},
             )
         enabled = bool(config.restart_failed_env_runners)
         spec = WorkerSpec(

@@ -88,7 +88,10 @@ class ActorCritic(keras.Model):
             value_initializer: kernel initializer of the value head; None is normc(0.01).
             name: the Keras model name.
         """
-        super().__init__(name=name)
+        # The model's own call stays float32 under any dtype policy (`precision`): a Keras call
+        # casts variables read inside it to its compute dtype, which would reach the float32
+        # heads and LSTM core; the torsos carry the policy they were built under.
+        super().__init__(name=name, dtype="float32")
         if core is not None and value_torso is not None:
             raise ValueError("A recurrent ActorCritic shares its torso: pass no value_torso.")
         self.observation_space = observation_space
@@ -108,16 +111,25 @@ class ActorCritic(keras.Model):
                 "model_config free_log_std=True needs a Box action space (a Gaussian whose "
                 f"log-stds can be free variables), got {action_space!r}."
             )
+        # The heads compute in float32 under any dtype policy (`precision`): logits and values
+        # feed the log-probabilities, V-trace and the loss, where bfloat16's 8-bit mantissa
+        # would round importance ratios; their matmuls are a small part of the model.
         self.logits_head = keras.layers.Dense(
             self.num_outputs // 2 if free_log_std else self.num_outputs,
             kernel_initializer=logits_initializer or NormcInitializer(0.01),
             name="logits",
+            dtype="float32",
         )
         self.value_head = keras.layers.Dense(
-            1, kernel_initializer=value_initializer or NormcInitializer(0.01), name="value"
+            1,
+            kernel_initializer=value_initializer or NormcInitializer(0.01),
+            name="value",
+            dtype="float32",
         )
         # Created last, so that its variable comes last in `get_weights()`.
-        self.free_log_std = FreeLogStd(name="free_log_std") if free_log_std else None
+        self.free_log_std = (
+            FreeLogStd(name="free_log_std", dtype="float32") if free_log_std else None
+        )
         self._build_variables()
 
     # ----------------------------------------------------------------------------- building

@@ -31,6 +31,7 @@ from impala_tf.config.keys import MODEL_DEFAULTS as RLLIB_MODEL_DEFAULTS
 from impala_tf.distributions import logits_size
 from impala_tf.models.actor_critic import ActorCritic
 from impala_tf.models.mlp import MLP, get_activation
+from impala_tf.models.precision import dtype_policy
 from impala_tf.models.preprocessing import ObservationPreprocessor, is_image_space
 from impala_tf.models.recurrent import LSTMCore
 from impala_tf.models.vision import (
@@ -105,6 +106,7 @@ def build_model(
     action_space: gym.Space,
     model_config: dict[str, Any] | None = None,
     name: str = "impala_model",
+    precision: str = "float32",
 ) -> ActorCritic:
     """Builds the actor-critic for the given spaces from RLlib-style model config keys.
 
@@ -116,6 +118,9 @@ def build_model(
             yet"; `max_seq_len` and `dim` are informational here. `post_fcnet_hiddens` and
             `post_fcnet_activation` apply to the vision network only (as RLlib).
         name: the Keras model name.
+        precision: the `precision` config key: "float32", or "mixed_bfloat16" for torso layers
+            that compute in bfloat16 (variables, heads, LSTM core and outputs stay float32;
+            `impala_tf.models.precision`).
 
     Returns:
         An `ActorCritic` with all variables created.
@@ -125,6 +130,14 @@ def build_model(
             filters (naming `conv_filters`), or an image too small for the torso.
     """
     config = resolve_model_config(model_config)
+    with dtype_policy(precision):
+        return _assemble(observation_space, action_space, config, name)
+
+
+def _assemble(
+    observation_space: gym.Space, action_space: gym.Space, config: dict[str, Any], name: str
+) -> ActorCritic:
+    """`build_model` on a resolved model config, under the dtype policy the caller set."""
     num_outputs = logits_size(action_space)
     ObservationPreprocessor(observation_space)  # Rejects unsupported observation spaces early.
     custom = config["custom_model"]
@@ -164,7 +177,9 @@ def build_model(
             value_torso = MLP(
                 config["fcnet_hiddens"], config["fcnet_activation"], name="fc_value_torso"
             )
-    core = LSTMCore(int(config["lstm_cell_size"]), name="lstm") if config["use_lstm"] else None
+    core = None
+    if config["use_lstm"]:
+        core = LSTMCore(int(config["lstm_cell_size"]), name="lstm", dtype="float32")
     try:
         return ActorCritic(
             observation_space,

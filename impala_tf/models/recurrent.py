@@ -2,7 +2,9 @@
 
 Time-major: T is time, B is batch, F the feature size of the torso, H = lstm_cell_size.
 The state is the pair (h, c), each float32 [B, H]. Gates follow Keras' LSTM (i, f, g, o order,
-forget bias initialised to 1).
+forget bias initialised to 1). The core computes in float32 under any dtype policy (`precision`):
+it casts the torso's features (bfloat16 under "mixed_bfloat16") to float32, so the recurrent state
+the actors carry and the learner unrolls is float32.
 """
 
 from __future__ import annotations
@@ -60,13 +62,13 @@ class LSTMCore(keras.layers.Layer):
         """Applies the cell once.
 
         Args:
-            x: float32 [B, F] features.
+            x: float [B, F] features (cast to float32).
             state: (h, c), float32 [B, H] each.
 
         Returns:
             (h_new [B, H], (h_new, c_new)).
         """
-        z_x = tf.matmul(x, self.kernel) + self.bias
+        z_x = tf.matmul(tf.cast(x, tf.float32), self.kernel) + self.bias
         h, c = self._cell(z_x, state[0], state[1], tf.convert_to_tensor(self.recurrent_kernel))
         return h, (h, c)
 
@@ -79,7 +81,7 @@ class LSTMCore(keras.layers.Layer):
         """Runs the cell over T steps, zeroing the state before step t where resets[t].
 
         Args:
-            x: float32 [T, B, F] features.
+            x: float [T, B, F] features (cast to float32).
             resets: bool [T, B]; True where an episode starts at step t.
             state: (h, c) before step 0, float32 [B, H] each.
 
@@ -89,7 +91,7 @@ class LSTMCore(keras.layers.Layer):
         t, b = tf.shape(x)[0], tf.shape(x)[1]
         in_dim = x.shape[-1]
         # The input projection does not depend on the state: one big matmul outside the loop.
-        z_x = tf.matmul(tf.reshape(x, [-1, in_dim]), self.kernel) + self.bias
+        z_x = tf.matmul(tf.reshape(tf.cast(x, tf.float32), [-1, in_dim]), self.kernel) + self.bias
         z_x = tf.reshape(z_x, tf.stack([t, b, 4 * self.units]))
         keep = 1.0 - tf.cast(resets, tf.float32)[..., None]
         w_h = tf.convert_to_tensor(self.recurrent_kernel)

@@ -65,16 +65,20 @@ class RunnerBase:
         model: Mapping[str, Any],
         seed: int | None,
         remote: Remote | None,
+        precision: str = "float32",
     ) -> Any:
         """The policy that acts for `policy_id`: through the driver's inference server
-        (`remote`) or in this process (numpy for MLPs, TensorFlow otherwise)."""
+        (`remote`) or in this process (numpy for MLPs, TensorFlow built under `precision`
+        otherwise)."""
         obs_space, act_space = spaces
         if remote is not None:
             conn, state_shapes = remote
             return RemotePolicy(
                 conn, policy_id, act_space, state_shapes.get(policy_id, []), self.explore, seed
             )
-        return make_policy(obs_space, act_space, model, explore=self.explore, seed=seed)
+        return make_policy(
+            obs_space, act_space, model, explore=self.explore, seed=seed, precision=precision
+        )
 
     def _make_filter(self, policy_id: str, obs_space: gym.Space) -> Filter:
         """`observation_filter` for `policy_id`'s observations (a float space, if it filters)."""

@@ -125,7 +125,9 @@ class EnvRunner(RunnerBase):
         self.action_space = self.env_batch.action_space
         spaces = (self.observation_space, self.action_space)
         seed = env_seed(config.seed, worker_index, 0)
-        self.policy = self._make_policy(DEFAULT_POLICY_ID, spaces, config.model, seed, remote)
+        self.policy = self._make_policy(
+            DEFAULT_POLICY_ID, spaces, config.model, seed, remote, config.precision
+        )
         self.policy_version = 0
         self.obs_filter = self._make_filter(DEFAULT_POLICY_ID, self.observation_space)
         self._next_version = 0  # The version of the weights that computed `self._next`.

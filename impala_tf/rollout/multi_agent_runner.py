@@ -154,8 +154,10 @@ class MultiAgentEnvRunner(RunnerBase):
         seeds = self._policy_seeds(config.seed)
         for pid in self.policy_ids:
             obs_space, act_space = self.spaces[pid]
-            model = policy_specs.policy_config(config, pid).model
-            policy = self._make_policy(pid, (obs_space, act_space), model, seeds[pid], remote)
+            pconfig = policy_specs.policy_config(config, pid)
+            policy = self._make_policy(
+                pid, (obs_space, act_space), pconfig.model, seeds[pid], remote, pconfig.precision
+            )
             self.policies[pid] = policy
             self._obs_dtypes[pid] = np.dtype(obs_space.dtype or np.float32)
             self.filters[pid] = self._make_filter(pid, obs_space)
@@ -163,7 +165,7 @@ class MultiAgentEnvRunner(RunnerBase):
                 act_space, config.normalize_actions, config.clip_actions
             )
             self._zero_state[pid] = tuple(s[0] for s in policy.initial_state(1))
-            self._chunk[pid] = int(model["max_seq_len"])
+            self._chunk[pid] = int(pconfig.model["max_seq_len"])
         self.versions = {pid: 0 for pid in self.policy_ids}
         self._reset_all(config.seed)
 
