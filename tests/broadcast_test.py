@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import collections
 
+import numpy as np
 import pytest
 
 from impala_tf.config import ImpalaConfig
-from impala_tf.driver.broadcast import Broadcaster
+from impala_tf.driver.broadcast import AUTO_BYTES_PER_S, Broadcaster
 
 
 class Clock:
@@ -19,18 +20,20 @@ class Clock:
 
 
 class Learners:
-    """A learner at `rate` updates per second of `clock` (never waits, never dies)."""
+    """A learner at `rate` updates per second of `clock` (never waits, never dies), whose
+    weights are `nbytes` bytes."""
 
     trained = ["default_policy"]
 
-    def __init__(self, clock: Clock, rate: float):
+    def __init__(self, clock: Clock, rate: float, nbytes: int = 1000):
         self.clock, self.rate = clock, rate
+        self.arrays = [np.zeros(nbytes // 4, np.float32)]
 
     def versions(self) -> dict[str, int]:
         return {"default_policy": int(self.clock() * self.rate)}
 
     def snapshot(self, pid: str, wait: bool = True):
-        return ["w"], self.versions()[pid]
+        return self.arrays, self.versions()[pid]
 
     def weights(self):
         return {p: self.snapshot(p) for p in self.trained}
@@ -48,14 +51,26 @@ class Actors:
         self.sends.append((weights["default_policy"][1], list(actor_ids)))
 
 
-def run(min_time_s: float, interval: int = 1, seconds: float = 10.0, step_s: float = 0.001):
+def run(
+    min_time_s: float | str,
+    interval: int = 1,
+    seconds: float = 10.0,
+    step_s: float = 0.001,
+    nbytes: int = 1000,
+):
     """A driver loop of `step_s` steps for `seconds`, 128 actors each finishing a fragment every
-    50 steps, a learner at 1,000 updates/s; returns (broadcasts, actors' sends)."""
+    50 steps, a learner at 1,000 updates/s with `nbytes` of weights; returns (broadcasts,
+    actors' sends)."""
     clock = Clock()
     actors = Actors(128)
     counters = collections.Counter()
     broadcaster = Broadcaster(
-        Learners(clock, 1000.0), actors, interval, counters, min_time_s=min_time_s, clock=clock
+        Learners(clock, 1000.0, nbytes),
+        actors,
+        interval,
+        counters,
+        min_time_s=min_time_s,
+        clock=clock,
     )
     broadcaster.send(actors.healthy_ids())
     for step in range(int(seconds / step_s)):
@@ -83,8 +98,19 @@ def test_broadcast_interval_keeps_its_meaning_under_the_floor():
     assert broadcasts == pytest.approx(200 / 20, abs=1)
 
 
+def test_the_auto_floor_follows_the_weights_size():
+    # The Pong CNN (4 MB): 0.1 s, at most 10 broadcasts per second.
+    broadcasts, _ = run(min_time_s="auto", nbytes=4_000_000)
+    assert 95 <= broadcasts <= 100
+    # The CartPole MLP (0.27 MB): 6.8 ms, about 147 per second.
+    broadcasts, _ = run(min_time_s="auto", nbytes=272_000)
+    assert 1200 <= broadcasts <= 1430
+    assert AUTO_BYTES_PER_S == 40e6
+
+
 def test_the_floor_is_a_validated_config_key():
-    assert ImpalaConfig().min_time_s_per_broadcast == 0.1
+    assert ImpalaConfig().min_time_s_per_broadcast == "auto"
+    ImpalaConfig(env="CartPole-v1").training(min_time_s_per_broadcast=0.5).validate()
     config = ImpalaConfig(env="CartPole-v1").training(min_time_s_per_broadcast=-1)
     with pytest.raises(ValueError, match="min_time_s_per_broadcast"):
         config.validate()

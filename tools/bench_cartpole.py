@@ -5,6 +5,7 @@
     .venv/bin/python -m tools.bench_cartpole --rllib-python /path/to/rllib-venv/bin/python
     .venv/bin/python -m tools.bench_cartpole --make-rllib-venv /tmp/rllib-venv
     .venv/bin/python -m tools.bench_cartpole --backend=both --seeds 0 1 2 --duration 60
+    .venv/bin/python -m tools.bench_cartpole --floors 0 auto 0.1 --seeds 0 1 2 3
 
 Run from the repository root.
 
@@ -27,6 +28,10 @@ included, and the first iteration excluded). Those runs train for `--duration` s
 (`--stop_time_s`), or until the target return; `--timeout` is added as a safety margin. With
 `ray` or `both` the figures go to the section "bench_cartpole_backends" instead, with the load
 average before and after.
+
+`--floors A B ...` runs every seed once per `min_time_s_per_broadcast` value (the driver's
+broadcast floor, `impala_tf.driver.broadcast`), alternating the order from seed to seed, and
+writes env steps and wall time to the target per floor (section "bench_cartpole_broadcast").
 """
 
 from __future__ import annotations
@@ -97,10 +102,12 @@ def run_impala(
     timeout: float,
     backend: str = "local",
     stop_time_s: float | None = None,
+    sets: tuple[str, ...] = (),
 ) -> dict:
     """Runs the binary once on `backend`; returns wall time to target, steps and throughputs.
 
-    With `stop_time_s` the run also stops by itself after that many seconds of training.
+    With `stop_time_s` the run also stops by itself after that many seconds of training; `sets`
+    are more `KEY=VALUE` overrides (`--set`).
     """
     logdir = tempfile.mkdtemp(prefix=f"bench-cartpole-{backend}-{seed}-")
     cmd = [
@@ -113,6 +120,7 @@ def run_impala(
         f"--stop_reward={target}",
         "--checkpoint_freq=0",
         f"--set=actor_backend={backend}",
+        *(f"--set={item}" for item in sets),
     ]
     if stop_time_s is not None:
         cmd.append(f"--stop_time_s={stop_time_s}")
@@ -165,6 +173,49 @@ def make_rllib_venv(path: str) -> str:
     return python
 
 
+def floor_comparison(args) -> None:
+    """Every seed once per `min_time_s_per_broadcast` of `args.floors`, alternating the order:
+    env steps and wall time to the target (section "bench_cartpole_broadcast")."""
+    load = os.getloadavg()
+    runs = []
+    for k, seed in enumerate(args.seeds):
+        floors = args.floors if k % 2 == 0 else list(reversed(args.floors))
+        for floor in floors:
+            run = run_impala(
+                args.config, seed, args.target, args.timeout,
+                sets=(f"min_time_s_per_broadcast={floor}",),
+            )  # fmt: skip
+            run["floor"] = floor
+            runs.append(run)
+            print(json.dumps(run), flush=True)
+    lines = [
+        "## CartPole and the broadcast floor (`min_time_s_per_broadcast`)",
+        "",
+        f"`python -m tools.bench_cartpole --floors {' '.join(args.floors)} --seeds "
+        f"{' '.join(map(str, args.seeds))}` ({benchlib.machine_line()}; load average before "
+        f"{load[0]:.2f}). Env steps and wall time (process start) to a mean return of "
+        f"{args.target:g}, `{os.path.relpath(args.config, ROOT)}`; `-`: not reached within the "
+        "config's 2M env steps.",
+        "",
+        "| floor | " + " | ".join(f"seed {s}" for s in args.seeds) + " | median env steps |",
+        "|---|" + "---:|" * (len(args.seeds) + 1),
+    ]
+    for floor in args.floors:
+        mine = [r for r in runs if r["floor"] == floor]
+        cells = [
+            f"{r['steps']:,} ({r['wall_s']:.0f} s)" if r["reached"] else f"- ({r['steps']:,})"
+            for r in mine
+        ]
+        median = statistics.median(r["steps"] for r in mine)
+        lines.append(f"| {floor} | " + " | ".join(cells) + f" | {median:,.0f} |")
+    if benchlib.other_jobs_running(load):
+        lines += ["", "Other jobs loaded the machine when this ran."]
+    text = "\n".join(lines)
+    print(text)
+    if not args.no_write:
+        benchlib.write_section("bench_cartpole_broadcast", text)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--config", default=os.path.join(ROOT, "configs", "cartpole-impala.yaml"))
@@ -183,10 +234,19 @@ def main() -> None:
         default=60.0,
         help="with --backend ray or both: seconds of training per run (--stop_time_s)",
     )
+    parser.add_argument(
+        "--floors",
+        nargs="+",
+        default=None,
+        help="compare these min_time_s_per_broadcast values, alternating per seed",
+    )
     parser.add_argument("--no-write", action="store_true", help="do not update BENCHMARKS.md")
     args = parser.parse_args()
     if args.backend != "local":
         backend_comparison(args)
+        return
+    if args.floors:
+        floor_comparison(args)
         return
 
     runs = []

@@ -27,9 +27,10 @@ time in microseconds split by stage (receive: poll, unpickle and filter merges; 
 decode, replay and batch cutting, or handing the fragment to an aggregation worker and taking
 its train batches back; queue; broadcast; request: sending the next sample calls).
 
-`weights`: 128 actors replaying CartPole fragments and a stub learner at 1,000 updates/s: the
-weight broadcasts per second the driver makes (`num_weight_broadcasts`; on Ray each is one
-`ray.put`).
+`weights`: 128 actors replaying Pong-42 fragments and a stub learner at 1,000 updates/s with the
+Pong CNN's weights (4 MB): the weight broadcasts per second the driver makes
+(`num_weight_broadcasts`; on Ray each is one `ray.put`), with the default
+`min_time_s_per_broadcast` ("auto").
 
 The last line printed is one line of JSON with the headline figures:
 `cartpole_env_steps_per_core_s`, `pong42_env_steps_per_core_s` (local processes, driver
@@ -481,7 +482,7 @@ def main() -> None:
     load = os.getloadavg()
     with tempfile.TemporaryDirectory(prefix="bench_driver_") as tmp:
         records, paths = {}, {}
-        for workload in sorted(set(args.cases) | ({"cartpole"} if not args.no_weights else set())):
+        for workload in sorted(set(args.cases) | ({"pong42"} if not args.no_weights else set())):
             paths[workload] = os.path.join(tmp, f"{workload}.pkl")
             records[workload] = _record(workload, paths[workload])
             print(f"recorded {workload}: {records[workload]}", flush=True)
@@ -500,9 +501,9 @@ def main() -> None:
         weights = None
         if not args.no_weights:
             case = dict(
-                workload="cartpole", backend="local", actors=args.weight_actors,
+                workload="pong42", backend="local", actors=args.weight_actors,
                 aggregation_workers=0, seconds=args.seconds, updates_per_s=1000.0,
-                recording=paths["cartpole"], in_flight=1,
+                recording=paths["pong42"], in_flight=1,
             )  # fmt: skip
             weights = _run_case(case)
             print(_row(weights), flush=True)

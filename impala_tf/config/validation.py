@@ -220,7 +220,8 @@ def _runtime(config) -> None:
     check_number(config, "timeout_s_aggregator_manager", minimum=0.0)
     check_int(config, "max_requests_in_flight_per_aggregator_worker", minimum=1)
     check_int(config, "broadcast_interval", minimum=1)
-    check_number(config, "min_time_s_per_broadcast", minimum=0.0)
+    if config.min_time_s_per_broadcast != "auto":
+        check_number(config, "min_time_s_per_broadcast", minimum=0.0)
     check_int(config, "num_aggregation_workers", minimum=0)
     if config.num_aggregation_workers > config.num_env_runners:
         raise ValueError(

@@ -10,21 +10,26 @@ running update ends, for the next training step's try. A policy's weights are ne
 the last ones sent: a snapshot older than that is replaced by what was sent (so is one of a
 policy with no new update). Lockstep runs read with `wait=True` (no update runs between steps).
 
-Bounded broadcasts (a departure from RLlib, `min_time_s_per_broadcast`, default 0.1 s): besides
+Bounded broadcasts (a departure from RLlib, `min_time_s_per_broadcast`): besides
 `broadcast_interval` (RLlib's meaning kept: the least training steps, with a new update, between
 broadcasts), a broadcast also waits until `min_time_s_per_broadcast` seconds have passed since
 the last one. The reasoning: an actor applies at most one weight set per fragment (the worker
 host coalesces what arrived meanwhile, `impala_tf.workers.host`), so weights sent more often than
-the actors finish fragments are never used, yet each broadcast costs the driver one `ray.put`
-of the whole model (4 MB for the Pong CNN) and a copy to every node, or on local processes a
-pickle per actor. RLlib broadcasts after every training step with a new update, which on a fast
-learner (a GPU doing hundreds of updates per second) makes weight traffic grow with the
-learner's speed; with the floor, broadcasts are at most 1 / `min_time_s_per_broadcast` per
-second whatever the learner does (`tools.bench_driver`: 128 actors, a stub learner at 1,000
-updates/s). The cost is at most that many seconds of extra policy lag, which V-trace corrects
-(and `diff_num_grad_updates_vs_sampler_policy` reports). 0 restores RLlib's behaviour.
-Deterministic (lockstep) runs ignore the floor: a clock must not decide what a seeded run
-trains on.
+the actors can use are wasted, and each broadcast costs the driver one `ray.put` of every
+policy's weights (4 MB for the Pong CNN) and a copy to every node, or on local processes a
+pickle per actor. RLlib broadcasts after every training step with a new update, so on a fast
+learner (a GPU doing hundreds of updates per second) its weight traffic grows with the learner's
+speed. With the floor, broadcasts are at most 1 / floor per second whatever the learner does.
+
+The default, "auto", sets the floor from the weights' size: bytes / `AUTO_BYTES_PER_S` (40 MB/s),
+so weight traffic out of the driver stays under 40 MB/s per destination node: 0.1 s (10 per
+second) for the 4 MB Pong CNN, 7 ms for the 0.27 MB CartPole MLP. A floor costs policy lag (up to
+the floor's worth of updates, which V-trace corrects but which slows learning): a fixed 0.1 s
+floor made CartPole need 1.1-2.1M env steps to 450 against 0.77-1.18M without (4 seeds, BENCHMARKS
+"broadcast floor"), while a CPU learner on CartPole updates about every 12 ms, under the auto
+floor's 7 ms, and on Pong every 200 ms, over its 0.1 s: the auto floor binds only where
+broadcasts are fast and heavy. 0 restores RLlib's behaviour. Deterministic (lockstep) runs
+ignore the floor: a clock must not decide what a seeded run trains on.
 
 Departure from RLlib: RLlib sends to the actors that sampled in this step; an actor that sampled
 while no newer weights could be read waits here for the next step's try instead of being
@@ -42,9 +47,17 @@ import numpy as np
 from impala_tf.driver.learners import LearnerGroup
 from impala_tf.driver.sampling import EnvRunnerGroup
 
-__all__ = ["Broadcaster"]
+__all__ = ["AUTO_BYTES_PER_S", "Broadcaster", "weight_bytes"]
+
+#: `min_time_s_per_broadcast: auto`: the floor is the weights' bytes over this many bytes/s.
+AUTO_BYTES_PER_S = 40e6
 
 Weights = dict[str, tuple[list[np.ndarray], int]]
+
+
+def weight_bytes(weights: Weights) -> int:
+    """Bytes of every policy's weight arrays in `weights`."""
+    return sum(int(np.asarray(w).nbytes) for arrays, _ in weights.values() for w in arrays or ())
 
 
 class Broadcaster:
@@ -56,7 +69,8 @@ class Broadcaster:
       interval: `broadcast_interval`, the least training steps between broadcasts.
       counters: The driver's counters (`num_weight_broadcasts`).
       wait: Read weights waiting for a running update (lockstep runs).
-      min_time_s: `min_time_s_per_broadcast`, the least seconds between broadcasts (0: none).
+      min_time_s: `min_time_s_per_broadcast`: the least seconds between broadcasts (0: none),
+        or "auto" (the first weights' bytes / `AUTO_BYTES_PER_S`).
       clock: Seconds, monotonic (tests pass their own).
     """
 
@@ -67,7 +81,7 @@ class Broadcaster:
         interval: int,
         counters: collections.Counter,
         wait: bool = False,
-        min_time_s: float = 0.0,
+        min_time_s: float | str = 0.0,
         clock: Callable[[], float] = time.monotonic,
     ):
         self.learners = learners
@@ -75,7 +89,7 @@ class Broadcaster:
         self.interval = int(interval)
         self.counters = counters
         self.wait = wait
-        self.min_time_s = float(min_time_s)
+        self.min_time_s = None if min_time_s == "auto" else float(min_time_s)
         self._clock = clock
         self._last_time = -float("inf")
         self.steps_since_broadcast = 0
@@ -100,6 +114,8 @@ class Broadcaster:
         self._awaiting.update(sampled)
         if not self._awaiting or self.steps_since_broadcast < self.interval:
             return False
+        if self.min_time_s is None:  # "auto", from the weights sent at the start.
+            self.min_time_s = weight_bytes(self.sent) / AUTO_BYTES_PER_S
         if self.min_time_s > 0 and self._clock() - self._last_time < self.min_time_s:
             return False
         versions = self.learners.versions()
