@@ -24,12 +24,13 @@ speed. With the floor, broadcasts are at most 1 / floor per second whatever the 
 The default, "auto", sets the floor from the weights' size: bytes / `AUTO_BYTES_PER_S` (40 MB/s),
 so weight traffic out of the driver stays under 40 MB/s per destination node: 0.1 s (10 per
 second) for the 4 MB Pong CNN, 7 ms for the 0.27 MB CartPole MLP. A floor costs policy lag (up to
-the floor's worth of updates, which V-trace corrects but which slows learning): a fixed 0.1 s
-floor made CartPole need 1.1-2.1M env steps to 450 against 0.77-1.18M without (4 seeds, BENCHMARKS
-"broadcast floor"), while a CPU learner on CartPole updates about every 12 ms, under the auto
-floor's 7 ms, and on Pong every 200 ms, over its 0.1 s: the auto floor binds only where
-broadcasts are fast and heavy. 0 restores RLlib's behaviour. Deterministic (lockstep) runs
-ignore the floor: a clock must not decide what a seeded run trains on.
+the floor's worth of updates, which V-trace corrects but which slows learning): with a fixed 0.1
+s floor CartPole needed a median 1.55M env steps to 450 (one seed of 4 not within 2M), against
+1.30M with no floor and 1.21M with "auto" (BENCHMARKS.md, `tools.bench_cartpole --floors`). A
+CPU learner updates CartPole about every 12 ms, over the auto floor's 7 ms, and Pong every
+200 ms, over its 0.1 s: the auto floor binds only where broadcasts are fast and heavy. 0
+restores RLlib's behaviour. Deterministic (lockstep) runs ignore the floor: a clock must not
+decide what a seeded run trains on.
 
 Departure from RLlib: RLlib sends to the actors that sampled in this step; an actor that sampled
 while no newer weights could be read waits here for the next step's try instead of being
