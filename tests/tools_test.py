@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import ast
 import importlib
+import importlib.util
 import os
 import pkgutil
 
@@ -18,6 +20,32 @@ _TOOLS = sorted(m.name for m in pkgutil.iter_modules(tools.__path__) if m.name n
 def test_a_tool_imports_and_has_a_command_line(name):
     module = importlib.import_module(f"tools.{name}")
     assert callable(module.main), name
+
+
+def _package_imports(path: str) -> list[tuple[int, str, str]]:
+    """(line, module, name) of every `from impala_tf... import name` in a file, nested ones
+    (inside functions: the tools import lazily) included."""
+    with open(path, encoding="utf-8") as f:
+        tree = ast.parse(f.read())
+    return [
+        (node.lineno, node.module, alias.name)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("impala_tf")
+        for alias in node.names
+    ]
+
+
+@pytest.mark.parametrize("name", sorted([*_TOOLS, *_LIBRARIES]))
+def test_every_import_of_a_tool_resolves_lazy_ones_included(name):
+    """A tool imports the package lazily (in the function that needs TensorFlow or Ray), where
+    importing the tool does not reach: each such name must still exist."""
+    path = os.path.join(os.path.dirname(tools.__file__), f"{name}.py")
+    for line, module, attr in _package_imports(path):
+        imported = importlib.import_module(module)
+        found = hasattr(imported, attr)
+        if not found and hasattr(imported, "__path__"):  # `from package import submodule`.
+            found = importlib.util.find_spec(f"{module}.{attr}") is not None
+        assert found, f"tools/{name}.py:{line}: from {module} import {attr}"
 
 
 def test_the_index_lists_every_tool_and_library():

@@ -2,8 +2,9 @@
 
 Runs `impala_tf.policy.ActorPolicy.step` (the actors' compiled acting function) on uint8
 84x84x4 observations at batch = `num_envs_per_env_runner`, with TensorFlow limited to one
-intra-op and one inter-op thread as actor processes are (`impala_tf.actors.local._ACTOR_ENV`),
-and prints observations (env steps) acted on per second for each model.
+intra-op and one inter-op thread as actor processes are
+(`impala_tf.workers.process.worker_env_vars`), and prints observations (env steps) acted on per
+second for each model.
 
 Run from the repository root:
     .venv/bin/python -m tools.bench_actor_inference [--batches=1,5,16] [--seconds=5]

@@ -246,7 +246,7 @@ def _load_config(path: str):
 
 def _spaces(config):
     """The observation and action spaces of the env runners' envs (training, worker 1)."""
-    from impala_tf.rollout.env_runner import make_env
+    from impala_tf.envs.make import make_env
 
     env = make_env(config, worker_index=1, vector_index=0)
     spaces = env.observation_space, env.action_space
@@ -281,7 +281,7 @@ def case_env(path: str, kind: str, num_envs: int, threads: int, seconds: float) 
     """One process stepping `num_envs` envs on the vector-env or the wrapper path."""
     from impala_tf.envs import atari
     from impala_tf.envs.batch import AtariVectorEnvBatch, GymEnvBatch
-    from impala_tf.rollout.env_runner import make_env
+    from impala_tf.envs.make import make_env
 
     config = _load_config(path)
     if kind == "vector":
