@@ -30,7 +30,9 @@ its train batches back; queue; broadcast; request: sending the next sample calls
 `weights`: 128 actors replaying Pong-42 fragments and a stub learner at 1,000 updates/s with the
 Pong CNN's weights (4 MB): the weight broadcasts per second the driver makes
 (`num_weight_broadcasts`; on Ray each is one `ray.put`), with the default
-`min_time_s_per_broadcast` ("auto").
+`min_time_s_per_broadcast` ("auto"). And Pong-42 on local processes once more with the stub
+learner at 1 update/s: on local processes each broadcast pickles the weights once per actor,
+so the driver's share of broadcasting shows as the difference.
 
 The last line printed is one line of JSON with the headline figures:
 `cartpole_env_steps_per_core_s`, `pong42_env_steps_per_core_s` (local processes, driver
@@ -234,6 +236,7 @@ def case_intake(
     """One case: the real driver fed by `actors` `ReplayHost`s for `seconds` (module docstring)."""
     from impala_tf.batching import rows_per_batch
     from impala_tf.config.policies import policy_config
+    from impala_tf.driver import sampling
     from impala_tf.driver.aggregation import AggregationStage
     from impala_tf.driver.broadcast import Broadcaster
     from impala_tf.driver.metrics import Metrics
@@ -256,6 +259,9 @@ def case_intake(
     metrics = Metrics(config.metrics_num_episodes_for_smoothing, plan.trained, False)
     counters = metrics.counters
     host = functools.partial(ReplayHost, path=recording)
+    # The memory guard sizes real actors (envs, TensorFlow); a `ReplayHost` holds neither, so
+    # 128 of them fit where 128 Pong actors would not.
+    sampling.check_actor_memory = lambda *args, **kwargs: None
     group = EnvRunnerGroup(config, plan, counters, host_factory=host)
     aggregation = None
     try:
@@ -399,6 +405,7 @@ def _row(r: dict[str, Any]) -> str:
     breakdown = " / ".join(f"{parts[s]:,.0f}" for s in (*STAGES, "other"))
     return (
         f"| {r['workload']} | {r['backend']} | {r['actors']} | {r['aggregation_workers']} | "
+        f"{r['updates_per_s']:g} | "
         f"{r['env_steps_per_core_s']:,} | {r['env_steps_per_s']:,} | "
         f"{r['bytes_per_s'] / 1e6:,.1f} | {breakdown} | {r['weight_puts_per_s']} |"
     )
@@ -426,9 +433,9 @@ def report(records: dict[str, Any], intake: list[dict], weights: dict | None, lo
         "Per fragment (us of the driver's main-thread CPU): receive / count / aggregate / queue "
         "/ broadcast / request / other.",
         "",
-        "| workload | backend | actors | agg. workers | env steps/s per driver core | env steps/s"
-        " wall | MB/s | per fragment (us) | weight puts/s |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| workload | backend | actors | agg. workers | stub updates/s | env steps/s per driver "
+        "core | env steps/s wall | MB/s | per fragment (us) | weight puts/s |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     lines += [_row(r) for r in intake]
     if weights is not None:
@@ -444,7 +451,7 @@ def report(records: dict[str, Any], intake: list[dict], weights: dict | None, lo
 
 
 def headline(intake: list[dict], weights: dict | None) -> dict[str, Any]:
-    def find(workload, backend):
+    def find(workload, backend):  # The first such row: the stub learner at --updates-per-s.
         for r in intake:
             if (r["workload"], r["backend"], r["aggregation_workers"]) == (workload, backend, 0):
                 return r["env_steps_per_core_s"]
@@ -498,6 +505,15 @@ def main() -> None:
                     result = _run_case(case)
                     intake.append(result)
                     print(_row(result), flush=True)
+        if "pong42" in args.cases and "local" in args.backends:
+            # Broadcasts cost local processes a pickle of the weights per actor: the same case
+            # with the stub learner at 1 update/s (about 1 broadcast/s) shows that share.
+            case = dict(
+                workload="pong42", backend="local", actors=args.actors, aggregation_workers=0,
+                seconds=args.seconds, updates_per_s=1.0, recording=paths["pong42"],
+            )  # fmt: skip
+            intake.append(_run_case(case))
+            print(_row(intake[-1]), flush=True)
         weights = None
         if not args.no_weights:
             case = dict(
