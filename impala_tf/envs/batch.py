@@ -43,13 +43,20 @@ __all__ = [
 ]
 
 
+def _stacker(env: gym.Env) -> Any:
+    """The env or wrapper in `env`'s chain that declares `frame_stack`, or None."""
+    while env is not None:
+        if "frame_stack" in dir(type(env)) or "frame_stack" in vars(env):
+            return env
+        env = getattr(env, "env", None)
+    return None
+
+
 def declared_frame_stack(env: gym.Env) -> tuple[int, int] | None:
     """The (k, s) frame stack an env declares (`frame_stack`, anywhere in its wrappers), else
     None. Such an env also sets `stack_refilled` after each `reset` and `step`."""
-    try:
-        declared = env.get_wrapper_attr("frame_stack")
-    except AttributeError:
-        return None
+    stacker = _stacker(env)
+    declared = None if stacker is None else stacker.frame_stack
     return None if declared is None else (int(declared[0]), int(declared[1]))
 
 
@@ -144,6 +151,8 @@ class GymEnvBatch(EnvBatch):
         self.action_space = self.envs[0].action_space
         self._dtype = self.observation_space.dtype or np.float32
         self.frame_stack = declared_frame_stack(self.envs[0])
+        # Where each env says whether it refilled its stack: found once, read every step.
+        self._stackers = [_stacker(env) for env in self.envs] if self.frame_stack else []
         self.guard = guard if guard is not None else EnvGuard("(unnamed)", "an env batch")
         self.guard.bind(self.observation_space)
 
@@ -189,7 +198,7 @@ class GymEnvBatch(EnvBatch):
                 obs = guard.reset(env, None, j)
                 where[2] = StepProgress.STEP
             if restarts is not None:
-                restarts[j] = env.get_wrapper_attr("stack_refilled")
+                restarts[j] = self._stackers[j].stack_refilled
             obs = np.asarray(obs, dtype=self._dtype)
             if next_obs is None:
                 next_obs = np.empty((n, *obs.shape), self._dtype)
@@ -205,7 +214,7 @@ class GymEnvBatch(EnvBatch):
                 final_obs.pop(j, None)
                 next_obs[j] = guard.reset(self.envs[j], None, j)
                 if restarts is not None:
-                    restarts[j] = self.envs[j].get_wrapper_attr("stack_refilled")
+                    restarts[j] = self._stackers[j].stack_refilled
             guard.progress.set(guard.steps, -1, StepProgress.POLICY)
         guard.steps += 1
         return BatchStep(

@@ -60,14 +60,16 @@ class RunnerHost:
             progress=StepProgress(progress),
             remote=remote,
         )
-        self._compress = bool(config.compress_observations)
+        self._compress = (
+            functools.partial(compress, columns=(OBS, OBS_FRAMES))
+            if config.compress_observations
+            else None
+        )
 
     def sample(self) -> Fragment:
         fragment = self.runner.sample()
         fragment.actor_id = self.actor_id
-        if self._compress:
-            return fragment.map_batches(functools.partial(compress, columns=(OBS, OBS_FRAMES)))
-        return fragment
+        return fragment if self._compress is None else fragment.map_batches(self._compress)
 
     def sample_parts(self) -> tuple[Fragment, dict]:
         """`sample()` as (the fragment without its batches, the batches): on Ray the driver

@@ -17,6 +17,7 @@ and reports `Answer`s and `Death`s. `RestartPolicy` holds the driver's rules for
 
 from __future__ import annotations
 
+import abc
 import collections
 import dataclasses
 import itertools
@@ -99,7 +100,7 @@ class WorkerSpec:
             )
 
 
-class StoredValue:
+class StoredValue(abc.ABC):
     """A part of a reply kept in the backend's store (`WorkerGroup.call(..., parts=True)`).
 
     Passed as an argument of another worker's call, the backend hands it over without it passing
@@ -107,8 +108,9 @@ class StoredValue:
     here.
     """
 
+    @abc.abstractmethod
     def get(self) -> Any:
-        raise NotImplementedError
+        """A private copy of the value, fetched into this process."""
 
 
 def resolve(value: Any) -> Any:
