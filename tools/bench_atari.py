@@ -364,22 +364,14 @@ def case_learner(path: str, repeats: int) -> dict:
     actions = tf.reshape(data["actions"], (batch,))
     targets = tf.reshape(data["vf_preds"], (batch,))
 
-    @tf.function(autograph=False)
-    def keras_step():
-        with tf.GradientTape() as tape:
-            logits, values = model(obs, training=True)
-            loss = tf.reduce_sum(
-                tf.nn.sparse_softmax_cross_entropy_with_logits(labels=actions, logits=logits)
-            ) + 0.5 * tf.reduce_sum(tf.square(tf.reshape(values, (-1,)) - targets))
-        grads = tape.gradient(loss, model.trainable_variables)
-        grads, _ = tf.clip_by_global_norm(grads, float(config.grad_clip or 40.0))
-        optimizer.apply_gradients(zip(grads, model.trainable_variables))
-        return loss
+    keras_step = benchlib.bare_keras_step(
+        model, optimizer, obs, actions, targets, float(config.grad_clip or 40.0)
+    )
 
     seconds = _interleaved(
         {
             "learner": lambda: np.asarray(learner_step(data)),
-            "keras": lambda: np.asarray(keras_step()),
+            "keras": keras_step,
         },
         repeats,
     )

@@ -139,19 +139,7 @@ def _keras_cnn_step(batch: int) -> Callable[[], None]:
     actions = tf.constant(rng.integers(0, 6, batch))
     targets = tf.constant(rng.normal(size=batch).astype(np.float32))
 
-    @tf.function(autograph=False)
-    def step():
-        with tf.GradientTape() as tape:
-            logits, v = model(obs, training=True)
-            loss = tf.reduce_sum(
-                tf.nn.sparse_softmax_cross_entropy_with_logits(labels=actions, logits=logits)
-            ) + 0.5 * tf.reduce_sum(tf.square(v[:, 0] - targets))
-        grads = tape.gradient(loss, model.trainable_variables)
-        grads, _ = tf.clip_by_global_norm(grads, 40.0)
-        optimizer.apply_gradients(zip(grads, model.trainable_variables))
-        return loss
-
-    return lambda: np.asarray(step())
+    return benchlib.bare_keras_step(model, optimizer, obs, actions, targets)
 
 
 def bench_learner(repeats: int) -> list[str]:

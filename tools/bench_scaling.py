@@ -134,6 +134,10 @@ def _run(args: list[str], timeout: float = 1800) -> dict:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+LINK_BYTES_PER_S = 1.25e9  # A 10 Gbit/s link into the head node.
+MACHINE_CORES = 16
+
+
 def estimate(actor: dict, learner_per_s: float, intake: dict[str, float]) -> dict:
     """The paper model from the measured figures (arithmetic, no measurement of its own).
 
@@ -164,10 +168,6 @@ def estimate(actor: dict, learner_per_s: float, intake: dict[str, float]) -> dic
         "machine_driver_cores": actor_cores * driver_share,
         "link_steps_per_s": link,
     }
-
-
-LINK_BYTES_PER_S = 1.25e9  # A 10 Gbit/s link into the head node.
-MACHINE_CORES = 16
 
 
 def main() -> None:

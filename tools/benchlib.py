@@ -19,6 +19,7 @@ from collections.abc import Callable, Sequence
 __all__ = [
     "BENCHMARKS_MD",
     "backend_ratio_lines",
+    "bare_keras_step",
     "machine_line",
     "median_seconds",
     "other_jobs_running",
@@ -41,6 +42,28 @@ def median_seconds(fn: Callable[[], object], repeats: int = 50, warmup: int = 5)
         fn()
         times.append(time.perf_counter() - start)
     return statistics.median(times)
+
+
+def bare_keras_step(model, optimizer, obs, actions, targets, grad_clip: float = 40.0):
+    """A bare Keras update of a `model` returning (logits, values): cross-entropy on `actions`,
+    a squared value loss on `targets`, global-norm clipping, the optimizer's step; compiled.
+    The baseline the learner's V-trace update is compared with. Returns `() -> loss` (numpy)."""
+    import numpy as np
+    import tensorflow as tf
+
+    @tf.function(autograph=False)
+    def step():
+        with tf.GradientTape() as tape:
+            logits, values = model(obs, training=True)
+            loss = tf.reduce_sum(
+                tf.nn.sparse_softmax_cross_entropy_with_logits(labels=actions, logits=logits)
+            ) + 0.5 * tf.reduce_sum(tf.square(tf.reshape(values, (-1,)) - targets))
+        grads = tape.gradient(loss, model.trainable_variables)
+        grads, _ = tf.clip_by_global_norm(grads, grad_clip)
+        optimizer.apply_gradients(zip(grads, model.trainable_variables))
+        return loss
+
+    return lambda: np.asarray(step())
 
 
 def machine_line() -> str:
