@@ -410,7 +410,12 @@ class _RayGroup:
         return None
 
     def _up(self, worker_ids: list[int]) -> list[int]:
-        """Those of `worker_ids` not restarting (a restarting actor refuses calls)."""
+        """Those of `worker_ids` not restarting (a restarting actor refuses calls).
+
+        Restarts advance here too (one non-blocking look), so that a caller polling `pids`
+        between `collect`s, as a job manager's health check would, sees the restart finish.
+        """
+        self._check_restarts()
         return [i for i in worker_ids if self._actors[i].restarting is None]
 
     def pids(self, worker_ids: list[int]) -> dict[int, int]:
