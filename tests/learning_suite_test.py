@@ -324,7 +324,7 @@ def test_the_report_has_a_summary_and_a_row_per_run_and_criterion(tmp_path):
         _record("cartpole-impala", 100, [CARTPOLE], [_point(600_000, 9.4), _point(2_000_100, 9.3)]),
         _record("cartpole-impala", 102, [CARTPOLE], [_point(1_400_000, 455.0)]),
     ]
-    text = suite.report_markdown(records, configs, missing=["pong-impala-small seed 101"])
+    text = suite.report_markdown(records, configs, missing=["pong-impala-small (seed 101)"])
     lines = text.splitlines()
     assert (
         "| cartpole-impala | 450 within 2M env steps | 2/3 | 1,200,000 | 20.0 min | 100, 101, 102 |"
@@ -347,7 +347,7 @@ def test_the_report_has_a_summary_and_a_row_per_run_and_criterion(tmp_path):
         "| cartpole-impala | 102 | 450 within 2M env steps | yes | 1,400,000 | 23.3 min | - "
         f"| 455.0 at 1,400,000 {tail}",
     ]
-    assert "Not run yet: pong-impala-small seed 101." in text
+    assert "- Not run yet: pong-impala-small (seed 101)." in text
     assert "AMD EPYC, 2 cores, 24.0 GiB, GPU none, Python 3.11.7, TensorFlow 2.21.0" in text
     # The cartpole rows come first (suite order), though the records came pong first.
     assert text.index("| cartpole-impala | 100 |") < text.index("| pong-impala-small | 100 |")

@@ -45,8 +45,9 @@ best return, peak memory, other processes' cores, commit), and the machines. It 
 written to `<results-dir>/learning-suite.md`, and, unless `--no-write`, to the section
 "learning_suite" of BENCHMARKS.md and of docs/learning-results.md. The curves go to one figure,
 `<results-dir>/learning-suite.png`, one panel per config (matplotlib, the `tools` extra; without
-it the tool says so and writes the tables only). Exit status: 0 when every finished run met its
-criteria, 1 when one did not, 130 when interrupted.
+it the tool says so and writes the tables only); `--figure docs/learning-suite.png` puts it where
+docs/learning-results.md shows it. Exit status: 0 when every finished run met its criteria, 1
+when one did not, 130 when interrupted.
 """
 
 from __future__ import annotations
@@ -816,24 +817,27 @@ def report_markdown(
     machines = sorted({machine_line(r["machine"]) for r in records})
     commits = sorted({r["machine"]["commit"] for r in records})
     others = [r["other_cores"] for r in records]
-    dates = sorted(r["started"][:10] for r in records)
+    dates = sorted({r["started"][:10] for r in records})
+    seeds = sorted({r["seed"] for r in records})
+    when = dates[0] if len(dates) == 1 else f"{dates[0]} to {dates[-1]}"
     lines = [
-        f"`python -m tools.learning_suite`: {len(records)} runs, {dates[0]} to {dates[-1]}, "
-        f"one at a time, each a fresh `impala-train`; commit {', '.join(commits)}.",
-        f"Machine: {'; '.join(machines)}.",
-        f"Cores kept busy by other processes during a run (the machine's busy CPU time less the "
-        f"run's own, averaged over the run): {min(others):.2f} to {max(others):.2f} of "
-        f"{records[0]['machine']['cores']}.",
-        'A criterion "R within N" is met when the mean return of the last 100 episodes first '
+        f"`python -m tools.learning_suite`: {len(records)} runs on {when} (seeds "
+        f"{', '.join(map(str, seeds))}), one at a time, each a fresh `impala-train`.",
+        "",
+        f"- Machine: {'; '.join(machines)}. Commit {', '.join(commits)}.",
+        f"- Other processes kept {min(others):.2f} to {max(others):.2f} of the "
+        f"{records[0]['machine']['cores']} cores busy during a run (the machine's busy CPU time "
+        "less the run's own, averaged over the run).",
+        '- A criterion "R within N" is met when the mean return of the last 100 episodes first '
         "reaches R while the env steps sampled (`timesteps_total`), the training time "
         "(`time_total_s`) or the iterations are within N. Training time excludes the start-up; "
         "wall time counts from the process start. Peak RSS: the run's processes summed, sampled "
         "every second.",
     ]
     if missing:
-        lines.append(f"Not run yet: {', '.join(missing)}.")
+        lines.append(f"- Not run yet: {', '.join(missing)}.")
     if figure:
-        lines.append(f"Curves: `{figure}`.")
+        lines.append(f"- Curves: `{figure}`.")
     lines += ["", summary_table(records, configs), "", runs_table(records, configs)]
     return "\n".join(lines)
 
@@ -902,6 +906,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--stall-s", type=float, default=900.0, help="end a run with no new result for this long"
     )
+    parser.add_argument(
+        "--figure",
+        default=None,
+        help="where to draw the curves (default: <results-dir>/learning-suite.png; under docs/, "
+        "docs/learning-results.md shows it)",
+    )
     parser.add_argument("--no-write", action="store_true", help="leave BENCHMARKS.md and docs/")
     args = parser.parse_args(argv)
 
@@ -953,10 +963,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                 file=sys.stderr,
             )
     finished = {(r["config"], r["seed"]) for r in records}
-    missing = [
-        f"{c.name} seed {s}" for c in selected for s in args.seeds if (c.name, s) not in finished
-    ]
-    figure = os.path.join(results_dir, "learning-suite.png")
+    missing = []
+    for c in selected:
+        seeds = [str(s) for s in args.seeds if (c.name, s) not in finished]
+        if seeds:
+            missing.append(f"{c.name} (seed{'s' if len(seeds) > 1 else ''} {', '.join(seeds)})")
+    figure = os.path.abspath(args.figure or os.path.join(results_dir, "learning-suite.png"))
     try:
         if records:
             plot_suite(records, configs, figure)
@@ -973,6 +985,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         f.write(text + "\n")
     if records and not args.no_write:
         benchlib.write_section(SECTION, "## Learning suite\n\n" + text)
+        docs_dir = os.path.dirname(LEARNING_RESULTS_MD)
+        if figure and os.path.commonpath([figure, docs_dir]) == docs_dir:
+            text += f"\n\n![The learning suite's curves]({os.path.relpath(figure, docs_dir)})"
         benchlib.write_section(SECTION, text, path=LEARNING_RESULTS_MD)
     return 0 if all(r["passed"] for r in records) else 1
 
