@@ -663,10 +663,19 @@ def end_stale_run(directory: str) -> bool:
 
 
 def run_config_seed(
-    config: SuiteConfig, seed: int, results_dir: str, *, stall_s: float, python: str
+    config: SuiteConfig,
+    seed: int,
+    results_dir: str,
+    *,
+    stall_s: float,
+    python: str,
+    prefix: str = "",
 ) -> dict[str, Any]:
-    """Runs one config and seed from scratch and writes its `run.json`; returns the record."""
+    """Runs one config and seed from scratch and writes its `run.json`; returns the record.
+
+    `prefix` starts its first line of output (`[2/9] `)."""
     directory = run_dir(results_dir, config.name, seed)
+    print(f"{prefix}{config.name} seed {seed}", flush=True)
     if end_stale_run(directory):
         print(f"  ended the process left running by an interrupted suite in {directory}")
     shutil.rmtree(directory, ignore_errors=True)
@@ -684,7 +693,7 @@ def run_config_seed(
         "load_before": [round(x, 2) for x in os.getloadavg()],
         "started": time.strftime("%Y-%m-%d %H:%M:%S"),
     }
-    print(f"{config.name} seed {seed}: {' '.join(command[1:])}", flush=True)
+    print(f"  {' '.join(command[1:])}", flush=True)
     record.update(
         run_one(
             command,
@@ -944,8 +953,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     current = {c.name: [dict(x) for x in c.criteria] for c in configs}
     try:
         for i, (config, seed, _) in enumerate(todo, 1):
-            print(f"[{i}/{len(todo)}] ", end="")
-            run_config_seed(config, seed, results_dir, stall_s=args.stall_s, python=sys.executable)
+            run_config_seed(
+                config,
+                seed,
+                results_dir,
+                stall_s=args.stall_s,
+                python=sys.executable,
+                prefix=f"[{i}/{len(todo)}] ",
+            )
     except KeyboardInterrupt as e:
         print(
             f"learning_suite: interrupted ({e or 'SIGINT'}); the run in progress was ended and "
