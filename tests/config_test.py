@@ -832,6 +832,57 @@ def test_from_yaml_errors(tmp_path, text, message):
         ImpalaConfig.from_yaml(_write(tmp_path, text))
 
 
+def test_read_experiment_reads_pass_criteria_in_any_spelling_and_from_yaml_accepts_them(tmp_path):
+    path = _write(
+        tmp_path,
+        """
+pong:
+    run: IMPALA
+    env: CartPole-v1
+    stop: {episode_reward_mean: 18}
+    pass_criteria:
+        - {sampler_results/episode_reward_mean: 18, num_env_steps_sampled_lifetime: 5000000}
+        - {episode_reward_mean: 0, time_total_s: 1200, training_iteration: 300}
+""",
+    )
+    experiment = ImpalaConfig.read_experiment(path)
+    assert experiment.name == "pong" and isinstance(experiment.config, ImpalaConfig)
+    assert experiment.stop == {"episode_reward_mean": 18}
+    assert experiment.pass_criteria == [
+        {"episode_reward_mean": 18, "timesteps_total": 5000000},
+        {"episode_reward_mean": 0, "time_total_s": 1200, "training_iteration": 300},
+    ]
+    config, stop = ImpalaConfig.from_yaml(path)
+    assert config.env == "CartPole-v1" and stop == {"episode_reward_mean": 18}
+    one = _write(tmp_path, "a:\n  run: IMPALA\n  pass_criteria: {episode_reward_mean: 1, "
+                 "timesteps_total: 10}\n")  # fmt: skip
+    assert ImpalaConfig.read_experiment(one).pass_criteria == [
+        {"episode_reward_mean": 1, "timesteps_total": 10}
+    ]
+    with pytest.warns(DeprecatedKeyWarning):  # RLlib's file, old key names and all.
+        assert ImpalaConfig.read_experiment(CONFIGS / "pong-impala.yaml").pass_criteria == []
+
+
+@pytest.mark.parametrize(
+    "block, message",
+    [
+        ("{timesteps_total: 10}", "needs the return to reach"),
+        ("{episode_reward_mean: 1}", "sets no limit"),
+        ("{episode_reward_mean: 1, timesteps_total: 0}", "must be > 0"),
+        ("{episode_reward_mean: 1, timesteps_total: 10, episode_len_mean: 3}", "episode_len_mean"),
+        ("{episode_reward_mean: 1, timesteps_total: 10, time_total_s: x}", "must be a number"),
+        ("[1, 2]", "a list of them"),
+    ],
+)
+def test_pass_criteria_errors_name_the_file_and_what_is_wrong(tmp_path, block, message):
+    path = _write(tmp_path, f"a:\n  run: IMPALA\n  pass_criteria: {block}\n")
+    with pytest.raises(ValueError, match=message) as error:
+        ImpalaConfig.read_experiment(path)
+    assert str(path) in str(error.value)
+    with pytest.raises(ValueError, match=message):  # Training refuses the file too.
+        ImpalaConfig.from_yaml(path)
+
+
 def test_from_yaml_env_in_both_places_when_equal(tmp_path):
     path = _write(tmp_path, "a:\n  run: IMPALA\n  env: CartPole-v1\n  config: {env: CartPole-v1}\n")
     config, stop = ImpalaConfig.from_yaml(path)

@@ -29,6 +29,10 @@ Benchmarks (each rewrites its own section of BENCHMARKS.md unless `--no-write`):
 
 Run checks (exit 1 when a check fails):
 
+* `tools.learning_suite` - the shipped tuned examples (every config with `pass_criteria`), three
+  fresh seeds each, one run at a time, against their criteria (RLlib's where it has one);
+  resumable; `--quick` leaves out Atari. Writes its table to BENCHMARKS.md and
+  docs/learning-results.md, and the curves to one figure.
 * `tools.soak` - hours of CartPole: memory, step rate and file descriptors stay flat.
 * `tools.storm` - actors SIGKILLed every few seconds: the run goes on and nothing leaks.
 

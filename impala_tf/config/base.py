@@ -11,7 +11,8 @@ through `update_from_dict`:
   `multi_agent` (plus `framework`, `api_stack` and the deprecated `rollouts`, kept so RLlib
   scripts run);
 * `from_dict(d)`;
-* `from_yaml(path)`, reading RLlib's tuned-example format.
+* `from_yaml(path)`, reading RLlib's tuned-example format (`read_experiment(path)` also returns
+  the entry's name and the learning suite's `pass_criteria`).
 
 Every key is resolved by one function against four tables (the last three, with the model
 defaults and RLlib's stop criteria, live in `impala_tf.config.keys`):
@@ -46,7 +47,7 @@ import copy
 import dataclasses
 import os
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, NamedTuple
 
 from impala_tf.config.keys import (
     ALIASES,
@@ -60,6 +61,7 @@ from impala_tf.config.keys import (
     DeprecatedKeyWarning,
     is_number,
     load_yaml,
+    normalize_pass_criteria,
     normalize_schedule,
     normalize_stop_criteria,
     suggest,
@@ -67,7 +69,24 @@ from impala_tf.config.keys import (
 )
 from impala_tf.config.validation import validate
 
-__all__ = ["AlgorithmConfig"]
+__all__ = ["AlgorithmConfig", "Experiment"]
+
+
+class Experiment(NamedTuple):
+    """One tuned-example YAML entry, as `AlgorithmConfig.read_experiment` reads it.
+
+    Attributes:
+      name: The entry's name (`cartpole-impala`).
+      config: The config (not validated).
+      stop: The stop criteria, canonical keys (`normalize_stop_criteria`).
+      pass_criteria: The learning suite's criteria, canonical keys (`normalize_pass_criteria`);
+        empty when the entry has none.
+    """
+
+    name: str
+    config: AlgorithmConfig
+    stop: dict[str, float]
+    pass_criteria: list[dict[str, float]]
 
 
 def _key(default: Any, group: str) -> Any:
@@ -413,8 +432,9 @@ class AlgorithmConfig:
 
         The file holds exactly one top entry. `env` may sit at the entry level or inside
         `config` (not both with different values). `checkpoint_freq` and `keep_checkpoints_num`
-        may also sit at the entry level (Tune's place for them). The config is not validated
-        here; `build()` does that.
+        may also sit at the entry level (Tune's place for them). A `pass_criteria` block (the
+        learning suite's, see `read_experiment`) is checked and otherwise ignored. The config is
+        not validated here; `build()` does that.
 
         Args:
           path: Path of the YAML file.
@@ -425,6 +445,24 @@ class AlgorithmConfig:
 
         Raises:
           ValueError: for a malformed file, `run` other than IMPALA, or a bad key.
+        """
+        experiment = cls.read_experiment(path)
+        return experiment.config, experiment.stop
+
+    @classmethod
+    def read_experiment(cls, path: str | os.PathLike) -> Experiment:
+        """Reads a tuned example as `from_yaml` does, with its name and its pass criteria.
+
+        Args:
+          path: Path of the YAML file.
+
+        Returns:
+          An `Experiment`: the entry's name, the config, the stop criteria and the pass
+          criteria (`normalize_pass_criteria`; empty when the file has none).
+
+        Raises:
+          ValueError: as `from_yaml`, and for a malformed `pass_criteria` block (the message
+            names the file).
         """
         with open(path, encoding="utf-8") as f:
             document = load_yaml(f)
@@ -437,7 +475,8 @@ class AlgorithmConfig:
         if not isinstance(entry, Mapping):
             raise ValueError(f"{path}: entry `{name}` must be a mapping.")
         unknown = set(entry) - {
-            "env", "run", "stop", "config", "checkpoint_freq", "keep_checkpoints_num",
+            "env", "run", "stop", "pass_criteria", "config", "checkpoint_freq",
+            "keep_checkpoints_num",
         }  # fmt: skip
         if unknown:
             raise ValueError(f"{path}: unknown keys {sorted(unknown)} in entry `{name}`.")
@@ -446,6 +485,10 @@ class AlgorithmConfig:
             raise ValueError(f"{path}: `run` must be IMPALA, got {run!r}.")
         if not isinstance(entry.get("config") or {}, Mapping):
             raise ValueError(f"{path}: `config` of entry `{name}` must be a mapping.")
+        try:
+            pass_criteria = normalize_pass_criteria(entry.get("pass_criteria"))
+        except ValueError as e:
+            raise ValueError(f"{path}: entry `{name}`: {e}") from e
         settings = dict(entry.get("config") or {})
         if "env" in entry:
             if "env" in settings and settings["env"] != entry["env"]:
@@ -457,7 +500,12 @@ class AlgorithmConfig:
         for key in ("checkpoint_freq", "keep_checkpoints_num"):
             if key in entry:
                 settings[key] = entry[key]
-        return cls.from_dict(settings), normalize_stop_criteria(entry.get("stop"))
+        return Experiment(
+            name=str(name),
+            config=cls.from_dict(settings),
+            stop=normalize_stop_criteria(entry.get("stop")),
+            pass_criteria=pass_criteria,
+        )
 
     # Derived values ---------------------------------------------------------------------------
 

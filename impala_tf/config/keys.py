@@ -2,8 +2,9 @@
 
 `impala_tf.config.base.AlgorithmConfig` resolves every key it is given against these tables
 (its module docstring says how), and checks values with the helpers here. Also here: RLlib's
-stop criteria in their old and new spellings (`normalize_stop_criteria`) and the YAML loader of
-tuned examples (`load_yaml`).
+stop criteria in their old and new spellings (`normalize_stop_criteria`), the pass criteria of
+the learning suite (`normalize_pass_criteria`) and the YAML loader of tuned examples
+(`load_yaml`).
 
 Also the config warnings (`ConfigWarning`, each shown once per key). This module holds data
 and pure functions only; it imports neither TensorFlow nor gymnasium.
@@ -34,6 +35,7 @@ __all__ = [
     "MODEL_ALIASES",
     "MODEL_DEFAULTS",
     "OPTIMIZERS",
+    "PASS_LIMITS",
     "PRECISIONS",
     "RAY_ADDRESS",
     "STOP_KEYS",
@@ -43,6 +45,7 @@ __all__ = [
     "is_int",
     "is_number",
     "load_yaml",
+    "normalize_pass_criteria",
     "normalize_schedule",
     "normalize_stop_criteria",
     "suggest",
@@ -285,6 +288,71 @@ def normalize_stop_criteria(stop: Mapping[str, Any] | None) -> dict[str, float]:
             )
         normalised[canonical] = value
         spelled[canonical] = key
+    return normalised
+
+
+#: The limits a pass criterion may set (canonical stop keys): the return must be reached at or
+#: before each one that is given.
+PASS_LIMITS = ("timesteps_total", "time_total_s", "training_iteration")
+
+
+def normalize_pass_criteria(criteria: Any) -> list[dict[str, float]]:
+    """Checks a tuned example's `pass_criteria` block and maps its keys onto our result keys.
+
+    `pass_criteria` is RLlib's name for the block of its release learning tests; the learning
+    suite (`tools.learning_suite`) reads it, training ignores it. Each criterion is a mapping
+    with the return to reach, `episode_reward_mean` (any spelling `normalize_stop_criteria`
+    accepts), and at least one limit from `PASS_LIMITS`: the criterion is met when a result's
+    `episode_reward_mean` first reaches the return while `timesteps_total`, `time_total_s`
+    (seconds of training) and `training_iteration` are all within their limits ("450 within 2M
+    env steps"). RLlib's release harness reads a `timesteps_total` there as a minimum number of
+    steps done instead; a run here passes when the return comes soon enough. A list holds
+    several criteria, all of which a run must meet (Pong: 18 within 5M env steps, and 0 within
+    20 minutes).
+
+    Args:
+      criteria: The block: a mapping (one criterion), a list of mappings, or None.
+
+    Returns:
+      A list of criteria, each keyed by canonical names only (empty for None).
+
+    Raises:
+      ValueError: for a block that is not a mapping or a list of them, a criterion without
+        `episode_reward_mean` or without a limit, a key that is not a return or a limit, or a
+        limit that is not positive.
+    """
+    if criteria is None:
+        return []
+    items = [criteria] if isinstance(criteria, Mapping) else criteria
+    if not isinstance(items, list) or not all(isinstance(c, Mapping) for c in items):
+        raise ValueError(
+            "`pass_criteria` must be a mapping ({episode_reward_mean: R, timesteps_total: N}) "
+            f"or a list of them, got {criteria!r}."
+        )
+    normalised = []
+    for criterion in items:
+        canonical = normalize_stop_criteria(criterion)
+        if "episode_reward_mean" not in canonical:
+            raise ValueError(
+                f"A pass criterion needs the return to reach (`episode_reward_mean`), got "
+                f"{dict(criterion)!r}."
+            )
+        others = sorted(set(canonical) - {"episode_reward_mean", *PASS_LIMITS})
+        if others:
+            raise ValueError(
+                f"A pass criterion holds the return and its limits ({list(PASS_LIMITS)}), "
+                f"not {others}."
+            )
+        limits = {k: v for k, v in canonical.items() if k in PASS_LIMITS}
+        if not limits:
+            raise ValueError(
+                f"The pass criterion {dict(criterion)!r} sets no limit: add one of "
+                f"{list(PASS_LIMITS)} (the return must be reached within it)."
+            )
+        for key, value in limits.items():
+            if value <= 0:
+                raise ValueError(f"Pass criterion limit `{key}` must be > 0, got {value!r}.")
+        normalised.append(canonical)
     return normalised
 
 
