@@ -12,8 +12,8 @@ config is the one policy "default_policy"), each with its own spaces, model and 
 The server thread waits on every actor's connection at once and answers all the requests that
 are waiting with one forward pass per policy, so a model runs at a batch of up to
 `num_env_runners * num_envs_per_env_runner` observations instead of `num_envs_per_env_runner`,
-and the actors never import TensorFlow (lighter: about a quarter of the memory of a TensorFlow
-actor, see `impala_tf.workers.memory`).
+and the actors never import TensorFlow (lighter: no TensorFlow runtime or model in each actor;
+`impala_tf.workers.memory` estimates both kinds, `tools.measure_actor_memory` prints them).
 
 The actor's side (`connect`, `RemotePolicy`, `TcpEndpoint`) is `impala_tf.remote_policy`,
 re-exported here. An actor reaches the server through an endpoint that `connect` turns into a
