@@ -275,6 +275,7 @@ class Impala:
         runtime = {
             "num_healthy_workers": len(self.actors.healthy_ids()),
             "num_in_flight_async_sample_reqs": self.actors.num_in_flight(),
+            "node_ip": self.actors.node_ip,
         }
         # Throughputs exclude the evaluation.
         result = self.metrics.result(

@@ -12,8 +12,8 @@ config is the one policy "default_policy"), each with its own spaces, model and 
 The server thread waits on every actor's connection at once and answers all the requests that
 are waiting with one forward pass per policy, so a model runs at a batch of up to
 `num_env_runners * num_envs_per_env_runner` observations instead of `num_envs_per_env_runner`,
-and the actors never import TensorFlow (lighter: about a quarter of the memory of a TensorFlow
-actor, see `impala_tf.workers.memory`).
+and the actors never import TensorFlow (lighter: no TensorFlow runtime or model in each actor;
+`impala_tf.workers.memory` estimates both kinds, `tools.measure_actor_memory` prints them).
 
 The actor's side (`connect`, `RemotePolicy`, `TcpEndpoint`) is `impala_tf.remote_policy`,
 re-exported here. An actor reaches the server through an endpoint that `connect` turns into a
@@ -70,6 +70,7 @@ __all__ = [
     "RemotePolicy",
     "TcpEndpoint",
     "connect",
+    "node_ip_address",
 ]
 
 #: `inference` config values: each actor runs its policy, or the driver runs it for all.
@@ -494,15 +495,28 @@ def _shutdown(conn: connection.Connection) -> None:
         sock.shutdown(socket.SHUT_RDWR)
 
 
+def node_ip_address() -> str:
+    """This machine's IPv4 address on its default route: what other nodes reach it at.
+
+    Found without the network and without waiting: connecting a UDP socket only picks the route
+    and its source address, it sends nothing, and no name is resolved. Ray's
+    `get_node_ip_address` finds a node's address the same way. "127.0.0.1" when the machine has
+    no route to anywhere (offline).
+    """
+    with contextlib.suppress(OSError), socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.connect(("10.254.254.254", 1))
+        return s.getsockname()[0]
+    return "127.0.0.1"
+
+
 def _advertised_host(bound: str) -> str:
     """The address remote actors reach a listener bound to `bound` at."""
     if bound not in ("0.0.0.0", ""):
         return bound
-    # The interface of the default route; connecting a UDP socket sends nothing.
-    with contextlib.suppress(OSError), socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-        s.connect(("10.254.254.254", 1))
-        return s.getsockname()[0]
-    try:
+    address = node_ip_address()
+    if address != "127.0.0.1":
+        return address
+    try:  # No route: the hostname's address may still be one the peers reach.
         return socket.gethostbyname(socket.gethostname())
     except OSError:
         return "127.0.0.1"

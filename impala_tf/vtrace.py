@@ -32,17 +32,12 @@ part. It has two implementations, chosen when the graph is built:
 * inside `tf.function(jit_compile=True)`: a plain sequential `tf.while_loop` over T, which XLA
   compiles into a tight loop, whereas it fuses the doubling steps by recomputing their products.
 
-Cost of one V-trace inside a traced graph (10 chained per call, so TensorFlow's per-call overhead
-of ~0.6-0.8 ms is amortised), 2-core x86 CPU, T=50, B=500, float32, in ms:
-
-    recursion                          tf.function   XLA
-    tf.scan, parallel_iterations=1     1.32          0.14   (RLlib's formulation, the baseline)
-    sequential tf.while_loop           1.20          0.14
-    doubling scan                      0.24          0.99
-    [T, T, B] matrix of cumulative     2.50          0.85   (acc = M @ delta, M from cumsums of
-      discount-trace products                                log a_t and of zero counts)
-
-`tools/bench_vtrace.py` times the public functions and writes BENCHMARKS.md.
+`python -m tools.bench_vtrace` times the public functions (this module's choice of recursion,
+and `scan_vtrace_baseline`: RLlib's `tf.scan` recursion) inside a traced graph and per call,
+under `tf.function` and XLA, and writes BENCHMARKS.md (section "bench_vtrace"). When the
+recursions were chosen, a sequential `tf.while_loop` outside XLA and the doubling scan inside it
+were each slower than the choice made, and a [T, T, B] matrix of cumulative discount-trace
+products (acc = M @ delta) was slower than both; no tool times those three today.
 """
 
 from __future__ import annotations

@@ -125,3 +125,29 @@ def test_a_reset_drops_what_workers_were_sent_before_it(stage):
     ((_, batch, version),) = _fetch_one(stage)
     assert version == 3.0
     np.testing.assert_array_equal(batch["obs"], after.batches[PID]["obs"])
+
+
+def test_a_worker_at_max_requests_in_flight_gets_no_more_fragments_the_driver_aggregates_them():
+    stage = _stage(max_requests_in_flight_per_aggregator_worker=1)
+    try:
+        assert stage.process(_sequences(1)) == []  # Sent: the worker's one call in flight.
+        # Until the driver fetches the reply, the worker is at its limit: aggregated here.
+        ((_, batch, version),) = stage.process(_sequences(2))
+        assert version == 2.0
+        assert stage.counters["num_times_no_aggregation_worker_available"] == 1
+        ((_, _, version),) = _fetch_one(stage)
+        assert version == 1.0  # The worker's reply to the first fragment.
+        assert stage.process(_sequences(3)) == []  # Room again: sent to the worker.
+        assert stage.counters["num_times_no_aggregation_worker_available"] == 1
+    finally:
+        stage.stop()
+
+
+def test_two_fragments_in_flight_per_worker_by_default():
+    stage = _stage()
+    try:
+        assert stage.process(_sequences(1)) == [] and stage.process(_sequences(2)) == []
+        assert len(stage.process(_sequences(3))) == 1  # The third waits for no one: here.
+        assert stage.counters["num_times_no_aggregation_worker_available"] == 1
+    finally:
+        stage.stop()

@@ -326,3 +326,26 @@ def test_stop_ends_every_thread_and_closes_every_descriptor():
     for end in (pipe_end, tcp, silent):
         end.close()
     assert fds() == before
+
+
+def test_the_node_address_is_one_of_this_machines_own():
+    from impala_tf.inference import node_ip_address
+
+    address = node_ip_address()
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.bind((address, 0))  # Only an address of this machine can be bound.
+
+
+def test_offline_the_node_address_is_loopback_and_no_name_is_looked_up(monkeypatch):
+    import impala_tf.inference as inference
+
+    class NoRoute(socket.socket):
+        def connect(self, address):
+            raise OSError(101, "Network is unreachable")
+
+    def no_lookup(*args):
+        raise AssertionError("a name lookup can wait on DNS")
+
+    monkeypatch.setattr(inference.socket, "socket", NoRoute)
+    monkeypatch.setattr(inference.socket, "gethostbyname", no_lookup)
+    assert inference.node_ip_address() == "127.0.0.1"

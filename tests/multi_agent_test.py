@@ -324,6 +324,8 @@ def test_a_recurrent_policy_trains_beside_a_feedforward_one():
 def test_aggregation_workers_cut_and_replay_the_trained_policies_only():
     config = two_agent_config(
         num_aggregation_workers=1,
+        # No in-flight limit to reach: the worker cuts every fragment (aggregation_test.py).
+        max_requests_in_flight_per_aggregator_worker=1000,
         replay_proportion=1.0,
         replay_buffer_num_slots=4,
         policies_to_train=["p0"],

@@ -201,7 +201,11 @@ def test_aggregation_workers_read_fragments_from_the_object_store(ray_local, mon
     get = RayStoredValue.get
     monkeypatch.setattr(RayStoredValue, "get", lambda self: fetched.append(1) or get(self))
     handed = []
-    algo = small_config(backend="ray", num_aggregation_workers=1).build()
+    # No in-flight limit to reach: every fragment goes to the worker (at the limit the driver
+    # aggregates a fragment itself, fetching its batches: aggregation_test.py).
+    algo = small_config(
+        backend="ray", num_aggregation_workers=1, max_requests_in_flight_per_aggregator_worker=1000
+    ).build()
     process = algo.aggregation.workers.call
 
     def recording_call(worker, method, *args, **kwargs):

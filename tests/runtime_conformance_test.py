@@ -51,6 +51,17 @@ def _policies(placement: tuple[str, int]) -> list[str]:
     return ["default_policy"] if placement[1] == 1 else ["p0", "p1"]
 
 
+def _node_ip(backend: str) -> str:
+    """The driver's node address as RLlib reports it: Ray's on Ray, the default route's here."""
+    if backend == "ray":
+        import ray
+
+        return ray.util.get_node_ip_address()
+    from impala_tf.inference import node_ip_address
+
+    return node_ip_address()
+
+
 def _train_until(algo, predicate, max_iterations: int = 40) -> dict:
     """Trains until `predicate(result)` holds; fails after `max_iterations` iterations."""
     result = None
@@ -82,6 +93,7 @@ def test_iterations_report_rllib_results_with_consistent_counters(placement):
     assert last["num_weight_broadcasts"] > 0
     assert last["episodes_total"] > 0 and math.isfinite(last["episode_reward_mean"])
     assert last["num_healthy_workers"] == 2
+    assert last["node_ip"] == _node_ip(placement[0])
     assert sorted(last["info"]["learner"]) == _policies(placement)
     for info in last["info"]["learner"].values():
         assert info["num_grad_updates_lifetime"] >= 1

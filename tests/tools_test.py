@@ -66,3 +66,23 @@ def test_bench_gpu_prints_its_plan_without_a_gpu_and_refuses_to_measure_on_a_cpu
     refused = subprocess.run(run, capture_output=True, text=True, cwd=root, env=env)
     assert refused.returncode == 2
     assert "sees none" in refused.stderr and "tools.bench_learner" in refused.stderr
+
+
+def test_measure_actor_memory_prints_the_guards_estimate_for_both_kinds_of_actor(capsys):
+    import gymnasium as gym
+    import numpy as np
+
+    from impala_tf.config import ImpalaConfig
+    from impala_tf.workers.memory import estimate_pool_bytes
+    from tools import measure_actor_memory
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    path = os.path.join(root, "configs", "cartpole-impala.yaml")
+    measure_actor_memory.print_estimate(path)
+    out = capsys.readouterr().out
+    config, _ = ImpalaConfig.from_yaml(path)
+    space = gym.spaces.Box(-np.inf, np.inf, (4,), np.float32)  # CartPole-v1's observations.
+    for label, numpy_policy in (("TensorFlow actors", False), ("actors without TF", True)):
+        per_actor = estimate_pool_bytes(config, space, numpy_policy=numpy_policy)["per_actor"]
+        (line,) = [line for line in out.splitlines() if label in line]
+        assert f"{per_actor / 2**20:7.1f} MiB per actor" in line

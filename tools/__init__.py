@@ -14,7 +14,8 @@ Benchmarks (each rewrites its own section of BENCHMARKS.md unless `--no-write`):
 * `tools.bench_pendulum` - Pendulum: time and env steps to -700 and -200, beside RLlib.
 * `tools.bench_learner` - learner updates vs bare Keras, 1 vs 2 devices, microbatch memory, GPU,
   XLA, and the `precision` A/B (`--parts bf16`: learner and one-thread actor inference).
-* `tools.bench_vtrace` - V-trace against RLlib's `tf.scan` and a numpy loop.
+* `tools.bench_vtrace` - V-trace against its `tf.scan` baseline (RLlib's recursion, our code)
+  and a numpy loop.
 * `tools.bench_scaling` - per-actor and learner figures, and where the Ray design stops scaling.
 * `tools.bench_driver` - driver intake: the real driver fed by fake actors replaying recorded
   fragments (CartPole, Pong 42 and 84), a stub learner; env steps/s per driver core, bytes/s,

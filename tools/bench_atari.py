@@ -38,8 +38,9 @@ asks for through the models catalog) and the `impala-train` binary. Parts:
   stack) on Pong with the YAML's runners, envs, fragment, batch and losses, for the same time.
 
 Ratios printed: trained / min(env rate, learner bound) (the issue's target is >= 0.70; the env
-rate used is the best of the (a) rows) and trained vs RLlib: (f) when it ran, else the 384 env
-steps/s sampled PLATFORM.md records for RLlib on this machine (said so in the output).
+rate used is the best of the (a) rows) and, when (f) ran, impala_tf trained vs RLlib sampled in
+the same invocation. Without (f) no RLlib ratio is printed: a figure from another run, config or
+day would not compare like with like.
 
 `--compare_inference SECONDS` runs only the train case, with `inference: actor` (each actor runs
 the model at a batch of its envs) and `inference: central` (the driver's server batches every
@@ -98,8 +99,6 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 DEFAULT_CONFIG = os.path.join(ROOT, "configs", "pong-impala-small.yaml")
-#: RLlib 2.60 IMPALA (torch, new stack) on ALE/Pong-v5 on this machine (PLATFORM.md).
-RLLIB_PLATFORM_STEPS_PER_S = 384.0
 FRAME_SKIP = 4
 TARGET_RATIO = 0.70
 TARGET_RAY_RATIO = 0.90
@@ -891,10 +890,8 @@ def report(
         )
     else:
         lines.append(
-            f"- (f) did not run (no `--rllib-python`): vs the {RLLIB_PLATFORM_STEPS_PER_S:.0f} env "
-            "steps/s RLlib sampled on this machine earlier (PLATFORM.md: 1 runner x 5 envs, its "
-            f"64x64 CNN), impala_tf trained = **{trained / RLLIB_PLATFORM_STEPS_PER_S:.1f}x** "
-            "(target >= 5x; not the same run)."
+            "- (f) RLlib did not run (no `--rllib-python`), so no ratio against RLlib: run "
+            "`python -m tools.bench_atari --rllib-python PATH` for one from the same invocation."
         )
     return "\n".join(lines)
 

@@ -2,6 +2,7 @@
 
     .venv/bin/python -m tools.bench_learner               # every part, into BENCHMARKS.md
     .venv/bin/python -m tools.bench_learner --parts keras devices
+    .venv/bin/python -m tools.bench_learner --parts keras --no-write   # print only
     .venv/bin/python -m tools.bench_learner --parts memory --memory_batch 20000
     .venv/bin/python -m tools.bench_learner --parts xla --repeats 20 --rounds 5
 
@@ -10,9 +11,10 @@ Run from the repository root (the memory cases run there as `python -m tools.ben
 Parts (each writes its own BENCHMARKS.md section):
 
 * `keras` — samples/s of one `ImpalaLearner` update (V-trace loss, Adam, clipping) on the CartPole
-  MLP [256, 256] at batch 500 (10 sequences of 50), next to a bare Keras model of the same
-  shape (policy and value towers) doing forward, backward and Adam on a plain loss, same batch,
-  same run. Both are compiled `tf.function`s timed from Python with the results fetched.
+  MLP [256, 256] at batch 500 (10 sequences of 50), next to a bare Keras update of the same model
+  (the models catalog's, a shared torso by default: `vf_share_layers`) doing forward, backward and
+  Adam on a plain loss (`tools.benchlib.bare_keras_step`), same batch, same run. Both are compiled
+  `tf.function`s timed from Python with the results fetched.
 * `devices` — the same update on 1 and on 2 logical CPU devices (`MirroredStrategy`, what
   `num_gpus=2, _fake_gpus=True` builds), at batch 500 and 2,000. The devices share the machine's
   cores, so no gain is expected on a small machine: this measures the cost of the split.
@@ -171,44 +173,42 @@ def _learner_step(kind: str, batch: int, strategy, **overrides) -> Callable[[], 
 
 
 def _keras_step(batch: int) -> Callable[[], None]:
-    """Forward + backward + Adam on a bare Keras two-tower MLP, result fetched."""
+    """Forward + backward + Adam of a bare Keras update (`benchlib.bare_keras_step`) of the model
+    the learner builds for the same config (the models catalog's), result fetched."""
     import keras
     import numpy as np
     import tensorflow as tf
 
-    def tower(out: int) -> keras.Sequential:
-        return keras.Sequential(
-            [
-                keras.layers.Dense(256, activation="tanh"),
-                keras.layers.Dense(256, activation="tanh"),
-                keras.layers.Dense(out),
-            ]
-        )
+    from impala_tf.models import build_model
 
-    policy, value = tower(2), tower(1)
-    optimizer = keras.optimizers.Adam(learning_rate=5e-4)
+    config = _config("mlp", batch)
+    obs_space, act_space = _spaces("mlp")
+    model = build_model(obs_space, act_space, config.model, name="bare_keras_model")
+    optimizer = keras.optimizers.Adam(learning_rate=float(config.lr))
+    optimizer.build(model.trainable_variables)
     rng = np.random.default_rng(0)
-    obs = tf.constant(rng.uniform(-1, 1, (batch, 4)).astype(np.float32))
-    actions = tf.constant(rng.integers(0, 2, batch))
+    obs = tf.constant(rng.uniform(-1, 1, (batch, *obs_space.shape)).astype(np.float32))
+    actions = tf.constant(rng.integers(0, act_space.n, batch))
     targets = tf.constant(rng.normal(size=batch).astype(np.float32))
-    policy(obs), value(obs)
-    variables = policy.trainable_variables + value.trainable_variables
-    optimizer.build(variables)
+    return benchlib.bare_keras_step(
+        model, optimizer, obs, actions, targets, float(config.grad_clip or 40.0)
+    )
 
-    @tf.function(autograph=False)
-    def step():
-        with tf.GradientTape() as tape:
-            logits = policy(obs, training=True)
-            v = value(obs, training=True)[:, 0]
-            loss = tf.reduce_sum(
-                tf.nn.sparse_softmax_cross_entropy_with_logits(labels=actions, logits=logits)
-            ) + 0.5 * tf.reduce_sum(tf.square(v - targets))
-        grads = tape.gradient(loss, variables)
-        grads, _ = tf.clip_by_global_norm(grads, 40.0)
-        optimizer.apply_gradients(zip(grads, variables))
-        return loss
 
-    return lambda: np.asarray(step())
+def _mlp_layout() -> str:
+    """The CartPole MLP as the catalog builds it for `_config("mlp", ...)`: shared torso or not."""
+    config = _config("mlp", 500)
+    hidden = " x ".join(str(n) for n in config.model["fcnet_hiddens"])
+    activation = config.model["fcnet_activation"]
+    if config.model["vf_share_layers"]:
+        return (
+            f"one torso of {hidden} {activation} units with a policy and a value head "
+            "(`vf_share_layers: True`, RLlib's default)"
+        )
+    return (
+        f"separate policy and value towers of {hidden} {activation} units "
+        "(`vf_share_layers: False`)"
+    )
 
 
 def _interleaved_times(
@@ -237,6 +237,7 @@ def bench_keras(repeats: int) -> str:
     import tensorflow as tf
 
     batch = 500
+    load_before = os.getloadavg()
     seconds = _interleaved_seconds(
         {
             "learner": _learner_step("mlp", batch, tf.distribute.get_strategy()),
@@ -244,6 +245,7 @@ def bench_keras(repeats: int) -> str:
         },
         repeats,
     )
+    load_after = os.getloadavg()
     keras_s = seconds["keras"]
     rows = [
         ("`ImpalaLearner.train_step` (V-trace, Adam, clip)", seconds["learner"]),
@@ -252,7 +254,8 @@ def bench_keras(repeats: int) -> str:
     lines = [
         "### Learner update vs a bare Keras MLP (CartPole MLP [256, 256], batch 500)",
         "",
-        f"Machine: {benchlib.machine_line()}",
+        f"Machine: {benchlib.machine_line()}; load average (1 min) {load_before[0]:.2f} before, "
+        f"{load_after[0]:.2f} after",
         "",
         "| update | ms / update | samples/s | vs Keras |",
         "|---|---:|---:|---:|",
@@ -264,10 +267,13 @@ def bench_keras(repeats: int) -> str:
     lines += [
         "",
         f"Median of 5 interleaved rounds, each the median of {repeats} calls of a compiled step "
-        "on a batch already in memory, result fetched. Both models have separate policy and "
-        "value towers of two tanh layers of 256 (RLlib's default `vf_share_layers: False`); the "
-        "learner adds the V-trace targets (a scan over T=50), the distributions and the stats.",
+        "on a batch already in memory, result fetched. Both update the same model, built by the "
+        f"models catalog: {_mlp_layout()}. The bare Keras update is a cross-entropy on the "
+        "actions plus a squared value loss, clipped, and Adam (`tools.benchlib.bare_keras_step`); "
+        "the learner adds the V-trace targets (a scan over T=50), the distributions and the stats.",
     ]
+    if benchlib.other_jobs_running(load_before):
+        lines += ["", "Other jobs loaded the machine when this ran: the figures are noisy."]
     return "\n".join(lines)
 
 
@@ -583,6 +589,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5, help="interleaved rounds (xla, bf16)")
     parser.add_argument("--memory_batch", type=int, default=20_000)
     parser.add_argument("--microbatch", type=int, default=1_000)
+    parser.add_argument("--no-write", action="store_true", help="do not update BENCHMARKS.md")
     parser.add_argument("--memory_case", help=argparse.SUPPRESS)
     parser.add_argument("--inference_case", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -610,7 +617,8 @@ def main() -> None:
             markdown = bench_bf16(args.repeats, args.rounds)
         else:
             markdown = bench_gpu(args.repeats)
-        benchlib.write_section(f"bench_learner_{part}", markdown)
+        if not args.no_write:
+            benchlib.write_section(f"bench_learner_{part}", markdown)
         print(markdown, f"\n({part}: {time.perf_counter() - start:.0f} s)\n", flush=True)
 
 

@@ -1,14 +1,17 @@
 """Benchmarks of impala_tf's learner-side computations, one BENCHMARKS.md section each.
 
-Run from the repository root: `.venv/bin/python -m tools.bench_vtrace`.
+Run from the repository root: `.venv/bin/python -m tools.bench_vtrace [--no-write]`.
 
 Sections:
-    bench_vtrace: V-trace (`impala_tf.vtrace.from_importance_weights`) against RLlib's `tf.scan`
-        formulation and a numpy loop, at T=50 (time), B=500 (batch), float32.
+    bench_vtrace: V-trace (`impala_tf.vtrace.from_importance_weights`) against
+        `impala_tf.vtrace.scan_vtrace_baseline` (the same function with its reverse recursion
+        written as RLlib's `vtrace_tf.py` writes it: `tf.scan`, `parallel_iterations=1`; RLlib's
+        own code is not run) and a numpy loop, at T=50 (time), B=500 (batch), float32.
 """
 
 from __future__ import annotations
 
+import argparse
 import os
 from collections.abc import Callable
 
@@ -27,6 +30,8 @@ BATCH = 500  # B, RLlib's train_batch_size / T.
 CHAIN = 10  # V-traces per call in the in-graph measurement.
 ROUNDS = 15  # Candidates are timed in interleaved rounds, so drift hits them all alike.
 REPEATS = 10
+#: The baseline row: impala_tf's own V-trace with RLlib's recursion (`tf.scan`), not RLlib's code.
+BASELINE = "impala_tf, `tf.scan` recursion (baseline)"
 
 
 def _vtrace_inputs(seed: int = 0) -> tuple[np.ndarray, ...]:
@@ -97,6 +102,7 @@ def _time_interleaved(calls: dict[str, Callable[[], object]]) -> dict[str, float
 
 def vtrace_section() -> str:
     """Times V-trace implementations at T=50, B=500 and returns a markdown section."""
+    load_before = os.getloadavg()
     arrays = _vtrace_inputs()
     tensors = tuple(tf.constant(x) for x in arrays)
     unknown_shapes = [tf.TensorSpec([None, None])] * 4 + [tf.TensorSpec([None])]
@@ -104,9 +110,8 @@ def vtrace_section() -> str:
 
     # (label, mode, function of the five tensors or None, in-graph function or None)
     rows = [
-        ("RLlib `tf.scan` (baseline)", "tf.function", tf.function(_single(baseline)),
-         tf.function(_chained(baseline))),
-        ("RLlib `tf.scan` (baseline)", "XLA", tf.function(_single(baseline), jit_compile=True),
+        (BASELINE, "tf.function", tf.function(_single(baseline)), tf.function(_chained(baseline))),
+        (BASELINE, "XLA", tf.function(_single(baseline), jit_compile=True),
          tf.function(_chained(baseline), jit_compile=True)),
         ("impala_tf", "eager", _single(ours), None),
         ("impala_tf", "tf.function", tf.function(_single(ours)), tf.function(_chained(ours))),
@@ -136,13 +141,15 @@ def vtrace_section() -> str:
         if chained is not None:
             calls[key + " / chained"] = lambda f=chained: [x.numpy() for x in f(*tensors)]
     seconds = _time_interleaved(calls)
+    load_after = os.getloadavg()
 
-    base_call = seconds["RLlib `tf.scan` (baseline) / tf.function"]
-    base_graph = seconds["RLlib `tf.scan` (baseline) / tf.function / chained"] / CHAIN
+    base_call = seconds[f"{BASELINE} / tf.function"]
+    base_graph = seconds[f"{BASELINE} / tf.function / chained"] / CHAIN
     lines = [
         f"### V-trace, T={NUM_STEPS}, B={BATCH}, float32",
         "",
-        f"Machine: {benchlib.machine_line()}",
+        f"Machine: {benchlib.machine_line()}; load average (1 min) {load_before[0]:.2f} before, "
+        f"{load_after[0]:.2f} after",
         "",
         "| implementation | mode | per call (ms) | speed-up | in graph (ms / V-trace) | speed-up |",
         "|---|---|---:|---:|---:|---:|",
@@ -164,9 +171,14 @@ def vtrace_section() -> str:
         "`.numpy()`; it includes TensorFlow's function-call overhead, which the empty-function "
         f"rows measure. In graph: one call runs {CHAIN} chained V-traces (each one's `vs` feeds "
         f"the next one's values), time / {CHAIN}: the cost inside a learner's traced train step. "
-        "Speed-ups are against the baseline under `tf.function` in the same column. Thresholds "
+        "Speed-ups are against the baseline under `tf.function` in the same column. The "
+        "baseline is `impala_tf.vtrace.scan_vtrace_baseline`: impala_tf's V-trace with its "
+        "reverse recursion written as RLlib's `vtrace_tf.py` writes it (`tf.scan`, "
+        "`parallel_iterations=1`); RLlib's own code is not run. Thresholds "
         "rho-bar = rho-bar_pg = 1.0; 2% of discounts are zero.",
     ]
+    if benchlib.other_jobs_running(load_before):
+        lines += ["", "Other jobs loaded the machine when this ran: the figures are noisy."]
     return "\n".join(lines)
 
 
@@ -176,11 +188,15 @@ SECTIONS: dict[str, Callable[[], str]] = {
 
 
 def main() -> None:
-    """Runs every section, prints it and writes it to BENCHMARKS.md."""
+    """Runs every section, prints it and writes it to BENCHMARKS.md (unless `--no-write`)."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--no-write", action="store_true", help="do not update BENCHMARKS.md")
+    args = parser.parse_args()
     for name, section in SECTIONS.items():
         markdown = section()
         print(markdown, flush=True)
-        benchlib.write_section(name, markdown)
+        if not args.no_write:
+            benchlib.write_section(name, markdown)
 
 
 if __name__ == "__main__":

@@ -7,8 +7,15 @@ counting pages shared with the fork server), Pss (shared pages split between sha
 private (Private_Clean + Private_Dirty: what one more actor adds). The figures feed
 `impala_tf.workers.memory`'s per-actor estimates.
 
+`--estimate YAML` measures nothing: it prints what the guard estimates for that config's pool
+(`impala_tf.workers.memory.estimate_pool_bytes`, from the figures above and the config's envs,
+fragments and batches), once as TensorFlow actors (per-actor CNN/LSTM inference) and once as
+actors without TensorFlow (numpy MLPs, or any model with `inference: central`), beside this
+machine's `MemAvailable`: the figures `inference: auto` decides by.
+
 Run from the repository root:
     .venv/bin/python -m tools.measure_actor_memory --kind=mlp|cnn [--actors=2]
+    .venv/bin/python -m tools.measure_actor_memory --estimate configs/pong-impala.yaml
 """
 
 from __future__ import annotations
@@ -22,11 +29,11 @@ from impala_tf.config import ImpalaConfig
 from impala_tf.config.policies import policy_config
 from impala_tf.driver.plan import make_plan
 from impala_tf.driver.sampling import EnvRunnerGroup
-from impala_tf.workers.memory import read_smaps_rollup
+from impala_tf.workers.memory import estimate_pool_bytes, read_meminfo, read_smaps_rollup
 from tests.support import envs
 from tools import proclib
 
-__all__ = ["main"]
+__all__ = ["main", "print_estimate"]
 
 
 def _configs() -> dict[str, ImpalaConfig]:
@@ -46,13 +53,41 @@ def _fork_server_pid() -> int | None:
     return None
 
 
+def print_estimate(path: str) -> None:
+    """The guard's estimate for the pool of the YAML at `path`, with and without TensorFlow."""
+    from impala_tf.driver.plan import largest_observation_space
+    from impala_tf.envs.spaces import probe_spaces
+
+    config, _ = ImpalaConfig.from_yaml(path)
+    space = largest_observation_space(probe_spaces(config))
+    available = read_meminfo()["MemAvailable"]
+    print(
+        f"{path}: num_env_runners={config.num_env_runners}, num_envs_per_env_runner="
+        f"{config.num_envs_per_env_runner}, observations {space.shape} {space.dtype}; "
+        f"MemAvailable {available / 2**30:.1f} GiB"
+    )
+    for label, numpy_policy in (("TensorFlow actors", False), ("actors without TF", True)):
+        e = estimate_pool_bytes(config, space, numpy_policy=numpy_policy)
+        print(
+            f"  {label:18s}: {e['per_actor'] / 2**20:7.1f} MiB per actor, fork server "
+            f"{e['fork_server'] / 2**20:5.0f} MiB, learner reserve "
+            f"{e['learner_reserve'] / 2**20:5.0f} MiB, total {e['total'] / 2**30:6.1f} GiB"
+        )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--kind", choices=("mlp", "cnn"), required=True)
+    parser.add_argument("--kind", choices=("mlp", "cnn"))
+    parser.add_argument("--estimate", metavar="YAML", help="print the guard's estimate only")
     parser.add_argument("--actors", type=int, default=2)
     parser.add_argument("--envs", type=int, default=5)
     parser.add_argument("--fragments", type=int, default=3)
     args = parser.parse_args()
+    if args.estimate:
+        print_estimate(args.estimate)
+        return
+    if args.kind is None:
+        parser.error("one of --kind or --estimate is required")
     for name, config in _configs().items():
         if not name.startswith({"mlp": "numpy", "cnn": "TF"}[args.kind]):
             continue

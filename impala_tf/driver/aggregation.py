@@ -10,12 +10,14 @@ dropped here.
 
 `AggregationStage` runs it in the driver, or, with `num_aggregation_workers` > 0 (RLlib's tree
 aggregation), in aggregation workers on the actors' backend (local processes or Ray actors; the
-same `impala_tf.workers` mechanism): each fragment goes to a random healthy worker (on Ray as
-an object reference: the batches go from the actor's object store to the aggregation worker
-without passing through the driver, which then sees only train batches; a fragment whose
-batches were lost with their actor costs that aggregation worker a restart, counted)
-(`num_times_no_aggregation_worker_available` when none is healthy: the driver aggregates it
-itself) and the train batches come back. A worker that dies is restarted
+same `impala_tf.workers` mechanism): each fragment goes to a random healthy worker with fewer
+than `max_requests_in_flight_per_aggregator_worker` fragments outstanding (on Ray as an object
+reference: the batches go from the actor's object store to the aggregation worker without
+passing through the driver, which then sees only train batches; a fragment whose batches were
+lost with their actor costs that aggregation worker a restart, counted) and the train batches
+come back. When no worker is healthy or every healthy one is at that limit, the driver
+aggregates the fragment itself and counts `num_times_no_aggregation_worker_available` (RLlib
+counts it too, and drops the fragment). A worker that dies is restarted
 (`num_aggregation_worker_restarts`); the env steps it held are lost
 (`num_env_steps_lost_in_aggregation`). `reset` drops what the workers and the driver hold (a
 restore), so nothing sampled before a restore trains after it.
@@ -171,6 +173,7 @@ class AggregationStage:
         self.rows = dict(rows)
         self.counters = counters
         self.local = Aggregator(config, self.rows)
+        self.max_in_flight = int(config.max_requests_in_flight_per_aggregator_worker)
         self.workers: WorkerGroup | None = None
         self._rng = random.Random(config.seed)
         self._steps: dict[int, int] = {}  # Call id -> env steps it carries.
@@ -194,12 +197,17 @@ class AggregationStage:
             self.workers = WorkerGroup(backend, spec, int(config.num_aggregation_workers))
 
     def process(self, fragment: Fragment) -> list[Output]:
-        """Aggregates `fragment` here, or sends it to a worker (its batches come from `fetch`)."""
+        """Aggregates `fragment` here, or sends it to a worker with room for it (its batches
+        come from `fetch`)."""
         versions = fragment.policy_versions
         if self.workers is not None:
-            healthy = self.workers.healthy_ids()
-            if healthy:
-                worker = self._rng.choice(healthy)
+            free = [
+                i
+                for i in self.workers.healthy_ids()
+                if self.workers.outstanding(i) < self.max_in_flight
+            ]
+            if free:
+                worker = self._rng.choice(free)
                 call_id = self.workers.call(worker, "process", fragment.batches, versions)
                 if call_id is not None:
                     self._steps[call_id] = fragment.env_steps

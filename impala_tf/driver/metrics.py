@@ -158,7 +158,8 @@ class Metrics:
           elapsed_s: The iteration's training time (throughputs divide by it).
           iteration: `training_iteration`.
           time_total_s: `time_total_s`.
-          runtime: `num_healthy_workers` and `num_in_flight_async_sample_reqs`.
+          runtime: `num_healthy_workers`, `num_in_flight_async_sample_reqs` and `node_ip`
+            (the driver's node address, `EnvRunnerGroup.node_ip`).
         """
         c = self.counters
         summary = summarize_episodes(self.episodes, self.multi_agent)
@@ -206,7 +207,7 @@ class Metrics:
             "date": time.strftime("%Y-%m-%d_%H-%M-%S"),
             "pid": os.getpid(),
             "hostname": socket.gethostname(),
-            "node_ip": "127.0.0.1",
+            "node_ip": str(runtime["node_ip"]),
             "platform": platform.platform(),
         }
 

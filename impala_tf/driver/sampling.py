@@ -110,6 +110,7 @@ class EnvRunnerGroup:
         }
         self.server = None
         self._endpoint = None
+        self._node_ip: str | None = None
         if plan.central_inference:
             from impala_tf.inference import InferenceServer  # TensorFlow: the driver's.
 
@@ -160,11 +161,28 @@ class EnvRunnerGroup:
                 endpoint = self.server.attach(actor_id)
             else:
                 if self._endpoint is None:
-                    import ray
-
-                    self._endpoint = self.server.listen(advertise=ray.util.get_node_ip_address())
+                    self._endpoint = self.server.listen(advertise=self.node_ip)
                 endpoint = self._endpoint
         return (self.config, self.plan.multi_agent, endpoint, shapes)
+
+    @property
+    def node_ip(self) -> str:
+        """The driver's node address, as RLlib's result dict reports it (`node_ip`).
+
+        On Ray, Ray's address of this node (`ray.util.get_node_ip_address`, what Ray actors
+        reach the driver at); on local processes, this machine's address on its default route
+        (`impala_tf.inference.node_ip_address`, "127.0.0.1" offline).
+        """
+        if self._node_ip is None:
+            if self.plan.backend == "ray":
+                import ray
+
+                self._node_ip = str(ray.util.get_node_ip_address())
+            else:
+                from impala_tf.inference import node_ip_address
+
+                self._node_ip = node_ip_address()
+        return self._node_ip
 
     # Sampling -----------------------------------------------------------------------------------
 

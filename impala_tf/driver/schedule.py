@@ -4,11 +4,13 @@
 
 1. a dead learner thread raises "The learner thread died while training!";
 2. collect the fragments that are ready (asynchronous sampling, at most
-   `max_requests_in_flight_per_env_runner` requests outstanding per actor); failed actors are
+   `max_requests_in_flight_per_env_runner` requests outstanding per actor), waiting up to
+   `timeout_s_sampler_manager` for a first one (at least `MIN_FETCH_WAIT_S`); failed actors are
    restarted or raise (`impala_tf.driver.sampling`);
 3. count `num_env_steps_sampled` / `num_agent_steps_sampled` and the finished episodes;
 4. aggregate each fragment: decompress, mix-in replay, cut train batches per trained policy, in
-   the driver or in aggregation workers (`impala_tf.driver.aggregation`);
+   the driver or in aggregation workers (`impala_tf.driver.aggregation`), whose finished
+   batches are collected waiting up to `timeout_s_aggregator_manager` for a first one;
 5. put the train batches on the learners' queues: all but the last of each policy without
    blocking (a full queue drops the batch, `num_times_learner_queue_full`), the last waiting;
 6. drain the learners' outputs into `num_env_steps_trained` / `num_agent_steps_trained`;
@@ -33,16 +35,25 @@ from impala_tf.driver.metrics import Metrics
 from impala_tf.driver.plan import RuntimePlan
 from impala_tf.driver.sampling import EnvRunnerGroup
 
-__all__ = ["AsyncSchedule", "LockstepSchedule", "make_schedule"]
+__all__ = ["MIN_FETCH_WAIT_S", "AsyncSchedule", "LockstepSchedule", "make_schedule"]
 
-#: How long a training step waits for a first fragment before going on.
-_FETCH_TIMEOUT_S = 0.02
+#: The least a training step waits for a first fragment before going on. RLlib's default
+#: `timeout_s_sampler_manager` of 0 polls without waiting; a driver loop that never waits spins
+#: on its core, which the actors share on a small machine.
+MIN_FETCH_WAIT_S = 0.02
 #: Lockstep: the wait per try for the fragment it requested (the learners are checked between).
 _LOCKSTEP_POLL_S = 0.1
 
 
 class AsyncSchedule:
-    """RLlib's asynchronous training step (see the module docstring)."""
+    """RLlib's asynchronous training step (see the module docstring).
+
+    Args:
+      fetch_wait_s: Seconds a step waits for a first fragment (`timeout_s_sampler_manager`,
+        at least `MIN_FETCH_WAIT_S`).
+      aggregation_wait_s: Seconds a step waits for a first reply of the aggregation workers
+        (`timeout_s_aggregator_manager`).
+    """
 
     def __init__(
         self,
@@ -51,12 +62,17 @@ class AsyncSchedule:
         learners: LearnerGroup,
         broadcaster: Broadcaster,
         metrics: Metrics,
+        *,
+        fetch_wait_s: float = MIN_FETCH_WAIT_S,
+        aggregation_wait_s: float = 0.0,
     ):
         self.actors = actors
         self.aggregation = aggregation
         self.learners = learners
         self.broadcaster = broadcaster
         self.metrics = metrics
+        self.fetch_wait_s = max(float(fetch_wait_s), MIN_FETCH_WAIT_S)
+        self.aggregation_wait_s = float(aggregation_wait_s)
 
     def start(self) -> None:
         """Sends the first sample requests."""
@@ -65,13 +81,13 @@ class AsyncSchedule:
     def step(self) -> None:
         """One pass of the driver loop."""
         self.learners.check()
-        fragments, failures = self.actors.fetch(_FETCH_TIMEOUT_S)
+        fragments, failures = self.actors.fetch(self.fetch_wait_s)
         self.actors.handle_failures(failures, self.broadcaster.latest)
         batches = []
         for fragment in fragments:
             self.metrics.record_fragment(fragment)
             batches.extend(self.aggregation.process(fragment))
-        batches.extend(self.aggregation.fetch())
+        batches.extend(self.aggregation.fetch(self.aggregation_wait_s))
         self.actors.top_up()
         if batches:
             self.learners.put(batches, self.metrics.counters)
@@ -131,4 +147,8 @@ def make_schedule(
     parts = (actors, aggregation, learners, broadcaster, metrics)
     if plan.deterministic:
         return LockstepSchedule(*parts, num_sgd_iter=config.num_sgd_iter)
-    return AsyncSchedule(*parts)
+    return AsyncSchedule(
+        *parts,
+        fetch_wait_s=config.timeout_s_sampler_manager,
+        aggregation_wait_s=config.timeout_s_aggregator_manager,
+    )

@@ -1,0 +1,72 @@
+"""Tests of tools.bench_cartpole's RLlib side: the settings it gives RLlib, how it reads the run."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+
+import pytest
+
+from impala_tf.config import ImpalaConfig
+from tools import bench_cartpole
+
+YAML = os.path.join(bench_cartpole.ROOT, "configs", "cartpole-impala.yaml")
+
+
+def test_rllib_runs_the_yamls_own_settings():
+    config, _ = ImpalaConfig.from_yaml(YAML)
+    settings = bench_cartpole.rllib_settings(YAML, target=450, budget_s=600, seed=3)
+    assert settings == {
+        "runners": config.num_env_runners,
+        "envs": config.num_envs_per_env_runner,
+        "fragment": config.rollout_fragment_length,
+        "batch": config.train_batch_size,
+        "lr": config.lr,
+        "grad_clip": config.grad_clip,
+        "vf": config.vf_loss_coeff,
+        "entropy": config.entropy_coeff,
+        "hiddens": config.model["fcnet_hiddens"],
+        "activation": config.model["fcnet_activation"],
+        "vf_share_layers": config.model["vf_share_layers"],
+        "min_time_s": config.min_time_s_per_iteration,
+        "target": 450.0,
+        "budget_s": 600.0,
+        "seed": 3,
+    }
+    # Not RLlib's CartPole example (1 runner, batches of 500): the YAML's, as impala_tf runs it.
+    assert (settings["runners"], settings["envs"], settings["batch"]) == (2, 32, 1000)
+
+
+def _fake_python(tmp_path, rows: list[dict]) -> str:
+    """An executable that prints `rows` as RLLIB_SCRIPT does, whatever its arguments."""
+    path = tmp_path / "python"
+    lines = "".join(f"echo '{json.dumps(r)}'\n" for r in rows)
+    path.write_text(f"#!/bin/sh\necho 'a log line'\n{lines}")
+    path.chmod(path.stat().st_mode | stat.S_IEXEC)
+    return str(path)
+
+
+def test_rllib_time_is_its_first_iteration_at_the_target_and_its_rate_excludes_start_up(tmp_path):
+    rows = [
+        {"t": 30.0, "return": 20.0, "steps": 4_000},
+        {"t": 40.0, "return": 460.0, "steps": 14_000},
+        {"t": 50.0, "return": 470.0, "steps": 24_000},
+    ]
+    settings = {"target": 450.0, "budget_s": 5.0}
+    out = bench_cartpole.run_rllib(_fake_python(tmp_path, rows), settings)
+    assert out["reached"] and out["wall_s"] == 40.0
+    assert out["steady_sampled_per_s"] == pytest.approx(20_000 / 20.0)
+    assert out["steps"] == 24_000 and out["iterations"] == 3
+
+
+def test_an_rllib_run_below_the_target_has_no_time(tmp_path):
+    rows = [{"t": 30.0, "return": float("nan"), "steps": 0}]
+    rows += [{"t": 30.0 + i, "return": 100.0, "steps": 1_000 * i} for i in (1, 2)]
+    out = bench_cartpole.run_rllib(_fake_python(tmp_path, rows), {"target": 450.0, "budget_s": 5})
+    assert not out["reached"] and out["wall_s"] is None
+
+
+def test_an_rllib_run_that_prints_no_iteration_fails_with_its_error_output(tmp_path):
+    with pytest.raises(RuntimeError, match="RLlib run failed"):
+        bench_cartpole.run_rllib(_fake_python(tmp_path, []), {"target": 450.0, "budget_s": 5})
