@@ -1,17 +1,20 @@
 """Tests of `impala_tf.workers.shared_arrays`: weights written once into shared memory.
 
-The ring itself (exact sets across processes, late readers, closing, a killed writer, no room).
-Segments are found by the name prefix and the creating process's pid (other test runs may share
-/dev/shm).
+The ring itself (exact sets across processes, late readers, closing, a killed writer, no room),
+then the local actors of a run: they get exactly the broadcast weights, one policy or two, and
+no segment outlives the actors' group, after a killed actor was restarted too. Segments are
+found by the name prefix and the creating process's pid (other test runs may share /dev/shm).
 """
 
 from __future__ import annotations
 
 import errno
+import importlib
 import logging
 import multiprocessing as mp
 import os
 import pickle
+import signal
 import subprocess
 import sys
 import textwrap
@@ -296,3 +299,80 @@ def test_the_worker_host_fetches_a_stored_argument_only_when_its_call_runs():
     host.submit(3, "sample", (), False, True)
     _, _, applied = host.run_next()
     assert fetched == [2] and applied == [(2, "f")]
+
+
+# The local actors of a run ---------------------------------------------------------------------
+
+
+def make_probe_host(actor_id, *args, **kwargs):
+    """An actor that also answers which weights it holds (imported by the actor processes)."""
+    from impala_tf.rollout.host import RunnerHost
+
+    class ProbeHost(RunnerHost):
+        def held(self) -> dict:
+            runner = self.runner
+            versions = getattr(runner, "versions", None)
+            if versions is None:
+                versions = {"default_policy": runner.policy_version}
+            return {pid: (w, int(versions[pid])) for pid, w in runner.get_weights().items()}
+
+    return ProbeHost(actor_id, *args, **kwargs)
+
+
+def _random_weights(config, plan, seed: int) -> dict:
+    from impala_tf.config.policies import policy_config
+    from impala_tf.models import build_model
+
+    rng = np.random.default_rng(seed)
+    weights = {}
+    for i, (pid, (obs, act)) in enumerate(sorted(plan.spaces.policies.items())):
+        model = build_model(obs, act, policy_config(config, pid).model)
+        arrays = [rng.standard_normal(w.shape).astype(w.dtype) for w in model.get_weights()]
+        weights[pid] = (arrays, 10 * seed + i)
+    return weights
+
+
+def _assert_held(group, weights: dict) -> None:
+    held = group.workers.call_and_wait(group.healthy_ids(), "held", timeout_s=_WAIT_S)
+    assert sorted(held) == group.healthy_ids()
+    for actor_held in held.values():
+        assert sorted(actor_held) == sorted(weights)
+        for pid, (arrays, version) in weights.items():
+            got, got_version = actor_held[pid]
+            assert got_version == version
+            assert [g.tobytes() for g in got] == [a.tobytes() for a in arrays]  # Bitwise.
+
+
+@pytest.mark.parametrize("policies", [1, 2])
+def test_local_actors_get_exactly_the_broadcast_weights_and_no_segment_outlives_them(policies):
+    import collections
+
+    from impala_tf.driver.plan import make_plan
+    from impala_tf.driver.sampling import EnvRunnerGroup
+    from tests.support.configs import small_config
+
+    probe = importlib.import_module("tests.shared_arrays_test").make_probe_host
+    config = small_config(policies, num_env_runners=2, restart_failed_env_runners=True)
+    plan = make_plan(config)
+    before = _segments()
+    counters = collections.Counter()
+    group = EnvRunnerGroup(config, plan, counters, host_factory=probe)
+    try:
+        for seed in (1, 2):
+            weights = _random_weights(config, plan, seed)
+            group.broadcast(weights, group.healthy_ids())
+            _assert_held(group, weights)
+        assert len(_segments()) == len(before) + len(weights)  # One ring per policy.
+        # A killed actor: restarted with the newest weights, read from the same rings.
+        os.kill(group.pids()[0], signal.SIGKILL)
+        deadline = time.monotonic() + _WAIT_S
+        failures = []
+        while not failures and time.monotonic() < deadline:
+            _, failures = group.fetch(0.1)
+        group.handle_failures(failures, lambda: weights)
+        _assert_held(group, weights)
+        assert counters["num_env_runner_restarts"] == 1
+        assert len(_segments()) == len(before) + len(weights)
+    finally:
+        group.stop()
+    assert _segments() == before
