@@ -24,6 +24,7 @@ import tensorflow as tf
 
 from impala_tf import checkpoints
 from impala_tf.shutdown import GracefulShutdown, Interrupted
+from impala_tf.workers.shared_arrays import SEGMENT_PREFIX
 from tests.support.processes import (
     kill_session,
     log_tail,
@@ -68,6 +69,13 @@ class LingeringThread(keras.callbacks.Callback):
             print(f"lingering until {time.time() + _LINGER_S:.3f}", flush=True)
 
 
+def _segments(pid: int) -> list[str]:
+    """The weights' shared memory segments of the run whose driver is `pid`."""
+    if not os.path.isdir("/dev/shm"):
+        return []
+    return [n for n in os.listdir("/dev/shm") if n.startswith(f"{SEGMENT_PREFIX}{pid}_")]
+
+
 def _start(tmp_path, *extra: str, ignore_sigint: bool = False):
     argv = [sys.executable, "-m", "impala_tf.bin.train", f"--logdir={tmp_path / 'run'}"]
     env = {**os.environ, "PYTHONPATH": REPO, "TF_CPP_MIN_LOG_LEVEL": "2"}
@@ -90,6 +98,9 @@ def _assert_clean_end(process, tmp_path, code: int) -> str:
         # Children notice their parent's end by themselves; give them a moment to go.
         assert wait_until(lambda: not session_pids(process.pid), timeout_s=30), (
             f"processes left behind: {session_pids(process.pid)}"
+        )
+        assert wait_until(lambda: not _segments(process.pid), timeout_s=30), (
+            f"shared memory left behind: {_segments(process.pid)}"
         )
     finally:
         kill_session(process)

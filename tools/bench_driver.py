@@ -31,8 +31,9 @@ its train batches back; queue; broadcast; request: sending the next sample calls
 Pong CNN's weights (4 MB): the weight broadcasts per second the driver makes
 (`num_weight_broadcasts`; on Ray each is one `ray.put`), with the default
 `min_time_s_per_broadcast` ("auto"). And Pong-42 on local processes once more with the stub
-learner at 1 update/s: on local processes each broadcast pickles the weights once per actor,
-so the driver's share of broadcasting shows as the difference.
+learner at 1 update/s: the difference is the driver's share of broadcasting (on local processes
+one write of the weights into shared memory per broadcast, and a handle per actor; the fake
+actors copy the weights out as real ones do).
 
 The last line printed is one line of JSON with the headline figures:
 `cartpole_env_steps_per_core_s`, `pong42_env_steps_per_core_s` (local processes, driver
@@ -118,6 +119,9 @@ def record(workload: str, path: str) -> dict[str, Any]:
 
 class ReplayHost:
     """A fake actor: answers `sample` with recorded fragments, in turn, at once.
+
+    `set_weights` gets the weights read as a real actor gets them (copied out of shared memory on
+    local processes, by the worker host).
 
     Built by the worker mechanism like `impala_tf.rollout.host.make_runner_host`, with the
     recording's `path` bound (`functools.partial`).
@@ -506,8 +510,8 @@ def main() -> None:
                     intake.append(result)
                     print(_row(result), flush=True)
         if "pong42" in args.cases and "local" in args.backends:
-            # Broadcasts cost local processes a pickle of the weights per actor: the same case
-            # with the stub learner at 1 update/s (about 1 broadcast/s) shows that share.
+            # The same case with the stub learner at 1 update/s (about 1 broadcast/s) shows the
+            # driver's share of broadcasting.
             case = dict(
                 workload="pong42", backend="local", actors=args.actors, aggregation_workers=0,
                 seconds=args.seconds, updates_per_s=1.0, recording=paths["pong42"],

@@ -16,10 +16,12 @@ broadcasts), a broadcast also waits until `min_time_s_per_broadcast` seconds hav
 the last one. The reasoning: an actor applies at most one weight set per fragment (the worker
 host coalesces what arrived meanwhile, `impala_tf.workers.host`), so weights sent more often than
 the actors can use are wasted, and each broadcast costs the driver one `ray.put` of every
-policy's weights (4 MB for the Pong CNN) and a copy to every node, or on local processes a
-pickle per actor. RLlib broadcasts after every training step with a new update, so on a fast
-learner (a GPU doing hundreds of updates per second) its weight traffic grows with the learner's
-speed. With the floor, broadcasts are at most 1 / floor per second whatever the learner does.
+policy's weights (4 MB for the Pong CNN) and a copy to every node, or on local processes one
+write into shared memory that every actor copies out again (`impala_tf.workers.shared_arrays`;
+it was a pickle per actor). RLlib broadcasts after every training step with a new update, so on
+a fast learner (a GPU doing hundreds of updates per second) its weight traffic grows with the
+learner's speed. With the floor, broadcasts are at most 1 / floor per second whatever the
+learner does.
 
 The default, "auto", sets the floor from the weights' size: bytes / `AUTO_BYTES_PER_S` (40 MB/s),
 so weight traffic out of the driver stays under 40 MB/s per destination node: 0.1 s (10 per

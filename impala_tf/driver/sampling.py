@@ -15,6 +15,10 @@ RLlib's env-runner group seen from the driver:
   changes and go to the actors with the weights;
 * with central inference the driver's `InferenceServer` acts for every actor: broadcasts load
   the server once and the actors get the versions only;
+* on local processes a broadcast writes each policy's weights once into shared memory (a ring
+  per policy, `impala_tf.workers.shared_arrays`) and each actor's message carries a handle,
+  which the actor reads when it applies the weights; on Ray the weights go into the object
+  store once (`impala_tf.workers.ray_backend`);
 * after a restore, fragments requested before it are dropped (`drop_in_flight`);
 * on Ray with aggregation workers a fragment's batches stay in the object store
   (`sample_parts`): the driver reads the counts, episodes and filter changes, and the batches
@@ -49,6 +53,7 @@ from impala_tf.workers import (
     WorkerSpec,
 )
 from impala_tf.workers.memory import check_actor_memory
+from impala_tf.workers.shared_arrays import ArrayRings
 
 __all__ = ["EnvRunnerGroup", "make_backend"]
 
@@ -143,6 +148,9 @@ class EnvRunnerGroup:
         # to an aggregation worker from there (`impala_tf.driver.aggregation`): the driver
         # fetches only the rest (counts, episodes, filter changes).
         self._parts = plan.backend == "ray" and int(config.num_aggregation_workers) > 0
+        # Local processes read the weights from shared memory: one write per broadcast, not a
+        # pickle per actor.
+        self._rings = ArrayRings() if plan.backend == "process" else None
         self.in_flight = {i: 0 for i in range(self.num_actors)}
         self._barrier = 0  # Sample calls with smaller ids predate a restore: dropped.
         self._last_call = -1
@@ -263,10 +271,17 @@ class EnvRunnerGroup:
         return {pid: f.as_serializable() for pid, f in self.filters.items()}
 
     def broadcast(self, weights: Mapping[str, tuple], actor_ids: Iterable[int]) -> None:
-        """Sends {policy_id: (weights, num_grad_updates)} and the filters to `actor_ids`."""
+        """Sends {policy_id: (weights, num_grad_updates)} and the filters to `actor_ids`.
+
+        Local processes get the weights as one handle on their copy in shared memory, written
+        here once (`ArrayRings.share`); each actor's worker host reads it when it applies it.
+        """
+        actor_ids = list(actor_ids)
         if self.server is not None:
             self.server.set_weights(weights)
             weights = {pid: (None, version) for pid, (_, version) in weights.items()}
+        elif self._rings is not None and actor_ids:
+            weights = self._rings.share(weights)
         filters = self.filters_to_send()
         for actor_id in actor_ids:
             self._call(actor_id, "set_weights", weights, filters, coalesce=True, reply=False)
@@ -306,3 +321,6 @@ class EnvRunnerGroup:
         workers = getattr(self, "workers", None)
         if workers is not None:
             workers.stop()
+        rings = getattr(self, "_rings", None)
+        if rings is not None:
+            rings.close()

@@ -10,12 +10,18 @@ apply them by the same rules:
   call runs. An actor with two sample requests in flight that then receives three weight
   broadcasts applies only the newest before its next sample, and weights sent before a
   `get_state` call are applied before it runs.
+
+A `impala_tf.workers.StoredValue` argument (weights in shared memory, on local processes) is
+resolved, its value fetched into this process, just before its call runs: a coalesced call that
+a newer one replaced is never fetched.
 """
 
 from __future__ import annotations
 
 import collections
 from typing import Any
+
+from impala_tf.workers.group import resolve
 
 __all__ = ["WorkerHost"]
 
@@ -55,7 +61,8 @@ class WorkerHost:
         return bool(self._queue)
 
     def run_next(self) -> tuple[int, bool, Any]:
-        """Applies the stored coalesced calls, then runs the oldest queued call.
+        """Applies the stored coalesced calls, then runs the oldest queued call (`StoredValue`
+        arguments resolved).
 
         Returns:
           (call id, whether a reply is wanted, the call's return value). Exceptions raised by
@@ -69,6 +76,6 @@ class WorkerHost:
         while self._stored:
             method = next(iter(self._stored))
             _, args = self._stored.pop(method)
-            getattr(self.obj, method)(*args)
+            getattr(self.obj, method)(*map(resolve, args))
         call_id, method, args, reply = self._queue.popleft()
-        return call_id, reply, getattr(self.obj, method)(*args)
+        return call_id, reply, getattr(self.obj, method)(*map(resolve, args))
