@@ -1,7 +1,8 @@
 """Atari (Pong) benchmark: env, learner and inference bounds, impala-train throughput, memory.
 
     .venv/bin/python -m tools.bench_atari                       # everything, 180 s of training
-    .venv/bin/python -m tools.bench_atari --train_time 60 --env_time 10 --no-write
+    .venv/bin/python -m tools.bench_atari --train_time 60 --env_time 5 --no-write
+    .venv/bin/python -m tools.bench_atari --bound_rounds 5         # more rounds of (a)-(c)
     .venv/bin/python -m tools.bench_atari --profile             # + cProfile of the driver
     .venv/bin/python -m tools.bench_atari --rllib-python /path/to/rllib-venv/bin/python
     .venv/bin/python -m tools.bench_atari --backend=both --rounds 2 --train_time 60
@@ -20,6 +21,8 @@ asks for through the models catalog) and the `impala-train` binary. Parts:
   ale-py's `AtariVectorEnv` in one process with one C++ thread per core, the same split over one
   process per runner with the thread count the runners use, and the gymnasium-wrapper path
   (`DeepMindPreprocessing`) in one process per core. Env steps/s and frames/s (x4 action repeat).
+  A layout's processes build and reset their envs, then start stepping together (a barrier on
+  their stdin), for `--env_time` seconds.
 * (b) **learner** - the model's forward + backward + optimizer samples/s at `train_batch_size`:
   `ImpalaLearner(config, env spaces).train_step` compiled and timed on a synthetic uint8 batch,
   next to a bare Keras forward + backward + Adam of the same model (the catalog's model, a
@@ -29,7 +32,9 @@ asks for through the models catalog) and the `impala-train` binary. Parts:
   cores (what a central inference server would do).
 * (d) **train** - `impala-train --config=<yaml> --stop_time_s=<train_time>`; env steps/s sampled
   and trained from `result.json`, between the first and the last iteration (so start-up and
-  the first iteration's compilation are excluded).
+  the first iteration's compilation are excluded). Over the same window, the CPU seconds of the
+  run's whole process tree (from /proc every second) per env step trained: the core time per
+  env step (`core_time`), and the cores the driver and the actors used.
 * (e) **memory** - peak resident memory of the run's whole process tree (driver, fork server,
   actors, ...), sampled from /proc every second: the peak of the summed RSS (counts shared pages
   once per process) and of the summed PSS (shared pages split between the sharers).
@@ -37,10 +42,20 @@ asks for through the models catalog) and the `impala-train` binary. Parts:
   /work/shared/PLATFORM.md; this tool does not create it), RLlib 2.60 IMPALA (torch, new API
   stack) on Pong with the YAML's runners, envs, fragment, batch and losses, for the same time.
 
-Ratios printed: trained / min(env rate, learner bound) (the issue's target is >= 0.70; the env
-rate used is the best of the (a) rows) and, when (f) ran, impala_tf trained vs RLlib sampled in
-the same invocation. Without (f) no RLlib ratio is printed: a figure from another run, config or
-day would not compare like with like.
+The bound parts (a)-(c) run in `--bound_rounds` rounds (3 by default) and each row prints the
+median over the rounds and the range, min-max (3 to 5 rounds are too few for quartiles). The
+rounds are interleaved: each round of (a) runs every layout once, A, B, C, A, B, C, ... (each
+for `--env_time` seconds, so (a) steps for layouts x rounds x env_time seconds in all, 90 s by
+default); each round of (b) times the learner's update and then the bare Keras one (the median
+of `--repeats` calls each). The two rows of (c) need different TF thread pools, fixed when a
+process starts, so each runs its rounds in its own process. The training run (d) is one run.
+
+Ratios printed: the ceiling min(env rate, learner bound), the env rate being the best of the
+(a) rows, with its range from the rows' min and max (`bounds`); trained / ceiling with the
+range that gives (the issue's target is >= 0.70); the core time per env step trained (issue
+18's target is <= 0.51 ms); and, when (f) ran, impala_tf trained vs RLlib sampled in the same
+invocation. Without (f) no RLlib ratio is printed: a figure from another run, config or day
+would not compare like with like.
 
 `--compare_inference SECONDS` runs only the train case, with `inference: actor` (each actor runs
 the model at a batch of its envs) and `inference: central` (the driver's server batches every
@@ -81,17 +96,22 @@ from tools import benchlib, proclib
 
 __all__ = [
     "TreeMemorySampler",
+    "bounds",
     "case_env",
     "case_inference",
     "case_learner",
     "compare_inference",
+    "core_time",
     "cpu_shares",
+    "env_layouts",
     "main",
     "memory_kb",
     "profile_top",
+    "ratio_to",
     "run_rllib",
     "run_train",
     "throughput",
+    "trained_so_far",
 ]
 
 # Inherited by every case process and impala-train run; TensorFlow is not imported up to here.
@@ -101,6 +121,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEFAULT_CONFIG = os.path.join(ROOT, "configs", "pong-impala-small.yaml")
 FRAME_SKIP = 4
 TARGET_RATIO = 0.70
+TARGET_CORE_MS = 0.51  # Issue 18's target, core time per env step trained on this Pong config.
 TARGET_RAY_RATIO = 0.90
 BACKENDS = ("local", "ray")
 
@@ -187,21 +208,78 @@ def cpu_shares(samples: list[tuple[float, dict[int, float]]], root_pid: int, t0:
     }
 
 
+def trained_so_far(result_path: str) -> int | None:
+    """`num_env_steps_trained` of the last complete line of a run's result.json; None before
+    the first (a line being written, with no newline yet, is not read)."""
+    try:
+        with open(result_path, encoding="utf-8") as f:
+            text = f.read()
+    except OSError:
+        return None
+    for line in reversed(text.split("\n")[:-1]):
+        if line.strip():
+            return int(json.loads(line)["num_env_steps_trained"])
+    return None
+
+
+def core_time(
+    samples: list[tuple[float, dict[int, float]]],
+    trained: list[tuple[float, int | None]],
+    root_pid: int,
+) -> dict | None:
+    """CPU seconds of the whole process tree per env step trained, between the first and the
+    last iteration's result: the window of the trained rate (`throughput`).
+
+    Args:
+      samples: `(wall time, {pid: CPU seconds})`, `TreeMemorySampler.cpu_samples`.
+      trained: `(wall time, env steps trained so far or None)` taken at the same times,
+        `TreeMemorySampler.probe_samples` with `trained_so_far` as the probe.
+      root_pid: The driver's pid.
+
+    Returns:
+      `cpu_shares` over the window from the first sample that saw a result to the first that
+      saw the last one, plus "env_steps_trained" in it and "core_ms_per_step"; None with fewer
+      than two results seen. Both counts are read at the same samples, so the window's two
+      ends are the same for the CPU seconds and the env steps.
+    """
+    seen = [(t, n) for t, n in trained if n is not None]
+    if not seen:
+        return None
+    t0, n0 = seen[0]
+    t1, n1 = next((t, n) for t, n in seen if n == seen[-1][1])
+    if n1 <= n0:
+        return None
+    shares = cpu_shares(samples, root_pid, t0, t1)
+    if shares is None:
+        return None
+    steps = n1 - n0
+    return {
+        **shares,
+        "env_steps_trained": steps,
+        "core_ms_per_step": shares["total_cores"] * shares["window_s"] / steps * 1e3,
+    }
+
+
 class TreeMemorySampler(threading.Thread):
     """Samples the summed RSS and PSS of a process tree every `interval_s`; keeps the peaks.
 
-    Each sample also records every process's CPU seconds (`cpu_samples`, see `cpu_shares`).
+    Each sample also records every process's CPU seconds (`cpu_samples`, see `cpu_shares`) and,
+    with a `probe`, the probe's value at the same time (`probe_samples`, see `core_time`).
 
     Args:
       root_pid: The tree's root (the driver).
       interval_s: Seconds between samples.
+      probe: Called at each sample, e.g. the run's env steps trained so far (`trained_so_far`).
     """
 
-    def __init__(self, root_pid: int, interval_s: float = 1.0):
+    def __init__(
+        self, root_pid: int, interval_s: float = 1.0, probe: Callable[[], object] | None = None
+    ):
         super().__init__(daemon=True, name="tree-memory-sampler")
-        self.root_pid, self.interval_s = root_pid, interval_s
+        self.root_pid, self.interval_s, self.probe = root_pid, interval_s, probe
         self.peak_rss_kb = self.peak_pss_kb = self.peak_processes = self.samples = 0
         self.cpu_samples: list[tuple[float, dict[int, float]]] = []
+        self.probe_samples: list[tuple[float, object]] = []
         self._done = threading.Event()
 
     def sample(self) -> tuple[int, int, int]:
@@ -215,7 +293,10 @@ class TreeMemorySampler(threading.Thread):
             seconds = proclib.cpu_seconds(pid)
             if seconds is not None:
                 cpu[pid] = seconds
-        self.cpu_samples.append((time.perf_counter(), cpu))
+        now = time.perf_counter()
+        self.cpu_samples.append((now, cpu))
+        if self.probe is not None:
+            self.probe_samples.append((now, self.probe()))
         self.peak_rss_kb = max(self.peak_rss_kb, rss)
         self.peak_pss_kb = max(self.peak_pss_kb, pss)
         self.peak_processes = max(self.peak_processes, len(pids))
@@ -262,12 +343,11 @@ def _set_tf_threads(threads: int | None) -> None:
 
 
 def _step_env_batch(batch, seconds: float) -> tuple[int, float]:
-    """Steps `batch` with uniform random actions for `seconds`; returns (env steps, seconds)."""
+    """Steps `batch` (reset) with uniform random actions for `seconds`; (env steps, seconds)."""
     import numpy as np
 
     rng = np.random.default_rng(0)
     n = batch.num_envs
-    batch.reset([None] * n)
     steps, start = 0, time.perf_counter()
     while (elapsed := time.perf_counter() - start) < seconds:
         batch.step(rng.integers(0, batch.action_space.n, n))
@@ -276,8 +356,15 @@ def _step_env_batch(batch, seconds: float) -> tuple[int, float]:
     return steps, elapsed
 
 
-def case_env(path: str, kind: str, num_envs: int, threads: int, seconds: float) -> dict:
-    """One process stepping `num_envs` envs on the vector-env or the wrapper path."""
+def case_env(
+    path: str, kind: str, num_envs: int, threads: int, seconds: float, barrier: bool = False
+) -> dict:
+    """One process stepping `num_envs` envs on the vector-env or the wrapper path.
+
+    With `barrier`, the envs are built and reset, then the process prints "ready" and waits for
+    a line on stdin before it starts the clock: the processes of one layout step together, not
+    each from the end of its own start-up.
+    """
     from impala_tf.envs import atari
     from impala_tf.envs.batch import AtariVectorEnvBatch, GymEnvBatch
     from impala_tf.envs.make import make_env
@@ -291,6 +378,10 @@ def case_env(path: str, kind: str, num_envs: int, threads: int, seconds: float) 
     else:
         batch = GymEnvBatch([make_env(config, 1, j) for j in range(num_envs)])
     shape = list(batch.observation_space.shape)
+    batch.reset([None] * batch.num_envs)
+    if barrier:
+        print("ready", flush=True)
+        sys.stdin.readline()
     steps, elapsed = _step_env_batch(batch, seconds)
     return {"steps": steps, "seconds": elapsed, "obs_shape": shape}
 
@@ -319,12 +410,15 @@ def _random_time_major(config, obs_space, act_space, rows: int, seed: int = 0) -
     }
 
 
-def _interleaved(steps: dict[str, Callable[[], object]], repeats: int, rounds: int = 3) -> dict:
-    times: dict[str, list[float]] = {name: [] for name in steps}
-    for _ in range(rounds):
-        for name, step in steps.items():
-            times[name].append(benchlib.median_seconds(step, repeats=repeats, warmup=2))
-    return {name: statistics.median(values) for name, values in times.items()}
+def _timed_rounds(steps: dict[str, Callable[[], object]], repeats: int, rounds: int) -> dict:
+    """Each step's median seconds over `repeats` calls, in each of `rounds` interleaved rounds."""
+    return benchlib.interleaved(
+        {
+            name: lambda step=step: benchlib.median_seconds(step, repeats=repeats, warmup=2)
+            for name, step in steps.items()
+        },
+        rounds,
+    )
 
 
 def _describe(model) -> str:
@@ -333,8 +427,12 @@ def _describe(model) -> str:
     return f"{name} ({model.count_params():,} parameters)"
 
 
-def case_learner(path: str, repeats: int) -> dict:
-    """`ImpalaLearner.train_step` vs a bare Keras update of the same model, all cores."""
+def case_learner(path: str, repeats: int, rounds: int) -> dict:
+    """`ImpalaLearner.train_step` vs a bare Keras update of the same model, all cores.
+
+    Returns their seconds per update in each of `rounds` interleaved rounds (the median of
+    `repeats` calls each), as lists "learner_s" and "keras_s".
+    """
     import keras
     import numpy as np
     import tensorflow as tf
@@ -367,12 +465,13 @@ def case_learner(path: str, repeats: int) -> dict:
         model, optimizer, obs, actions, targets, float(config.grad_clip or 40.0)
     )
 
-    seconds = _interleaved(
+    seconds = _timed_rounds(
         {
             "learner": lambda: np.asarray(learner_step(data)),
             "keras": keras_step,
         },
         repeats,
+        rounds,
     )
     return {
         "batch": batch,
@@ -383,8 +482,12 @@ def case_learner(path: str, repeats: int) -> dict:
     }
 
 
-def case_inference(path: str, batch: int, threads: int | None, repeats: int) -> dict:
-    """`ActorPolicy.step` on a [batch, H, W, C] uint8 observation, `threads` TF threads."""
+def case_inference(path: str, batch: int, threads: int | None, repeats: int, rounds: int) -> dict:
+    """`ActorPolicy.step` on a [batch, H, W, C] uint8 observation, `threads` TF threads.
+
+    Returns its seconds per call in each of `rounds` rounds (the median of `repeats` calls each)
+    as the list "seconds".
+    """
     import numpy as np
 
     _set_tf_threads(threads)
@@ -394,10 +497,7 @@ def case_inference(path: str, batch: int, threads: int | None, repeats: int) -> 
     obs_space, act_space = _spaces(config)
     policy = ActorPolicy(obs_space, act_space, config.model, seed=0)
     obs = np.random.default_rng(0).integers(0, 256, (batch, *obs_space.shape), dtype=np.uint8)
-    seconds = statistics.median(
-        benchlib.median_seconds(lambda: policy.step(obs), repeats=repeats, warmup=3)
-        for _ in range(3)
-    )
+    seconds = _timed_rounds({"step": lambda: policy.step(obs)}, repeats, rounds)["step"]
     return {"batch": batch, "threads": threads, "seconds": seconds}
 
 
@@ -411,19 +511,43 @@ def _run_case(name: str, payload: dict, timeout: float = 1800) -> dict:
 
 
 def _run_parallel(name: str, payloads: list[dict]) -> list[dict]:
-    """Runs cases at the same time, one process each (for the all-cores env rates)."""
+    """Runs cases at the same time, one process each (for the all-cores env rates).
+
+    Each case gets `barrier: True`: it prints "ready" when set up and starts timing when every
+    process is ready, so the processes' timed windows coincide.
+    """
     procs = []
     for payload in payloads:
         args = [sys.executable, "-m", "tools.bench_atari", "--case"]
-        args.append(json.dumps({"name": name, **payload}))
+        args.append(json.dumps({"name": name, **payload, "barrier": True}))
         procs.append(
             subprocess.Popen(
-                args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT
+                args,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+                cwd=ROOT,
             )
         )
-    results = []
+    # Up to "ready" (after which a case prints nothing until it is let go, so `communicate`
+    # loses nothing read ahead here); a case that returned early (an error) printed its result.
+    early = {i: "" for i in range(len(procs))}
+    for i, proc in enumerate(procs):
+        for line in iter(proc.stdout.readline, ""):
+            if line.strip() == "ready":
+                break
+            early[i] += line
     for proc in procs:
+        try:
+            proc.stdin.write("go\n")
+            proc.stdin.flush()
+        except BrokenPipeError:  # It exited (an error); its output says why.
+            pass
+    results = []
+    for i, proc in enumerate(procs):
         stdout, stderr = proc.communicate(timeout=1800)
+        stdout = early[i] + stdout
         if proc.returncode != 0:
             raise RuntimeError(f"case {name} failed:\n{stderr[-3000:]}")
         results.append(json.loads(stdout.strip().splitlines()[-1]))
@@ -433,16 +557,17 @@ def _run_parallel(name: str, payloads: list[dict]) -> list[dict]:
 # ------------------------------------------------------------------------------------- the parts
 
 
-def bench_env(path: str, config, seconds: float, cores: int) -> list[dict]:
+def env_layouts(config, cores: int) -> list[tuple[str, str, list[tuple[int, int]]]]:
+    """Part (a)'s layouts: (label, "vector" or "wrapper", [(envs, threads)] one per process)."""
+    from impala_tf.envs import atari
+
     runners = max(1, int(config.num_env_runners))
     per_runner = int(config.num_envs_per_env_runner)
     total = runners * per_runner
-    from impala_tf.envs import atari
-
     runner_threads = (
         atari.vector_env_kwargs(config, training=True, num_envs=per_runner) or {}
     ).get("num_threads", 1)
-    layouts = [
+    return [
         ("AtariVectorEnv, 1 process", "vector", [(total, cores)]),
         (
             f"AtariVectorEnv, {runners} processes (as the env runners)",
@@ -455,27 +580,64 @@ def bench_env(path: str, config, seconds: float, cores: int) -> list[dict]:
             [(n, 1) for n in _split(total, cores)],
         ),
     ]
-    rows = []
-    for label, kind, split in layouts:
+
+
+def bench_env(
+    path: str,
+    config,
+    seconds: float,
+    cores: int,
+    rounds: int,
+    run: Callable[[str, list[dict]], list[dict]] | None = None,
+) -> list[dict]:
+    """Part (a): each layout for `seconds`, in turn, for `rounds` rounds (`benchlib.interleaved`).
+
+    Args:
+      path: The config's YAML, `config` loaded from it.
+      seconds: Each layout's stepping time per round.
+      cores: The machine's cores (layouts use them all).
+      rounds: Rounds; each runs every layout once.
+      run: Runs one layout's `case_env` payloads at the same time and returns their results;
+        by default one process each, started together.
+
+    Returns:
+      One row per layout: "label", and "error", or "envs", "threads", "obs_shape" and
+      "steps_per_s" (a list, one rate per round: the sum of its processes' rates).
+    """
+    run = run or _run_parallel
+    from impala_tf.envs import atari
+
+    covered = atari.vector_env_kwargs(config, training=True, num_envs=1) is not None
+    rows, measures = [], {}
+    for label, kind, split in env_layouts(config, cores):
+        if kind == "vector" and not covered:
+            rows.append({"label": label, "error": "the config is not covered by AtariVectorEnv"})
+            continue
         payloads = [
             {"path": path, "kind": kind, "num_envs": n, "threads": t, "seconds": seconds}
             for n, t in split
         ]
-        results = _run_parallel("env", payloads)
-        if any("error" in r for r in results):
-            rows.append({"label": label, "error": results[0].get("error")})
-            continue
-        rate = sum(r["steps"] / r["seconds"] for r in results)
-        rows.append(
-            {
-                "label": label,
-                "envs": total,
-                "threads": sum(t for _, t in split),
-                "steps_per_s": rate,
-                "obs_shape": results[0]["obs_shape"],
-            }
-        )
-        print(json.dumps({"env": rows[-1]}), flush=True)
+        row = {
+            "label": label,
+            "envs": sum(n for n, _ in split),
+            "threads": sum(t for _, t in split),
+        }
+        rows.append(row)
+
+        def measure(row=row, payloads=payloads) -> float:
+            results = run("env", payloads)
+            if any("error" in r for r in results):
+                raise RuntimeError(f"env layout {row['label']}: {results[0]['error']}")
+            row["obs_shape"] = results[0]["obs_shape"]
+            rate = sum(r["steps"] / r["seconds"] for r in results)
+            print(json.dumps({"env": row["label"], "steps_per_s": rate}), flush=True)
+            return rate
+
+        measures[label] = measure
+    rates = benchlib.interleaved(measures, rounds)
+    for row in rows:
+        if row["label"] in rates:
+            row["steps_per_s"] = rates[row["label"]]
     return rows
 
 
@@ -505,7 +667,8 @@ def run_train(path: str, seconds: float, profile: bool, top: int, backend: str =
     start = time.perf_counter()
     with open(log_path, "w", encoding="utf-8") as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, env=env)
-        sampler = TreeMemorySampler(proc.pid)
+        result_path = os.path.join(logdir, "result.json")
+        sampler = TreeMemorySampler(proc.pid, probe=lambda: trained_so_far(result_path))
         sampler.start()
         try:
             proc.wait(timeout=seconds + 900)
@@ -515,12 +678,13 @@ def run_train(path: str, seconds: float, profile: bool, top: int, backend: str =
                 proc.wait(60)
             sampler.stop()
     wall = time.perf_counter() - start
-    # Steady state: start-up (imports, tracing, first fragments) and shutdown left out.
-    cpu = cpu_shares(sampler.cpu_samples, proc.pid, start + 0.3 * wall, start + 0.9 * wall)
+    # The trained rate's window: start-up (imports, tracing, the first iteration) and shutdown
+    # left out, and the CPU seconds divided by the env steps trained in the same window.
+    cpu = core_time(sampler.cpu_samples, sampler.probe_samples, proc.pid)
     if proc.returncode != 0:
         with open(log_path, encoding="utf-8") as f:
             raise RuntimeError(f"impala-train exited {proc.returncode}:\n{f.read()[-3000:]}")
-    with open(os.path.join(logdir, "result.json"), encoding="utf-8") as f:
+    with open(result_path, encoding="utf-8") as f:
         results = [json.loads(line) for line in f if line.strip()]
     out = {
         "logdir": logdir,
@@ -664,8 +828,16 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--config", default=DEFAULT_CONFIG)
     parser.add_argument("--train_time", type=float, default=180.0, help="seconds of training")
-    parser.add_argument("--env_time", type=float, default=20.0, help="seconds per env layout")
+    parser.add_argument(
+        "--env_time", type=float, default=10.0, help="seconds per env layout per bound round"
+    )
     parser.add_argument("--repeats", type=int, default=10, help="timed calls per round")
+    parser.add_argument(
+        "--bound_rounds",
+        type=int,
+        default=3,
+        help="interleaved rounds of the env, learner and inference bounds (median and range)",
+    )
     parser.add_argument("--inference_batch", type=int, default=256, help="central server batch")
     parser.add_argument("--profile", action="store_true", help="cProfile the driver")
     parser.add_argument("--profile_top", type=int, default=25)
@@ -705,15 +877,25 @@ def main() -> None:
     load_before = os.getloadavg()
     t0 = time.perf_counter()
 
-    env_rows = bench_env(path, config, args.env_time, cores)
-    learner = _run_case("learner", {"path": path, "repeats": args.repeats})
+    rounds = args.bound_rounds
+    env_rows = bench_env(path, config, args.env_time, cores, rounds)
+    learner = _run_case("learner", {"path": path, "repeats": args.repeats, "rounds": rounds})
     print(json.dumps({"learner": learner}), flush=True)
     per_actor = int(config.num_envs_per_env_runner)
     inference = [
-        _run_case("inference", {"path": path, "batch": per_actor, "threads": 1, "repeats": 30}),
         _run_case(
             "inference",
-            {"path": path, "batch": args.inference_batch, "threads": None, "repeats": args.repeats},
+            {"path": path, "batch": per_actor, "threads": 1, "repeats": 30, "rounds": rounds},
+        ),
+        _run_case(
+            "inference",
+            {
+                "path": path,
+                "batch": args.inference_batch,
+                "threads": None,
+                "repeats": args.repeats,
+                "rounds": rounds,
+            },
         ),
     ]
     print(json.dumps({"inference": inference}), flush=True)
@@ -786,18 +968,59 @@ def backend_comparison(args: argparse.Namespace, path: str) -> None:
         benchlib.write_section("bench_atari_backends", text)
 
 
-def _cpu_lines(cpu: dict | None, cores: int, trained: float) -> list[str]:
+def _cpu_lines(cpu: dict | None, cores: int) -> list[str]:
     """Where the run's CPU went: cores used by the driver and by its child processes."""
     if not cpu:
         return []
-    per_step = cpu["total_cores"] / trained * 1e3 if trained else float("nan")
     return [
-        f"CPU over {cpu['window_s']:.0f} s of the middle of the run (30-90% of its wall time, "
-        f"from /proc): driver (learner thread, loader, driver loop) {cpu['driver_cores']:.2f} "
-        f"cores, {cpu['busy_children']} busy child processes (actors: env stepping and "
-        f"inference) {cpu['children_cores']:.2f} cores, total {cpu['total_cores']:.2f} of "
-        f"{cores}: {per_step:.3f} ms of core time per env step trained.",
+        f"CPU between the first and the last iteration's result ({cpu['window_s']:.0f} s, "
+        f"{cpu['env_steps_trained']:,} env steps trained; from /proc every second): driver "
+        f"(learner thread, loader, driver loop) {cpu['driver_cores']:.2f} cores, "
+        f"{cpu['busy_children']} busy child processes (actors: env stepping and inference) "
+        f"{cpu['children_cores']:.2f} cores, total {cpu['total_cores']:.2f} of {cores}: "
+        f"**{cpu['core_ms_per_step']:.3f} ms of core time per env step trained** (the CPU "
+        "seconds of the whole process tree / the env steps trained in that window).",
     ]
+
+
+def bounds(env_rows: list[dict], learner: dict) -> dict[str, benchlib.Spread]:
+    """The env rate, the learner bound and the ceiling min(env, learner), each with its range.
+
+    The env rate is the best of the (a) rows: the max of their medians, with the max of their
+    lows and the max of their highs as its range. The ceiling is the min of that and the
+    learner bound, the same way. Max and min keep the order of their arguments, so the rows'
+    lows give the ceiling's low end and their highs its high end.
+
+    Args:
+      env_rows: `bench_env`'s rows; "steps_per_s" holds one rate per round (rows with an
+        "error" are left out).
+      learner: `case_learner`'s result: "batch" and "learner_s" (seconds per update, one per
+        round).
+
+    Returns:
+      {"env", "learner", "ceiling"}: `benchlib.Spread`s of env steps/s (samples/s for the
+      learner; one sample is one env step).
+    """
+    rows = [benchlib.spread(r["steps_per_s"]) for r in env_rows if "steps_per_s" in r]
+    nan = float("nan")
+    env = benchlib.Spread(*(max(column) for column in zip(*rows))) if rows else None
+    env = env or benchlib.Spread(nan, nan, nan)
+    rate = benchlib.spread([learner["batch"] / s for s in learner["learner_s"]])
+    ceiling = benchlib.Spread(*(min(e, r) for e, r in zip(env, rate)))
+    return {"env": env, "learner": rate, "ceiling": ceiling}
+
+
+def ratio_to(value: float, ceiling: benchlib.Spread) -> benchlib.Spread:
+    """`value / ceiling` with its range: the ceiling's high end gives the low ratio."""
+    return benchlib.Spread(value / ceiling.median, value / ceiling.high, value / ceiling.low)
+
+
+def _verdict(ratio: benchlib.Spread, target: float) -> str:
+    """Whether `ratio` meets a `>= target`, judged at the median, and whether its range crosses."""
+    met = "met" if ratio.median >= target else "not met"
+    if ratio.low < target <= ratio.high:
+        met += ", the range crosses it"
+    return met
 
 
 def report(
@@ -805,14 +1028,15 @@ def report(
 ) -> str:
     name = os.path.relpath(os.path.abspath(args.config), ROOT)
     loaded = benchlib.other_jobs_running(load_before)
+    rounds = args.bound_rounds
     env_ok = [r for r in env_rows if "steps_per_s" in r]
-    env_rate = max((r["steps_per_s"] for r in env_ok), default=float("nan"))
-    learner_rate = learner["batch"] / learner["learner_s"]
-    bound = min(env_rate, learner_rate)
+    bound = bounds(env_rows, learner)
     trained = train["trained_per_s"]
     lines = [
         f"## Atari: Pong with `{name}`",
         "",
+        f"`python -m tools.bench_atari --train_time={args.train_time:g} "
+        f"--env_time={args.env_time:g} --bound_rounds={rounds} --repeats={args.repeats}`. "
         f"Machine: {benchlib.machine_line()}. Load average (1 min) {load_before[0]:.1f} before, "
         f"{load_after[0]:.1f} after, on {cores} cores.",
     ]
@@ -824,46 +1048,66 @@ def report(
         ]
     lines += [
         "",
+        "Bound rows (a-c): the median over the rounds and the range, min-max (too few rounds "
+        "for quartiles).",
+        "",
         f"### (a) Preprocessed env, random actions ({config.env}, obs "
         f"{env_ok[0]['obs_shape'] if env_ok else '?'} uint8, action repeat {FRAME_SKIP})",
         "",
-        "| path | envs | threads | env steps/s | frames/s |",
-        "|---|---:|---:|---:|---:|",
+        f"{rounds} rounds, each running every layout in turn for {args.env_time:g} s (a "
+        "layout's processes start stepping together).",
+        "",
+        "| path | envs | threads | env steps/s | min-max | frames/s |",
+        "|---|---:|---:|---:|---:|---:|",
     ]
     for r in env_rows:
         if "error" in r:
-            lines.append(f"| {r['label']} | - | - | {r['error']} | - |")
+            lines.append(f"| {r['label']} | - | - | {r['error']} | - | - |")
         else:
+            rate = benchlib.spread(r["steps_per_s"])
             lines.append(
-                f"| {r['label']} | {r['envs']} | {r['threads']} | {r['steps_per_s']:,.0f} | "
-                f"{r['steps_per_s'] * FRAME_SKIP:,.0f} |"
+                f"| {r['label']} | {r['envs']} | {r['threads']} | {rate.median:,.0f} | "
+                f"{rate.range_text()} | {rate.median * FRAME_SKIP:,.0f} |"
             )
-    keras_rate = learner["batch"] / learner["keras_s"]
+    batch = learner["batch"]
+    keras_rate = benchlib.spread([batch / s for s in learner["keras_s"]])
+    vs_keras = benchlib.spread([a / b for a, b in zip(learner["learner_s"], learner["keras_s"])])
     lines += [
         "",
-        f"### (b) Learner bound: {learner['model']}, batch {learner['batch']}, all cores",
+        f"### (b) Learner bound: {learner['model']}, batch {batch}, all cores",
         "",
-        "| update | ms / update | samples/s | vs Keras |",
-        "|---|---:|---:|---:|",
+        f"{rounds} rounds, each timing both updates in turn ({args.repeats} calls each, their "
+        "median); vs Keras is the time ratio within a round.",
+        "",
+        "| update | ms / update | samples/s | min-max | vs Keras |",
+        "|---|---:|---:|---:|---:|",
         "| `ImpalaLearner.train_step` (V-trace, optimizer, clip) | "
-        f"{learner['learner_s'] * 1e3:.1f} | {learner_rate:,.0f} | "
-        f"{learner['learner_s'] / learner['keras_s']:.2f}x |",
-        f"| bare Keras, same model: forward + backward + Adam | {learner['keras_s'] * 1e3:.1f} | "
-        f"{keras_rate:,.0f} | 1.00x |",
+        f"{statistics.median(learner['learner_s']) * 1e3:.1f} | {bound['learner'].median:,.0f} | "
+        f"{bound['learner'].range_text()} | {vs_keras.median:.2f}x "
+        f"({vs_keras.range_text('.2f')}) |",
+        "| bare Keras, same model: forward + backward + Adam | "
+        f"{statistics.median(learner['keras_s']) * 1e3:.1f} | {keras_rate.median:,.0f} | "
+        f"{keras_rate.range_text()} | 1.00x |",
         "",
         "### (c) Inference bound: `ActorPolicy.step` (forward + sampling), uint8 observations",
         "",
-        "| batch | TF threads | ms / call | samples/s |",
-        "|---:|---:|---:|---:|",
+        f"{rounds} rounds each; each row runs in its own process (its TF thread count is fixed "
+        "at start-up), so the two rows are not interleaved.",
+        "",
+        "| batch | TF threads | ms / call | samples/s | min-max |",
+        "|---:|---:|---:|---:|---:|",
     ]
     for r in inference:
+        rate = benchlib.spread([r["batch"] / s for s in r["seconds"]])
         lines.append(
-            f"| {r['batch']} | {r['threads'] or f'all ({cores})'} | {r['seconds'] * 1e3:.2f} | "
-            f"{r['batch'] / r['seconds']:,.0f} |"
+            f"| {r['batch']} | {r['threads'] or f'all ({cores})'} | "
+            f"{statistics.median(r['seconds']) * 1e3:.2f} | {rate.median:,.0f} | "
+            f"{rate.range_text()} |"
         )
+    cpu = train.get("cpu")
     lines += [
         "",
-        f"### (d, e) impala-train, {args.train_time:g} s of training",
+        f"### (d, e) impala-train, {args.train_time:g} s of training (one run)",
         "",
         f"Env steps/s sampled **{train['sampled_per_s']:,.0f}**, trained "
         f"**{trained:,.0f}** (frames/s trained {trained * FRAME_SKIP:,.0f}), between the first "
@@ -873,14 +1117,26 @@ def report(
         f"Peak memory of the run's process tree ({train['peak_processes']} processes at most, "
         f"sampled every second): RSS summed {train['peak_rss_mb']:,.0f} MB, PSS summed "
         f"{train['peak_pss_mb']:,.0f} MB.",
-        *_cpu_lines(train.get("cpu"), cores, trained),
+        *_cpu_lines(cpu, cores),
         "",
         "### Ratios",
         "",
-        f"- trained / min(env {env_rate:,.0f}, learner {learner_rate:,.0f}) = "
-        f"**{trained / bound:.2f}** (target >= {TARGET_RATIO:.2f}: "
-        f"{'met' if trained / bound >= TARGET_RATIO else 'not met'}).",
     ]
+    env, rate, ceiling = bound["env"], bound["learner"], bound["ceiling"]
+    ratio = ratio_to(trained, ceiling)
+    lines += [
+        f"- Ceiling min(best env row {env.text()}, learner {rate.text()}) = "
+        f"**{ceiling.median:,.0f}** (range {ceiling.range_text()}, from the rows' min and max).",
+        f"- trained / ceiling = **{ratio.median:.2f}**, range {ratio.range_text('.2f')} (one "
+        f"training run over the ceiling's range; target >= {TARGET_RATIO:.2f}: "
+        f"{_verdict(ratio, TARGET_RATIO)}).",
+    ]
+    if cpu:
+        per_step = cpu["core_ms_per_step"]
+        lines.append(
+            f"- Core time per env step trained: **{per_step:.3f} ms** (target <= "
+            f"{TARGET_CORE_MS:.2f}: {'met' if per_step <= TARGET_CORE_MS else 'not met'})."
+        )
     if rllib is not None:
         lines.append(
             f"- (f) RLlib 2.60 IMPALA (torch, new API stack, same runners/envs/fragment/batch/"

@@ -14,18 +14,24 @@ import re
 import statistics
 import subprocess
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import NamedTuple, TypeVar
 
 __all__ = [
     "BENCHMARKS_MD",
+    "Spread",
     "backend_ratio_lines",
     "bare_keras_step",
+    "interleaved",
     "machine_line",
     "median_seconds",
     "other_jobs_running",
+    "spread",
     "watch_training",
     "write_section",
 ]
+
+T = TypeVar("T")
 
 BENCHMARKS_MD = os.path.join(
     os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "BENCHMARKS.md"
@@ -42,6 +48,46 @@ def median_seconds(fn: Callable[[], object], repeats: int = 50, warmup: int = 5)
         fn()
         times.append(time.perf_counter() - start)
     return statistics.median(times)
+
+
+def interleaved(measures: Mapping[str, Callable[[], T]], rounds: int) -> dict[str, list[T]]:
+    """Takes every measure once per round, in turn (A, B, C, A, B, C, ...), `rounds` times.
+
+    Interleaving spreads a shared machine's drift (other jobs starting or ending, clock changes)
+    over every measure alike, where timing A's rounds and then B's would charge it to one.
+
+    Returns:
+      Each measure's values, one per round, in round order.
+    """
+    values: dict[str, list[T]] = {name: [] for name in measures}
+    for _ in range(rounds):
+        for name, measure in measures.items():
+            values[name].append(measure())
+    return values
+
+
+class Spread(NamedTuple):
+    """The median and the range (min, max) of one quantity measured over several rounds."""
+
+    median: float
+    low: float
+    high: float
+
+    def text(self, fmt: str = ",.0f") -> str:
+        """`median (low-high)`, each number formatted with `fmt`."""
+        return f"{self.median:{fmt}} ({self.range_text(fmt)})"
+
+    def range_text(self, fmt: str = ",.0f") -> str:
+        """`low-high`, each formatted with `fmt`."""
+        return f"{self.low:{fmt}}-{self.high:{fmt}}"
+
+
+def spread(values: Sequence[float]) -> Spread:
+    """The median, min and max of `values` (one per round); the range rather than an
+    interquartile range, because a benchmark takes 3 to 5 rounds, too few for quartiles."""
+    if not values:
+        raise ValueError("spread of no values")
+    return Spread(statistics.median(values), min(values), max(values))
 
 
 def bare_keras_step(model, optimizer, obs, actions, targets, grad_clip: float = 40.0):
