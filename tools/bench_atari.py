@@ -792,14 +792,7 @@ def run_rllib(python: str, config, seconds: float) -> dict:
     """RLlib IMPALA (torch, new API stack) on Pong with the YAML's settings, for `seconds`."""
     settings = {
         "dim": int(config.model.get("dim", 84)),
-        "runners": int(config.num_env_runners),
-        "envs": int(config.num_envs_per_env_runner),
-        "fragment": int(config.rollout_fragment_length),
-        "batch": int(config.train_batch_size),
-        "lr": float(config.lr),
-        "grad_clip": float(config.grad_clip or 40.0),
-        "vf": float(config.vf_loss_coeff),
-        "entropy": float(config.entropy_coeff),
+        **benchlib.rllib_training_settings(config),
     }
     proc = subprocess.run(
         [python, "-c", RLLIB_SCRIPT, json.dumps(settings), str(seconds)],

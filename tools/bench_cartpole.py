@@ -164,14 +164,7 @@ def rllib_settings(config_path: str, target: float, budget_s: float, seed: int) 
 
     config, _ = ImpalaConfig.from_yaml(config_path)
     return {
-        "runners": int(config.num_env_runners),
-        "envs": int(config.num_envs_per_env_runner),
-        "fragment": int(config.rollout_fragment_length),
-        "batch": int(config.train_batch_size),
-        "lr": float(config.lr),
-        "grad_clip": float(config.grad_clip or 40.0),
-        "vf": float(config.vf_loss_coeff),
-        "entropy": float(config.entropy_coeff),
+        **benchlib.rllib_training_settings(config),
         "hiddens": list(config.model["fcnet_hiddens"]),
         "activation": str(config.model["fcnet_activation"]),
         "vf_share_layers": bool(config.model["vf_share_layers"]),

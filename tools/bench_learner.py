@@ -38,6 +38,7 @@ Parts (each writes its own BENCHMARKS.md section):
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import statistics
@@ -214,15 +215,13 @@ def _mlp_layout() -> str:
 def _interleaved_times(
     steps: dict[str, Callable[[], None]], repeats: int, rounds: int = 5
 ) -> dict[str, list[float]]:
-    """Each step's median time in each of `rounds` rounds, the steps timed in turn each round.
-
-    Interleaving spreads the noise of a shared machine over every step alike.
-    """
-    times: dict[str, list[float]] = {name: [] for name in steps}
-    for _ in range(rounds):
-        for name, step in steps.items():
-            times[name].append(benchlib.median_seconds(step, repeats=repeats, warmup=3))
-    return times
+    """Each step's median time in each of `rounds` rounds, the steps timed in turn each round
+    (`benchlib.interleaved`)."""
+    measures = {
+        name: functools.partial(benchlib.median_seconds, step, repeats=repeats, warmup=3)
+        for name, step in steps.items()
+    }
+    return benchlib.interleaved(measures, rounds)
 
 
 def _interleaved_seconds(

@@ -26,6 +26,7 @@ __all__ = [
     "machine_line",
     "median_seconds",
     "other_jobs_running",
+    "rllib_training_settings",
     "spread",
     "watch_training",
     "write_section",
@@ -110,6 +111,22 @@ def bare_keras_step(model, optimizer, obs, actions, targets, grad_clip: float = 
         return loss
 
     return lambda: np.asarray(step())
+
+
+def rllib_training_settings(config) -> dict:
+    """The settings a side-by-side RLlib script takes from one of our configs: runners, envs,
+    fragment, batch, optimizer and loss coefficients (bench_cartpole and bench_atari add their
+    model's)."""
+    return {
+        "runners": int(config.num_env_runners),
+        "envs": int(config.num_envs_per_env_runner),
+        "fragment": int(config.rollout_fragment_length),
+        "batch": int(config.train_batch_size),
+        "lr": float(config.lr),
+        "grad_clip": float(config.grad_clip or 40.0),
+        "vf": float(config.vf_loss_coeff),
+        "entropy": float(config.entropy_coeff),
+    }
 
 
 def machine_line() -> str:
