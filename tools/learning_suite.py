@@ -447,19 +447,8 @@ def _stop_session(process: subprocess.Popen, grace_s: float, own_exit_s: float =
         process.send_signal(signal.SIGINT)
         with contextlib.suppress(subprocess.TimeoutExpired):
             process.wait(grace_s)
-    _kill_session(process.pid)
+    proclib.kill_session(process.pid, process=process)
     process.wait()
-
-
-def _kill_session(sid: int, timeout_s: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while (left := proclib.session_pids(sid)) and time.monotonic() < deadline:
-        for pid in left:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                continue
-        time.sleep(0.05)
 
 
 def _shown(path: str) -> str:
@@ -658,7 +647,7 @@ def end_stale_run(directory: str) -> bool:
         return False
     if not any(started.get("logdir", "\0") in arg for arg in proclib.cmdline(pid)):
         return False
-    _kill_session(pid)
+    proclib.kill_session(pid)
     return True
 
 

@@ -1,4 +1,5 @@
-"""Reading processes from /proc (Linux): the process tree, stat fields, CPU, memory, fds, threads.
+"""Reading processes from /proc (Linux): the process tree, stat fields, CPU, memory, fds, threads;
+and ending a session's processes (`kill_session`).
 
 The one place in tools/ and tests/ that parses /proc/<pid>/...: the benchmarks (bench_atari's
 memory and CPU sampler, bench_learner's peak memory, measure_actor_memory's fork server), the
@@ -16,6 +17,9 @@ Standard library only, so that any tool or test imports it for free.
 from __future__ import annotations
 
 import os
+import signal
+import time
+from typing import Any
 
 __all__ = [
     "all_pids",
@@ -26,6 +30,7 @@ __all__ = [
     "environ",
     "fd_count",
     "fd_targets",
+    "kill_session",
     "mapped_paths",
     "parent_pid",
     "peak_rss_bytes",
@@ -100,6 +105,39 @@ def session_pids(sid: int, zombies: bool = False) -> list[int]:
         if zombies or fields[_STATE] != "Z":
             found.append(pid)
     return found
+
+
+def kill_session(sid: int, timeout_s: float = 30.0, process: Any = None) -> list[int]:
+    """SIGKILLs every process of session `sid` until it is empty or `timeout_s` has passed.
+
+    Each member is killed by pid, not by process group, so that one which made a group of its
+    own is not missed; the session is listed again until it is empty, so that a child forked
+    meanwhile is killed too.
+
+    Args:
+      sid: The session (a binary started with `start_new_session=True`: its pid).
+      timeout_s: Seconds to wait for the session to empty.
+      process: The leader's `subprocess.Popen`, if this process started it: it is reaped, so
+        that it leaves the listing.
+
+    Returns:
+      The pids still alive in the session after `timeout_s` (empty when all are gone).
+    """
+    deadline = time.monotonic() + timeout_s
+    while True:
+        left = session_pids(sid)
+        for pid in left:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                continue
+        if process is not None:
+            process.poll()
+        if not left:
+            return []
+        if time.monotonic() >= deadline:
+            return session_pids(sid)
+        time.sleep(0.05)
 
 
 def children(pid: int) -> list[int]:

@@ -173,11 +173,8 @@ def wait_for_line(
 
 
 def kill_session(process: subprocess.Popen, timeout_s: float = 30.0) -> list[int]:
-    """SIGKILLs every process of `process`'s session and reaps `process`: a test's clean-up.
-
-    Each member is killed by pid, not by process group, so that one which made a group of its
-    own is not missed; the session is listed again until it is empty, so that a child forked
-    meanwhile is killed too.
+    """SIGKILLs every process of `process`'s session and reaps `process`: a test's clean-up
+    (`tools.proclib.kill_session`).
 
     Args:
       process: A process started by `run_in_background` (its pid is its session id).
@@ -186,18 +183,4 @@ def kill_session(process: subprocess.Popen, timeout_s: float = 30.0) -> list[int
     Returns:
       The pids still alive in the session after `timeout_s` (empty when all are gone).
     """
-    sid = process.pid
-    deadline = time.monotonic() + timeout_s
-    while True:
-        left = session_pids(sid)
-        for pid in left:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                continue
-        process.poll()  # Reaps the leader once it is dead, so that it leaves the listing.
-        if not left:
-            return []
-        if time.monotonic() >= deadline:
-            return session_pids(sid)
-        time.sleep(0.05)
+    return proclib.kill_session(process.pid, timeout_s, process)
