@@ -27,6 +27,20 @@ re-exported here. An actor reaches the server through an endpoint that `connect`
   announces its actor id; reconnecting with the same id replaces its old connection.
 All the policies of one actor share its connection, and its requests are sequential.
 
+A policy whose env stacks frames (`frame_stacks`, from the env's `frame_stack`; Atari) has its
+actors' stacks kept here, so that each frame travels once (`impala_tf.frames`). An actor's
+request `(policy_id, obs, state, refills)` asks the server to keep them: with `refills` None,
+`obs` are its B envs' whole stacks [B, H, W, k * s] (its first such request, and again after
+its envs were reset or restored); then `obs` are the newest frames [B, H, W, s] and `refills`
+bool [B] says which envs refilled their stacks (`BatchStep.stack_restarts`). Each env of a
+connection owns a ring of its last k frames in a TensorFlow variable of the policy's; the
+serving graph writes the new frames, gathers the stacks and runs the model on them, so the
+policy sees exactly the stacks the env returned and the host copies no pixels. A connection's
+rings are freed when it closes: a restarted actor's new connection holds none, and frames sent
+before whole stacks are refused rather than read against another env's frames. A request
+`(policy_id, obs, state)` is served as it is and keeps nothing (the final observations of
+truncated episodes, and every request of a policy without frame stacks).
+
 The server keeps its own copy of each model (with `explore=False`: it never samples): the driver
 loads them at every weight broadcast from the same consistent snapshot it would send the actors
 (`Impala._policy_snapshot`), so acting never reads variables the learner is updating, and a

@@ -4,8 +4,10 @@
 a pipe end (local actor processes) as is, or a `TcpEndpoint` (Ray actors, maybe on another
 machine) by opening an authenticated TCP connection and announcing the actor's id.
 `RemotePolicy` is an acting policy whose forward pass runs in the server: it sends
-`(policy_id, obs, state)` and samples the actions itself from the logits it gets back. See
-`impala_tf.inference` for the server and the protocol. numpy only: an actor that acts through
+`(policy_id, obs, state)` and samples the actions itself from the logits it gets back; for an
+env that stacks frames it sends the stacks whole once and then each step's newest frames with
+the refills, the server keeping the stacks. See `impala_tf.inference` for the server and the
+protocol. numpy only: an actor that acts through
 the server never imports TensorFlow.
 """
 

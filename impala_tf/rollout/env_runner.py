@@ -15,10 +15,11 @@ on (`impala_tf.sequences`).
 
 An env that stacks frames (`frame_stack`: Atari with RLlib's `framestack`) has its frames stored
 once: `obs_frames` [B, T + k - 1, H, W, s] and `obs_restarts` [B, T] replace `obs`, and the
-learner rebuilds the stacks in its graph (`impala_tf.frames`); the policy acts on the env's own
-stacks. Fragments leave `sample()` unpacked; with RLlib's `compress_observations` the actor
-process zlib-compresses the observation column for transport, and the aggregation workers or the
-driver decompress it.
+learner rebuilds the stacks in its graph (`impala_tf.frames`). A policy acting in the runner
+acts on the env's own stacks; with central inference the runner sends the server each step's
+newest frames and refills, and the server rebuilds the stacks in its own graph. Fragments leave
+`sample()` unpacked; with RLlib's `compress_observations` the actor process zlib-compresses the
+observation column for transport, and the aggregation workers or the driver decompress it.
 
 Box actions reach the env unsquashed from [-1, 1] to the space's bounds (`normalize_actions`)
 or clipped (`clip_actions`), as `impala_tf.actions` says; the fragment keeps the policy's own
