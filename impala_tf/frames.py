@@ -1,5 +1,5 @@
-"""Frame stacks rebuilt inside the learner's graph: each frame travels once, and is never decoded
-on the host.
+"""Frame stacks rebuilt inside TensorFlow graphs (the learner's, the inference server's): each
+frame travels once, and is never decoded on the host.
 
 B is batch (env sequences), T is time (`rollout_fragment_length`), H x W an image, and a stacked
 observation has C = k * s channels: k frames of s channels each (s = 1 gray, 3 colour), oldest
@@ -23,11 +23,18 @@ the refill's k copies. `rebuild_stacks` does that with one gather in TensorFlow,
 train step (`ImpalaLearner.time_major`); no actor, aggregation worker or driver decodes frames,
 and a train batch moves about 1/k of the bytes of its stacked observations from the actor to the
 learner device. `rebuild_stacks_np` is the same in numpy, for tests and tools.
-
-The acting policy still sees the env's own stacks (per-actor inference, central inference and
-evaluation are unchanged), and envs that do not declare a frame stack send `obs` as it is.
 `obs_frames` is a per-sequence column (`impala_tf.sample_batch.is_per_sequence_column`): row
 operations (replay, batch cutting, device shards) carry it like a recurrent state column.
+
+Acting: per-actor inference and evaluation act on the env's own stacks (no work added). With
+central inference (`impala_tf.inference`) an actor sends the driver's inference server its
+envs' stacks whole once, then only each step's newest frames [B, H, W, s] with the refills
+(`BatchStep.stack_restarts`), about 1/k of the bytes. The server keeps each env's last k frames
+as a ring in a TensorFlow variable and, inside its serving graph, writes the new frames and
+gathers each stack's k frames (`split_stacks`, `join_frames`); the host only moves ring
+positions (`ring_step_np`, the same clamping as `stack_positions_np`), so the policy sees
+exactly the stacks the env returned. Envs that do not declare a frame stack send `obs` as they
+are, to the learner and to the server.
 """
 
 from __future__ import annotations
@@ -35,7 +42,14 @@ from __future__ import annotations
 import numpy as np
 import tensorflow as tf
 
-__all__ = ["rebuild_stacks", "rebuild_stacks_np", "stack_positions_np"]
+__all__ = [
+    "join_frames",
+    "rebuild_stacks",
+    "rebuild_stacks_np",
+    "ring_step_np",
+    "split_stacks",
+    "stack_positions_np",
+]
 
 
 def stack_positions_np(restarts: np.ndarray, k: int) -> np.ndarray:
@@ -92,3 +106,42 @@ def rebuild_stacks(frames: tf.Tensor, restarts: tf.Tensor) -> tf.Tensor:
     channels = None if k_static is None or s is None else k_static * s
     out.set_shape([b, steps_static, h, w, channels])
     return out
+
+
+# Stacks kept as rings of frames (the inference server's) ----------------------------------------
+
+
+def ring_step_np(
+    newest: np.ndarray, age: np.ndarray, refills: np.ndarray, k: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """One env step of stacks kept as rings of k frames: where each new frame goes, and where
+    the k frames of each new stack are.
+
+    Args:
+      newest: int [N], the ring position (0 .. k - 1) of each stack's newest frame.
+      age: int [N], the frames each stack holds since its last refill, at most k - 1.
+      refills: bool [N], True where the env refilled the stack with its new frame.
+      k: Frames per stack.
+
+    Returns:
+      (newest, age) after the step (the new frame goes to ring position `newest`), and the ring
+      positions of each new stack's frames, int [N, k], oldest first: as `stack_positions_np`,
+      no earlier than the last refill's frame, which stands for the frames before it.
+    """
+    newest = (np.asarray(newest) + 1) % k
+    age = np.where(refills, 0, np.minimum(np.asarray(age) + 1, k - 1))
+    back = np.minimum(np.arange(k - 1, -1, -1)[None, :], age[:, None])  # Steps back per slot.
+    return newest, age, (newest[:, None] - back) % k
+
+
+def split_stacks(stacks: tf.Tensor, k: int) -> tf.Tensor:
+    """[N, H, W, k * s] stacks -> [N, k, H, W, s], their frames, oldest first."""
+    h, w, c = stacks.shape[1:]
+    frames = tf.reshape(stacks, [-1, h, w, k, c // k])
+    return tf.transpose(frames, [0, 3, 1, 2, 4])
+
+
+def join_frames(frames: tf.Tensor) -> tf.Tensor:
+    """[N, k, H, W, s] frames, oldest first -> [N, H, W, k * s] stacks (`split_stacks` undone)."""
+    k, h, w, s = frames.shape[1:]
+    return tf.reshape(tf.transpose(frames, [0, 2, 3, 1, 4]), [-1, h, w, k * s])

@@ -4,8 +4,10 @@
 a pipe end (local actor processes) as is, or a `TcpEndpoint` (Ray actors, maybe on another
 machine) by opening an authenticated TCP connection and announcing the actor's id.
 `RemotePolicy` is an acting policy whose forward pass runs in the server: it sends
-`(policy_id, obs, state)` and samples the actions itself from the logits it gets back. See
-`impala_tf.inference` for the server and the protocol. numpy only: an actor that acts through
+`(policy_id, obs, state)` and samples the actions itself from the logits it gets back; for an
+env that stacks frames it sends the stacks whole once and then each step's newest frames with
+the refills, the server keeping the stacks. See `impala_tf.inference` for the server and the
+protocol. numpy only: an actor that acts through
 the server never imports TensorFlow.
 """
 
@@ -91,6 +93,9 @@ class RemotePolicy(SamplerState):
         `InferenceServer.state_shapes[policy_id]`.
       explore: Sample (True) or take the mode.
       seed: Seed of the action sampler.
+      frame_stack: (k, s) when the env stacks frames (`impala_tf.frames`) and the server keeps
+        the stacks of this policy: `step` with `stack_restarts` then sends each env's newest
+        frame only (the whole stacks on the first such step and after `forget_stacks`).
     """
 
     def __init__(
@@ -101,6 +106,7 @@ class RemotePolicy(SamplerState):
         state_shapes: list[tuple[int, ...]],
         explore: bool = True,
         seed: int | None = None,
+        frame_stack: tuple[int, int] | None = None,
     ):
         self._conn = conn
         self.policy_id = str(policy_id)
@@ -108,25 +114,57 @@ class RemotePolicy(SamplerState):
         self.sampler = ActionSampler(action_space, explore, seed)
         self._state_shapes = [tuple(s) for s in state_shapes]
         self.is_recurrent = bool(self._state_shapes)
+        self.frame_stack = None if frame_stack is None else tuple(int(d) for d in frame_stack)
+        self._stacks_kept = False  # The server holds this policy's stacks of the actor's envs.
 
     def initial_state(self, batch_size: int) -> tuple:
         """The zero recurrent state for `batch_size` envs (() if none)."""
         return tuple(np.zeros((batch_size, *s), np.float32) for s in self._state_shapes)
 
-    def step(self, obs: np.ndarray, state: tuple = ()) -> PolicyStep:
+    def step(
+        self, obs: np.ndarray, state: tuple = (), stack_restarts: np.ndarray | None = None
+    ) -> PolicyStep:
         """Sends the observations [B, ...] to the server and samples from its logits.
+
+        Args:
+          obs: [B, ...] observations; with a `frame_stack`, [B, H, W, k * s] stacks.
+          state: The recurrent state, [B, ...] arrays (() if none).
+          stack_restarts: With a `frame_stack` only: bool [B], where the env refilled the
+            stack (`BatchStep.stack_restarts`). Given, `obs` are the actor's envs' next stacks
+            and the server keeps them: once it holds them only the newest frames [B, H, W, s]
+            travel. None: `obs` travel whole and the server keeps nothing (a truncated
+            episode's final observations, say).
 
         Raises:
           InferenceError: The server could not serve the request.
           EOFError: The server is gone.
         """
-        self._conn.send((self.policy_id, np.ascontiguousarray(obs), tuple(state)))
+        obs = np.asarray(obs)
+        if self.frame_stack is None or stack_restarts is None:
+            message: tuple = (self.policy_id, np.ascontiguousarray(obs), tuple(state))
+        elif self._stacks_kept:
+            newest = np.ascontiguousarray(obs[..., -self.frame_stack[1] :])
+            restarts = np.asarray(stack_restarts, bool)
+            message = (self.policy_id, newest, tuple(state), restarts)
+        else:
+            message = (self.policy_id, np.ascontiguousarray(obs), tuple(state), None)
+        kept = len(message) == 4
+        if kept:
+            self._stacks_kept = False  # Until the server answers: a failed request loses them.
+        self._conn.send(message)
         reply = self._conn.recv()
         if reply[0] == "error":
             raise InferenceError(f"the driver's inference server failed: {reply[1]}")
+        if kept:
+            self._stacks_kept = True
         _, logits, values, new_state, version = reply
         actions, logp = self.sampler(logits)
         return PolicyStep(actions, logits, logp, values, tuple(new_state), int(version))
+
+    def forget_stacks(self) -> None:
+        """The actor's envs were replaced or reset outside `step` (a restored snapshot, a
+        reseed): the next step with `stack_restarts` sends the whole stacks again."""
+        self._stacks_kept = False
 
     def set_weights(self, weights: list[np.ndarray] | None) -> None:
         """Nothing to load: the server holds the weights."""

@@ -16,32 +16,22 @@ from impala_tf import pipeline
 from impala_tf.config import ImpalaConfig
 from impala_tf.driver.plan import make_plan
 from impala_tf.driver.sampling import EnvRunnerGroup
-from impala_tf.frames import rebuild_stacks, rebuild_stacks_np
+from impala_tf.frames import (
+    join_frames,
+    rebuild_stacks,
+    rebuild_stacks_np,
+    ring_step_np,
+    split_stacks,
+)
+from impala_tf.inference import InferenceServer
 from impala_tf.learner import ImpalaLearner
 from impala_tf.models import build_model
 from impala_tf.rollout.env_runner import EnvRunner
 from impala_tf.rollout.host import make_runner_host
 from impala_tf.sample_batch import CompressedColumn, SampleBatch, decompress
 from tests.support import envs
-
-
-def stacked_obs(b, t, k, *, size=6, s=1, episode_len=None, seed=0, levels=256):
-    """[B, T, size, size, k*s] uint8 stacks as DeepMind's FrameStack builds them, and the
-    refills (True at a step t >= 1 whose stack is k copies of a new episode's first frame)."""
-    rng = np.random.default_rng(seed)
-    obs = np.empty((b, t, size, size, k * s), np.uint8)
-    restarts = np.zeros((b, t), bool)
-    for row in range(b):
-        stack = None
-        for step in range(t):
-            frame = rng.integers(0, levels, (size, size, s), dtype=np.uint8)
-            if stack is None or (episode_len and (step + row) % episode_len == 0):
-                stack = np.concatenate([frame] * k, axis=-1)
-                restarts[row, step] = step > 0
-            else:
-                stack = np.concatenate([stack[..., s:], frame], axis=-1)
-            obs[row, step] = stack
-    return obs, restarts
+from tests.support.envs import stacked_obs
+from tests.support.inference import RecordingConnection
 
 
 def as_frames(obs: np.ndarray, k: int) -> np.ndarray:
@@ -77,6 +67,23 @@ def test_a_refill_at_the_last_step_and_back_to_back_refills():
     obs, restarts = stacked_obs(1, 5, 4, episode_len=4)  # Row 0: a refill at t = 4 only.
     assert restarts[0].tolist() == [False, False, False, False, True]
     np.testing.assert_array_equal(rebuild_stacks_np(as_frames(obs, 4), restarts), obs)
+
+
+@pytest.mark.parametrize("k, s", [(4, 1), (2, 3)])
+def test_stacks_kept_as_rings_of_frames_are_the_env_stacks(k, s):
+    """What the inference server does: the first stacks written whole, then each step's newest
+    frame into its env's ring; the stacks gathered from the rings are the env's."""
+    obs, restarts = stacked_obs(3, 9, k, s=s, episode_len=3, seed=k)
+    rows = np.arange(len(obs))
+    rings = split_stacks(tf.constant(obs[:, 0]), k).numpy()  # [B, k, H, W, s], oldest first.
+    np.testing.assert_array_equal(join_frames(tf.constant(rings)).numpy(), obs[:, 0])
+    newest, age = np.full(len(obs), k - 1), np.full(len(obs), k - 1)
+    for t in range(1, 9):
+        newest, age, positions = ring_step_np(newest, age, restarts[:, t], k)
+        rings[rows, newest] = obs[:, t, ..., -s:]
+        stacks = join_frames(tf.constant(rings[rows[:, None], positions]))
+        np.testing.assert_array_equal(stacks.numpy(), obs[:, t])
+    assert restarts[:, 1:].any() and not restarts[:, 1:].all()
 
 
 def _config(**env_config) -> ImpalaConfig:
@@ -200,3 +207,65 @@ def test_actor_processes_send_frames():
     for f in fragments:
         batch = f.batches["default_policy"]
         assert batch["obs_frames"].shape == (2, 12, 10, 10, 1) and "obs" not in batch
+
+
+def test_central_inference_takes_each_frame_once_and_samples_as_a_runner_acting_itself():
+    """Two actors act through one server that keeps their stacks; actor 0 then restarts (a
+    new connection under its id) and later rolls its envs back to a snapshot mid-episode: each
+    samples what a runner acting on the env's own stacks samples, sending the stacks whole
+    once and then a quarter of their bytes per step (k = 4)."""
+    config = _config()
+    plan = make_plan(config)
+    obs_space, act_space = plan.spaces.policies["default_policy"]
+    weights = build_model(obs_space, act_space, config.model).get_weights()
+    server = InferenceServer(
+        {"default_policy": (obs_space, act_space, config.model)},
+        frame_stacks=plan.spaces.frame_stacks,
+    )
+    server.set_weights({"default_policy": (weights, 0)})
+
+    def remote(actor_id: int) -> tuple[RecordingConnection, EnvRunner]:
+        conn = RecordingConnection(server.attach(actor_id))
+        runner = EnvRunner(config, actor_id + 1, remote=(conn, server.state_shapes))
+        runner.set_weights({"default_policy": (None, 0)})
+        return conn, runner
+
+    def local(actor_id: int) -> EnvRunner:
+        runner = EnvRunner(config, actor_id + 1)
+        runner.set_weights({"default_policy": (weights, 0)})
+        return runner
+
+    def assert_same(got, want) -> None:
+        got, want = got.batches["default_policy"], want.batches["default_policy"]
+        for name in ("obs_frames", "obs_restarts", "actions"):
+            np.testing.assert_array_equal(got[name], want[name], err_msg=name)
+        for name in ("action_dist_inputs", "vf_preds", "values_bootstrapped"):
+            np.testing.assert_allclose(got[name], want[name], rtol=1e-5, atol=1e-6)
+
+    try:
+        actors = {i: (remote(i), local(i)) for i in (0, 1)}
+        for _ in range(2):  # Episodes of 6 steps in fragments of 9: refills mid-fragment.
+            for (_, runner), own in actors.values():
+                assert_same(runner.sample(), own.sample())
+        (conn, _), _ = actors[1]
+        kept = conn.kept()
+        assert len(kept) == 1 + 2 * 9  # The first step's stacks, then one message per step.
+        stack_bytes = 2 * 10 * 10 * 4
+        assert kept[0][1].nbytes == stack_bytes
+        assert {m[1].nbytes for m in kept[1:]} == {stack_bytes // 4}
+        # A restarted actor 0: its stacks travel whole once, nothing of its predecessor's read.
+        (conn, runner), own = remote(0), local(0)
+        assert_same(runner.sample(), own.sample())
+        snapshot, own_snapshot = runner.get_state(), own.get_state()
+        assert snapshot["envs"] is not None  # The envs mid-episode, restored below.
+        first = runner.sample()
+        assert_same(first, own.sample())
+        runner.set_state(snapshot)
+        own.set_state(own_snapshot)
+        replay = runner.sample()
+        assert_same(replay, first)  # The same steps again, from the same envs and samplers.
+        assert_same(replay, own.sample())
+        whole = [m[1].nbytes for m in conn.kept() if m[1].nbytes == stack_bytes]
+        assert len(whole) == 2  # After the restart, and after the snapshot's envs came back.
+    finally:
+        server.stop()

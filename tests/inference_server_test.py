@@ -24,6 +24,8 @@ from impala_tf.inference import (
     TcpEndpoint,
     connect,
 )
+from tests.support.envs import stacked_obs
+from tests.support.inference import RecordingConnection
 
 LSTM = {"use_lstm": True, "lstm_cell_size": 8, "fcnet_hiddens": [8]}
 SPECS = {
@@ -35,6 +37,9 @@ SPECS = {
     ),
 }
 RNN = {"rnn": (gym.spaces.Box(-1.0, 1.0, (4,), np.float32), gym.spaces.Discrete(3), LSTM)}
+#: A policy whose env stacks k = 4 frames of 10 x 10 x 1 (`impala_tf.frames`), and an MLP.
+IMAGE = gym.spaces.Box(0, 255, (10, 10, 4), np.uint8)
+FRAMED = {"img": (IMAGE, gym.spaces.Discrete(3), {"vf_share_layers": True}), "p0": SPECS["p0"]}
 
 
 def _local(policy_id: str, specs: dict = SPECS, explore: bool = True, seed: int | None = None):
@@ -127,7 +132,12 @@ def test_waiting_requests_are_answered_with_one_forward_pass_per_policy():
             for conn, (pid, obs) in zip(conns, requests):
                 conn.send((pid, obs, ()))
         replies = [conn.recv() for conn in conns]
-        assert server.stats() == {"num_requests": 4, "num_batches": 2, "mean_batch": 5.0}
+        assert server.stats() == {
+            "num_requests": 4,
+            "num_batches": 2,
+            "mean_batch": 5.0,
+            "num_frames": 0,
+        }
         for (pid, obs), reply in zip(requests, replies):
             assert reply[0] == "ok" and reply[4] == 3
             local = _local(pid)
@@ -349,3 +359,129 @@ def test_offline_the_node_address_is_loopback_and_no_name_is_looked_up(monkeypat
     monkeypatch.setattr(inference.socket, "socket", NoRoute)
     monkeypatch.setattr(inference.socket, "gethostbyname", no_lookup)
     assert inference.node_ip_address() == "127.0.0.1"
+
+
+# Frame stacks kept on the server ------------------------------------------------------------------
+
+
+def _framed_server() -> tuple[InferenceServer, list]:
+    server = InferenceServer(FRAMED, frame_stacks={"img": (4, 1)})
+    weights = _local("img", FRAMED).get_weights()
+    server.set_weights({"img": (weights, 2), "p0": (_local("p0").get_weights(), 2)})
+    return server, weights
+
+
+def _assert_acts_as(got, local, obs) -> None:
+    """`got` (a served step) is `local`'s step on the whole stacks `obs`."""
+    want = local.step(obs)
+    np.testing.assert_allclose(got.logits, want.logits, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(got.values, want.values, rtol=1e-5, atol=1e-6)
+    np.testing.assert_array_equal(got.actions, want.actions)
+
+
+def test_actors_send_each_new_frame_once_and_the_server_acts_on_the_env_stacks():
+    """Three actors of 3 envs share the server; episodes of 4 steps refill stacks mid-stream;
+    actor 1 restarts mid-episode (a new connection and policy: its stacks travel whole once,
+    nothing of its predecessor's is read); a truncated episode's final observations travel
+    whole without touching the kept stacks."""
+    server, weights = _framed_server()
+    try:
+        steps, act = 10, FRAMED["img"][1]
+        streams = {i: stacked_obs(3, steps, 4, size=10, episode_len=4, seed=i) for i in range(3)}
+
+        def actor(i: int, seed: int) -> tuple:
+            local = _local("img", FRAMED, seed=seed)
+            local.set_weights(weights)
+            conn = RecordingConnection(server.attach(i))
+            return conn, RemotePolicy(conn, "img", act, [], seed=seed, frame_stack=(4, 1)), local
+
+        actors = {i: actor(i, seed=i) for i in range(3)}
+        restarted = None
+        for t in range(steps):
+            if t == 5:
+                restarted = actors[1] = actor(1, seed=11)
+            for i, (_, remote, local) in actors.items():
+                obs, refills = streams[i][0][:, t], streams[i][1][:, t]
+                _assert_acts_as(remote.step(obs, stack_restarts=refills), local, obs)
+            if t == 6:  # Actor 0's env 1 was truncated: its final stack, not kept.
+                _, remote, local = actors[0]
+                final = np.concatenate(
+                    [streams[0][0][1:2, t, ..., 1:], np.ones((1, 10, 10, 1), np.uint8)], -1
+                )
+                _assert_acts_as(remote.step(final), local, final)
+        stack_bytes = 3 * 10 * 10 * 4
+        for conn, expected in ((actors[0][0], 10), (actors[2][0], 10), (restarted[0], 5)):
+            kept = conn.kept()
+            assert len(kept) == expected
+            # The stacks whole once, then the newest frames: a quarter of the bytes (k = 4).
+            assert kept[0][1].nbytes == stack_bytes and kept[0][3] is None
+            assert [m[1].nbytes for m in kept[1:]] == [stack_bytes // 4] * (expected - 1)
+            assert all(m[3].shape == (3,) and m[3].dtype == bool for m in kept[1:])
+        assert [m[1].shape for m in actors[0][0].sent if len(m) == 3] == [(1, 10, 10, 4)]
+    finally:
+        server.stop()
+
+
+@pytest.mark.parametrize("gpu", [False, True], ids=["cpu", "as-on-a-gpu"])
+def test_kept_stacks_are_served_in_one_pass_and_frames_without_stacks_are_refused(gpu, monkeypatch):
+    """One pass serves new frames, whole stacks to keep and observations not kept; frames the
+    server holds no stacks for are refused. `gpu`: the rings as kept where TensorFlow sees a
+    GPU (float16, exact for uint8 frames), here on the CPU."""
+    if gpu:
+        import tensorflow as tf
+
+        seen = tf.config.list_logical_devices
+        monkeypatch.setattr(
+            tf.config,
+            "list_logical_devices",
+            lambda kind=None: [object()] if kind == "GPU" else seen(kind),
+        )
+    server, weights = _framed_server()
+    # No public seam says how the rings are stored; this checks the branch was reached.
+    assert server._kept["img"]._ring.dtype.name == ("float16" if gpu else "uint8")
+    try:
+        local = _local("img", FRAMED)
+        local.set_weights(weights)
+        conns = [server.attach(i) for i in range(4)]
+        obs, refills = stacked_obs(2, 3, 4, size=10, episode_len=2)
+        newest = np.ascontiguousarray(obs[..., -1:])
+        conns[0].send(("img", obs[:, 0], (), None))  # Actor 0's stacks, kept.
+        assert conns[0].recv()[0] == "ok"
+        batches = server.stats()["num_batches"]
+        with server.paused():  # Frames, whole stacks to keep, and observations not kept.
+            conns[0].send(("img", newest[:, 1], (), refills[:, 1]))
+            conns[1].send(("img", obs[:, 2], (), None))
+            conns[2].send(("img", obs[:, 1], ()))
+        for conn, stacks in zip(conns, (obs[:, 1], obs[:, 2], obs[:, 1])):
+            reply = conn.recv()
+            assert reply[0] == "ok", reply
+            np.testing.assert_allclose(reply[1], local.forward(stacks)[0], rtol=1e-5, atol=1e-6)
+        assert server.stats()["num_batches"] == batches + 1
+        assert server.stats()["num_frames"] == 2  # Actor 0's; the others sent whole stacks.
+        bad = [
+            ("img", newest[:, 0], (), refills[:, 0]),  # No stacks kept for actor 3 yet.
+            ("p0", _obs("p0", 2, 0), (), None),  # p0's env stacks no frames.
+            ("img", newest[:1, 2], (), refills[:1, 2]),  # 1 frame for actor 0's 2 envs.
+            ("img", obs[:, 2, ..., :2], (), refills[:, 2]),  # 2 channels, not 1.
+            ("img", newest[:, 2].astype(np.float32), (), refills[:, 2]),
+        ]
+        errors = []
+        for message in bad:
+            conn = conns[3] if message is bad[0] else conns[0]
+            conn.send(message)
+            errors.append(conn.recv())
+        assert [e[0] for e in errors] == ["error"] * len(bad)
+        assert "frames before whole stacks" in errors[0][1]
+        assert "keeps no frame stacks" in errors[1][1]
+        assert "1 frames for the 2 envs" in errors[2][1]
+        assert "frames of shape (10, 10, 2)" in errors[3][1]
+        assert "dtype float32" in errors[4][1]
+        # Actor 0 restarts: its new connection reads nothing its predecessor kept.
+        again = server.attach(0)
+        again.send(("img", newest[:, 2], (), refills[:, 2]))
+        assert "frames before whole stacks" in again.recv()[1]
+        again.send(("img", obs[:, 2], (), None))
+        reply = again.recv()
+        np.testing.assert_allclose(reply[1], local.forward(obs[:, 2])[0], rtol=1e-5, atol=1e-6)
+    finally:
+        server.stop()

@@ -124,7 +124,11 @@ def _sample_twice_through_the_driver(config: ImpalaConfig, weights: dict) -> lis
             fragments, failures = _fetch(actors, 1)
             assert not failures, failures
             out += fragments
-        assert actors.server.stats()["num_requests"] >= 2 * config.rollout_fragment_length
+        stats = actors.server.stats()
+        assert stats["num_requests"] >= 2 * config.rollout_fragment_length
+        if plan.spaces.frame_stacks:  # The stacks whole once, then each env's newest frames.
+            steps = 2 * config.rollout_fragment_length * config.num_envs_per_env_runner
+            assert stats["num_frames"] == steps
         return out
     finally:
         actors.stop()

@@ -126,6 +126,7 @@ class EnvRunnerGroup:
                     for pid, (obs, act) in plan.spaces.policies.items()
                 },
                 precisions={pid: c.precision for pid, c in configs.items()},
+                frame_stacks=plan.spaces.frame_stacks,
             )
         enabled = bool(config.restart_failed_env_runners)
         spec = WorkerSpec(

@@ -66,15 +66,18 @@ class RunnerBase:
         seed: int | None,
         remote: Remote | None,
         precision: str = "float32",
+        frame_stack: tuple[int, int] | None = None,
     ) -> Any:
         """The policy that acts for `policy_id`: through the driver's inference server
-        (`remote`) or in this process (numpy for MLPs, TensorFlow built under `precision`
-        otherwise)."""
+        (`remote`; with the env's `frame_stack`, the server keeps the stacks and takes each
+        new frame once) or in this process (numpy for MLPs, TensorFlow built under `precision`
+        otherwise; they act on the env's own stacks)."""
         obs_space, act_space = spaces
         if remote is not None:
             conn, state_shapes = remote
+            shapes = state_shapes.get(policy_id, [])
             return RemotePolicy(
-                conn, policy_id, act_space, state_shapes.get(policy_id, []), self.explore, seed
+                conn, policy_id, act_space, shapes, self.explore, seed, frame_stack=frame_stack
             )
         return make_policy(
             obs_space, act_space, model, explore=self.explore, seed=seed, precision=precision

@@ -15,10 +15,11 @@ on (`impala_tf.sequences`).
 
 An env that stacks frames (`frame_stack`: Atari with RLlib's `framestack`) has its frames stored
 once: `obs_frames` [B, T + k - 1, H, W, s] and `obs_restarts` [B, T] replace `obs`, and the
-learner rebuilds the stacks in its graph (`impala_tf.frames`); the policy acts on the env's own
-stacks. Fragments leave `sample()` unpacked; with RLlib's `compress_observations` the actor
-process zlib-compresses the observation column for transport, and the aggregation workers or the
-driver decompress it.
+learner rebuilds the stacks in its graph (`impala_tf.frames`). A policy acting in the runner
+acts on the env's own stacks; with central inference the runner sends the server each step's
+newest frames and refills, and the server rebuilds the stacks in its own graph. Fragments leave
+`sample()` unpacked; with RLlib's `compress_observations` the actor process zlib-compresses the
+observation column for transport, and the aggregation workers or the driver decompress it.
 
 Box actions reach the env unsquashed from [-1, 1] to the space's bounds (`normalize_actions`)
 or clipped (`clip_actions`), as `impala_tf.actions` says; the fragment keeps the policy's own
@@ -125,8 +126,18 @@ class EnvRunner(RunnerBase):
         self.action_space = self.env_batch.action_space
         spaces = (self.observation_space, self.action_space)
         seed = env_seed(config.seed, worker_index, 0)
+        # Frame-stacking envs: each frame is stored once (`obs_frames`, impala_tf.frames), and
+        # sent once to the driver's inference server, which keeps the stacks.
+        self.frame_stack = sent_frame_stack(self.env_batch.frame_stack, config.observation_filter)
+        self._server_keeps_stacks = remote is not None and self.frame_stack is not None
         self.policy = self._make_policy(
-            DEFAULT_POLICY_ID, spaces, config.model, seed, remote, config.precision
+            DEFAULT_POLICY_ID,
+            spaces,
+            config.model,
+            seed,
+            remote,
+            config.precision,
+            frame_stack=self.frame_stack,
         )
         self.policy_version = 0
         self.obs_filter = self._make_filter(DEFAULT_POLICY_ID, self.observation_space)
@@ -139,8 +150,6 @@ class EnvRunner(RunnerBase):
             self.env_batch.envs[0]
         )
         self._clip_rewards = atari.clip_rewards_for(config, is_atari)
-        # Frame-stacking envs: each frame is stored once (`obs_frames`, impala_tf.frames).
-        self.frame_stack = sent_frame_stack(self.env_batch.frame_stack, config.observation_filter)
         # Raw until the first policy step filters them (after the driver's filter has arrived).
         self._obs = self._reset_all(config.seed)
         self._obs_filtered = False
@@ -187,7 +196,8 @@ class EnvRunner(RunnerBase):
         if self._next is None:
             if not self._obs_filtered:
                 self._obs, self._obs_filtered = self._filter(self._obs), True
-            self._next = self.policy.step(self._obs, self._state)
+            # No step since the envs' resets: every stack is a refill.
+            self._next = self._act(self._obs, self._state, np.ones(n, bool))
             self._next_version = self._version_of(self._next)
         first = self._next
         version_buf = np.empty((horizon, n), np.int64)
@@ -267,7 +277,7 @@ class EnvRunner(RunnerBase):
             if state and dones.any():
                 state = tuple(np.where(dones[:, None], 0.0, s).astype(s.dtype) for s in state)
             self._obs, self._state = next_obs, state
-            self._next = self.policy.step(next_obs, state)
+            self._next = self._act(next_obs, state, stepped.stack_restarts)
             self._next_version = self._version_of(self._next)
             vb_buf[t] = np.where(term_buf[t], 0.0, self._next.values)
             if final_obs:
@@ -316,6 +326,13 @@ class EnvRunner(RunnerBase):
             num_nonfinite_episodes_dropped=num_dropped,
         )
 
+    def _act(self, obs: np.ndarray, state: tuple, restarts: np.ndarray | None) -> Any:
+        """The policy's step on every env's next observation; `restarts` (bool [B], the envs'
+        refills) let the driver's inference server keep the stacks (only new frames travel)."""
+        if self._server_keeps_stacks:
+            return self.policy.step(obs, state, stack_restarts=restarts)
+        return self.policy.step(obs, state)
+
     def _version_of(self, step) -> int:
         """The weights' version that computed `step` (the server's, with central inference)."""
         version = getattr(step, "version", None)  # Steps pickled before versions: None.
@@ -336,6 +353,7 @@ class EnvRunner(RunnerBase):
         """
         self._obs = self._reset_all(seed)
         self._obs_filtered = False
+        self._forget_stacks()
         self.policy.reseed(env_seed(seed, self.worker_index, 0))
         self._state = self.policy.initial_state(self.num_envs)
         self._episode_return[:] = 0.0
@@ -396,6 +414,7 @@ class EnvRunner(RunnerBase):
             else:  # Batches pickle without their guard (it holds the shared progress array).
                 envs.guard = self._guard
             self.env_batch = envs
+            self._forget_stacks()  # The server's copies are of the replaced envs.
             self._obs, self._state, self._next = obs, rnn_state, next_step
             self._episode_return, self._episode_length = returns, lengths
             self._guard.episode_length = self._episode_length
@@ -409,6 +428,10 @@ class EnvRunner(RunnerBase):
         rng = (state.get("policy_rngs") or {}).get(DEFAULT_POLICY_ID)
         if rng is not None:
             self.policy.set_rng_state(rng)
+
+    def _forget_stacks(self) -> None:
+        if self._server_keeps_stacks:
+            self.policy.forget_stacks()
 
     def close(self) -> None:
         self.env_batch.close()

@@ -11,6 +11,7 @@ and `vector_index`):
 * `HugeRewardCartPole`: finite rewards whose squared value error overflows (non-finite updates);
 * `unpicklable_cartpole`: CartPole that refuses to be pickled (a simulator handle);
 * `StackedFrames` / `stacked_frames`: DeepMind-style stacks of random uint8 frames;
+  `stacked_obs`: such stacks as arrays [B, T, ...], with their refills;
 * `Coordination` / `coordination`: a tiny PettingZoo parallel env (two agents rewarded for
   choosing the same action), raw and through `PettingZooParallelEnv`;
 * `hanging_env`: CartPole or a `num_agents` MultiAgentCartPole that hangs once, at a step of one
@@ -36,6 +37,7 @@ __all__ = [
     "faulty_cartpole",
     "misbehaving_cartpole",
     "stacked_frames",
+    "stacked_obs",
     "unpicklable_cartpole",
 ]
 
@@ -128,6 +130,25 @@ class StackedFrames(gym.Env):
 def stacked_frames(env_config) -> gym.Env:
     """`StackedFrames` built from `env_config` keys (its constructor's arguments)."""
     return StackedFrames(**dict(env_config))
+
+
+def stacked_obs(b, t, k, *, size=6, s=1, episode_len=None, seed=0, levels=256):
+    """[B, T, size, size, k*s] uint8 stacks as DeepMind's FrameStack builds them, and the
+    refills (True at a step t >= 1 whose stack is k copies of a new episode's first frame)."""
+    rng = np.random.default_rng(seed)
+    obs = np.empty((b, t, size, size, k * s), np.uint8)
+    restarts = np.zeros((b, t), bool)
+    for row in range(b):
+        stack = None
+        for step in range(t):
+            frame = rng.integers(0, levels, (size, size, s), dtype=np.uint8)
+            if stack is None or (episode_len and (step + row) % episode_len == 0):
+                stack = np.concatenate([frame] * k, axis=-1)
+                restarts[row, step] = step > 0
+            else:
+                stack = np.concatenate([stack[..., s:], frame], axis=-1)
+            obs[row, step] = stack
+    return obs, restarts
 
 
 class _Misbehaving(gym.Wrapper):
