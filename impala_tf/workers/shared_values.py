@@ -262,16 +262,22 @@ class SegmentStore:
             self._held.add(name)
         return body
 
+    # Each name leaves the book only once its segment is gone: a signal that interrupts a
+    # removal (the first one's orderly shutdown) leaves the name for `close`.
+
     def release(self, name: str) -> None:
         """Removes a held segment (safe twice, and after `close`)."""
         if name in self._held:
-            self._held.discard(name)
             _unlink(name)
+            self._held.discard(name)
 
     def lost(self, worker_id: int) -> None:
         """Worker `worker_id` has ended: removes whatever its unanswered calls made."""
-        for name in self._expected.pop(worker_id, {}).values():
+        calls = self._expected.get(worker_id, {})
+        for call_id, name in list(calls.items()):
             _unlink(name)
+            del calls[call_id]
+        self._expected.pop(worker_id, None)
 
     def names(self) -> list[str]:
         """Every name expected or held."""
