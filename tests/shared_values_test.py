@@ -50,6 +50,7 @@ def _body(seed: int) -> dict:
         "obs": rng.integers(0, 255, (3, 7, 5, 5), dtype=np.uint8),  # Odd sizes: alignment.
         "logp": rng.standard_normal((3, 7)).astype(np.float32),
         "every_other": rng.standard_normal((4, 6))[:, ::2],  # Not contiguous: in-band.
+        "fortran": np.asfortranarray(rng.standard_normal((3, 4))),
         "empty": np.zeros((0, 2), np.float64),
         "episodes": [(1.5, 7, {"p": [1.5]})],
     }
@@ -61,6 +62,7 @@ def _assert_same(got: dict, want: dict) -> None:
         if isinstance(value, np.ndarray):
             assert (got[key].dtype, got[key].shape) == (value.dtype, value.shape), key
             assert got[key].tobytes() == value.tobytes(), key  # Bitwise.
+            assert got[key].flags.f_contiguous == value.flags.f_contiguous, key
         else:
             assert got[key] == value, key
 

@@ -53,6 +53,8 @@ from collections.abc import Sequence
 from multiprocessing import resource_tracker
 from typing import Any
 
+import numpy as np
+
 from impala_tf.workers.group import StoredValue
 from impala_tf.workers.shared_arrays import NO_ROOM_ADVICE, new_segment_name
 
@@ -192,8 +194,8 @@ def read_value(name: str) -> Any:
     fd = _posixshmem.shm_open("/" + name, os.O_RDONLY, mode=0o600)
     try:
         size = os.fstat(fd).st_size
-        data = bytearray(size)
-        view = memoryview(data)
+        data = np.empty(size, np.uint8)  # Not zeroed first, as a bytearray would be.
+        view = memoryview(data).cast("B")
         got = 0
         while got < size:
             n = os.preadv(fd, [view[got:]], got)
@@ -202,8 +204,8 @@ def read_value(name: str) -> Any:
             got += n
     finally:
         os.close(fd)
-    (count,) = struct.unpack_from("<q", data)
-    sizes = struct.unpack_from(f"<{count}q", data, 8)
+    (count,) = struct.unpack_from("<q", view)
+    sizes = struct.unpack_from(f"<{count}q", view, 8)
     offset = 8 * (count + 1)
     stream = view[offset : offset + sizes[0]]
     offset += sizes[0]
