@@ -7,7 +7,8 @@ driver the head and a `SharedValue` handle (a name and a size); the driver passe
 to another worker's call (an aggregation worker), which reads the body from the segment when the
 call runs, or reads it itself (`get`). The body never passes through the driver's pipes or its
 pickler: with aggregation workers the driver sees only the fragments' counts and episodes, and
-the train batches.
+the train batches (and the batches of the fragments it aggregates itself, when every
+aggregation worker is at `max_requests_in_flight_per_aggregator_worker`).
 
 Format. The body is pickled with protocol 5, its contiguous arrays as out-of-band buffers, and
 written with one `writev`: a header (the number of parts and their sizes), the pickle stream,
