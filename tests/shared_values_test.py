@@ -167,7 +167,10 @@ def test_a_body_passed_to_another_workers_call_is_read_there_never_in_the_driver
         group.call(1, "total", body)
         ((reply,), _) = _answers(group, replies=1)
         assert reply.value == (float(_body(7)["logp"].sum()), True)
-        assert read_here == []  # The driver passed a name; worker 1 read the arrays.
+        assert read_here == []  # The driver passed a name; worker 1 read the arrays ...
+        assert os.stat(os.path.join(_SHM, body.name)).st_size == 0  # ... and freed them.
+        with pytest.raises(EOFError, match="taken"):
+            body.get()
         body.release()
         assert _segments() == []
     finally:

@@ -24,8 +24,11 @@ names a worker that dies mid-call may have made.
 
 Lifetime: the driver alone removes segments. A worker registers the name with the driver's
 resource tracker (inherited by every local worker process), then creates and fills the segment;
-it never removes one, except one it failed to fill (no room), before it answers. The driver's
-`SegmentStore` removes (unlinks and unregisters):
+it never removes one, except one it failed to fill (no room), before it answers. A worker that
+a handle was passed to empties the segment once it has read it (`ftruncate` to 0): freeing the
+pages costs as much as a third of reading them, and so falls to that worker, not to the driver,
+whose unlink of the empty segment is then cheap. The driver's `SegmentStore` removes (unlinks
+and unregisters):
 
 * a handle's segment when it is released (`SharedValue.release`: an aggregation worker answered
   the call it was passed to, or the driver read it, or dropped the fragment);
@@ -118,12 +121,13 @@ class SharedValue(StoredValue):
         return f"SharedValue({self.name!r}, {self.nbytes})"
 
     def get(self) -> Any:
-        """A private copy of the value (its arrays writable).
+        """A private copy of the value (its arrays writable). In a worker the handle was passed
+        to, the segment is emptied after the read: the value is read there once.
 
         Raises:
           FileNotFoundError: The segment was removed already.
         """
-        return read_value(self.name)
+        return read_value(self.name, take=self._store is None)
 
     def release(self) -> None:
         """Removes the segment (in the driver; a no-op in the process a handle was passed to)."""
@@ -186,13 +190,18 @@ def write_value(name: str, value: Any) -> SharedValue | None:
     return SharedValue(name, offset)
 
 
-def read_value(name: str) -> Any:
+def read_value(name: str, take: bool = False) -> Any:
     """The value in segment `name`, unpickled from a private copy (see the module docstring).
+
+    Args:
+      name: The segment.
+      take: Empty the segment after reading it (its pages are freed here; the name stays).
 
     Raises:
       FileNotFoundError: There is no such segment.
+      EOFError: The segment is empty (its value was taken) or shorter than it says.
     """
-    fd = _posixshmem.shm_open("/" + name, os.O_RDONLY, mode=0o600)
+    fd = _posixshmem.shm_open("/" + name, os.O_RDWR if take else os.O_RDONLY, mode=0o600)
     try:
         size = os.fstat(fd).st_size
         data = np.empty(size, np.uint8)  # Not zeroed first, as a bytearray would be.
@@ -201,10 +210,14 @@ def read_value(name: str) -> Any:
         while got < size:
             n = os.preadv(fd, [view[got:]], got)
             if n == 0:
-                raise EOFError(f"shared value {name}: {got} of {size} bytes")
+                break
             got += n
+        if take:
+            os.ftruncate(fd, 0)
     finally:
         os.close(fd)
+    if got < size or not size:
+        raise EOFError(f"shared value {name}: {got} bytes of {size} (a taken value is empty)")
     (count,) = struct.unpack_from("<q", view)
     sizes = struct.unpack_from(f"<{count}q", view, 8)
     offset = 8 * (count + 1)
