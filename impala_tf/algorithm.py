@@ -343,7 +343,9 @@ class Impala:
         if self._stopped:
             return
         self._stopped = True
-        for part in (self._evaluator, self.learners, self.actors, self.aggregation):
+        # Aggregation workers before the actors: the actors' store removes the fragments it
+        # still holds, which an aggregation worker may be reading.
+        for part in (self._evaluator, self.learners, self.aggregation, self.actors):
             if part is None:
                 continue
             try:

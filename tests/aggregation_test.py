@@ -1,24 +1,35 @@
 """Aggregation (`impala_tf.driver.aggregation`): the `Aggregator` and the aggregation stage.
 
 `Aggregator` decompresses, mixes in replay and cuts train batches per trained policy;
-`AggregationStage` runs it in the driver or in aggregation worker processes. Replay in the running
-algorithm, in the driver and in a worker, is `tests/replay_runtime_test.py`'s; a killed
-aggregation worker is `tests/runtime_conformance_test.py`'s.
+`AggregationStage` runs it in the driver or in aggregation worker processes, which get the
+fragments' batches by reference (here the test plays the actors: it writes each fragment's
+batches into shared memory as an actor's worker process does) and send train batches back the
+same way. Replay in the running algorithm, in the driver and in a worker, is
+`tests/replay_runtime_test.py`'s; a killed aggregation worker in a running algorithm is
+`tests/runtime_conformance_test.py`'s.
+
+`make_stuck_aggregator` below is imported by an aggregation worker as `tests.aggregation_test`.
 """
 
 from __future__ import annotations
 
 import collections
+import os
+import signal
+import time
 
 import gymnasium as gym
 import numpy as np
 import pytest
 
 from impala_tf.config import ImpalaConfig
-from impala_tf.driver.aggregation import AggregationStage, Aggregator
+from impala_tf.driver import aggregation
+from impala_tf.driver.aggregation import AggregationStage, Aggregator, AggregatorHost
 from impala_tf.rollout.fragment import DEFAULT_POLICY_ID, Fragment
 from impala_tf.sample_batch import SampleBatch, compress
 from impala_tf.workers import ProcessBackend
+from impala_tf.workers import shared_values as sv
+from impala_tf.workers.shared_arrays import SEGMENT_PREFIX
 from tests.support.batches import sequence_batch
 from tests.support.processes import wait_until
 
@@ -151,3 +162,118 @@ def test_two_fragments_in_flight_per_worker_by_default():
         assert stage.counters["num_times_no_aggregation_worker_available"] == 1
     finally:
         stage.stop()
+
+
+# Fragments by reference (local processes) -------------------------------------------------------
+
+
+class _Actors:
+    """The test as the actors' side: each fragment's batches written into shared memory, as an
+    actor's worker process writes them, held in a `SegmentStore` as the driver holds them."""
+
+    def __init__(self):
+        self.store = sv.SegmentStore()
+        self.calls = 0
+
+    def fragment(self, seed: int) -> Fragment:
+        self.calls += 1
+        name = self.store.expect(0, self.calls)
+        fragment = _sequences(seed)
+        handle = self.store.received(0, self.calls, sv.write_value(name, fragment.batches))
+        return Fragment(handle, fragment.env_steps, fragment.agent_steps, {PID: seed})
+
+    def segments(self) -> list[str]:
+        """Those of its segments still in /dev/shm."""
+        return [n for n in self.store.names() if os.path.exists(f"/dev/shm/{n}")]
+
+
+def _read_in_driver(monkeypatch) -> list[str]:
+    """Records the name of every segment the driver reads."""
+    names: list[str] = []
+    get = sv.SharedValue.get
+    monkeypatch.setattr(sv.SharedValue, "get", lambda self: names.append(self.name) or get(self))
+    return names
+
+
+def test_workers_get_fragments_by_reference_and_cut_the_train_batches_the_driver_would(
+    monkeypatch,
+):
+    read_here = _read_in_driver(monkeypatch)
+    actors = _Actors()
+    stage = _stage(max_requests_in_flight_per_aggregator_worker=100)
+    handed = []
+    call = stage.workers.call
+    monkeypatch.setattr(
+        stage.workers, "call", lambda *a, **k: handed.append(type(a[2])) or call(*a, **k)
+    )
+    driver = Aggregator(stage.config, stage.rows)
+    try:
+        expected, out = [], []
+        for seed in range(6):  # 2 rows each, a train batch of 2 rows: one per fragment.
+            expected += driver.process(_sequences(seed).batches, {PID: seed})
+            assert stage.process(actors.fragment(seed)) == []
+        assert wait_until(lambda: out.extend(stage.fetch(0.5)) or len(out) == 6, timeout_s=60)
+        assert stage.counters["num_times_no_aggregation_worker_available"] == 0
+        assert handed == [sv.SharedValue] * 6  # Names, not batches.
+        # The driver read the train batches only, never a fragment's batches, and removed each
+        # fragment once its worker answered.
+        assert read_here and not set(read_here) & set(actors.store.names())
+        assert actors.segments() == [] and actors.store.names() == []
+    finally:
+        stage.stop()
+    assert [(p, v) for p, _, v in out] == [(p, v) for p, _, v in expected]
+    for (_, got, _), (_, want, _) in zip(out, expected):
+        assert sorted(got) == sorted(want)
+        for column in want:
+            assert got[column].tobytes() == want[column].tobytes(), column
+
+
+def test_at_the_in_flight_limit_the_driver_reads_the_fragment_from_shared_memory(monkeypatch):
+    read_here = _read_in_driver(monkeypatch)
+    actors = _Actors()
+    stage = _stage(max_requests_in_flight_per_aggregator_worker=1)
+    try:
+        first, second = actors.fragment(1), actors.fragment(2)
+        assert stage.process(first) == []
+        ((_, batch, version),) = stage.process(second)  # Aggregated here, from the segment.
+        assert version == 2.0 and read_here == [second.batches.name]
+        np.testing.assert_array_equal(batch["obs"], _sequences(2).batches[PID]["obs"])
+        assert stage.counters["num_times_no_aggregation_worker_available"] == 1
+        assert actors.segments() == [first.batches.name]  # Read and removed; the first waits.
+        _fetch_one(stage)
+        assert actors.segments() == []
+    finally:
+        stage.stop()
+
+
+class _StuckAggregator(AggregatorHost):
+    def process_parts(self, batches, versions):
+        time.sleep(600)  # Until killed.
+
+
+def make_stuck_aggregator(index, config, rows):
+    """An aggregation worker that never answers (the worker factory the test puts in place)."""
+    return _StuckAggregator(index, config, rows)
+
+
+def test_a_killed_worker_loses_its_fragments_and_the_driver_removes_them(monkeypatch):
+    import tests.aggregation_test as toys  # The module as the aggregation worker imports it.
+
+    monkeypatch.setattr(aggregation, "make_aggregator_host", toys.make_stuck_aggregator)
+    actors = _Actors()
+    stage = _stage()
+    try:
+        fragment = actors.fragment(1)
+        assert stage.process(fragment) == []
+        assert actors.segments() == [fragment.batches.name]
+        os.kill(stage.pids()[0], signal.SIGKILL)
+        assert wait_until(
+            lambda: stage.fetch(0.5) == [] and stage.counters["num_aggregation_worker_restarts"]
+        )
+        assert stage.counters["num_env_steps_lost_in_aggregation"] == fragment.env_steps
+        assert actors.segments() == []  # Removed on the failure, not on stop.
+    finally:
+        stage.stop()
+    assert not [
+        n for n in os.listdir("/dev/shm") if n.startswith(f"{SEGMENT_PREFIX}{os.getpid()}_")
+    ]

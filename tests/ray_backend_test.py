@@ -205,37 +205,6 @@ def test_a_restarting_actor_does_not_stall_the_others(ray_local):
         algo.stop()
 
 
-def test_aggregation_workers_read_fragments_from_the_object_store(ray_local, monkeypatch):
-    """On Ray the batches of a fragment go to an aggregation worker as an object reference:
-    the driver fetches only the fragment's counts and episodes, never its batches."""
-    from impala_tf.workers.ray_backend import RayStoredValue
-
-    fetched = []
-    get = RayStoredValue.get
-    monkeypatch.setattr(RayStoredValue, "get", lambda self: fetched.append(1) or get(self))
-    handed = []
-    # No in-flight limit to reach: every fragment goes to the worker (at the limit the driver
-    # aggregates a fragment itself, fetching its batches: aggregation_test.py).
-    algo = small_config(
-        backend="ray", num_aggregation_workers=1, max_requests_in_flight_per_aggregator_worker=1000
-    ).build()
-    process = algo.aggregation.workers.call
-
-    def recording_call(worker, method, *args, **kwargs):
-        handed.append(type(args[0]) if method == "process" else None)
-        return process(worker, method, *args, **kwargs)
-
-    algo.aggregation.workers.call = recording_call
-    try:
-        results = [algo.train() for _ in range(2)]
-    finally:
-        algo.stop()
-    assert results[-1]["num_env_steps_trained"] > 0
-    assert handed and set(handed) - {None} == {RayStoredValue}
-    assert not fetched
-    assert results[-1]["num_times_no_aggregation_worker_available"] == 0
-
-
 def test_a_broadcast_puts_the_weights_into_the_object_store_once(ray_local, monkeypatch):
     config = small_config(backend="ray", num_env_runners=3, num_cpus_per_env_runner=0.5)
     plan = make_plan(config)

@@ -18,6 +18,7 @@ from impala_tf.algorithm import Impala
 from impala_tf.config import ImpalaConfig
 from impala_tf.rollout.fragment import DEFAULT_POLICY_ID
 from impala_tf.sample_batch import decompress
+from impala_tf.workers import resolve
 from tests.support.configs import small_config
 from tests.support.processes import wait_until
 
@@ -114,7 +115,8 @@ def test_each_train_batch_is_a_new_fragment_and_an_old_one_replayed(workers):
             assert not failures
             algo.actors.top_up()
             for fragment in fragments[: FRAGMENTS - len(sent)]:
-                sent.append(decompress(fragment.batches[DEFAULT_POLICY_ID])["obs"])
+                # With a worker, the batches are in shared memory: the test reads them there.
+                sent.append(decompress(resolve(fragment.batches)[DEFAULT_POLICY_ID])["obs"])
                 out = algo.aggregation.process(fragment)
                 if workers:  # The batches come back from the worker.
                     assert out == []

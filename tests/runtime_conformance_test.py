@@ -18,6 +18,7 @@ import pytest
 
 from impala_tf import checkpoints
 from impala_tf.config import ImpalaConfig
+from impala_tf.workers.shared_arrays import SEGMENT_PREFIX
 from tests.support import envs
 from tests.support.configs import BACKENDS, POLICY_COUNTS, small_config
 from tests.support.processes import alive, wait_until
@@ -60,6 +61,14 @@ def _node_ip(backend: str) -> str:
     from impala_tf.inference import node_ip_address
 
     return node_ip_address()
+
+
+def _segments() -> list[str]:
+    """This driver's shared memory segments still in /dev/shm (weights, fragments, batches)."""
+    if not os.path.isdir("/dev/shm"):
+        return []
+    prefix = f"{SEGMENT_PREFIX}{os.getpid()}_"
+    return [n for n in os.listdir("/dev/shm") if n.startswith(prefix)]
 
 
 def _train_until(algo, predicate, max_iterations: int = 40) -> dict:
@@ -116,6 +125,7 @@ def test_a_killed_actor_is_restarted_and_counted(placement):
         assert after["num_healthy_workers"] == 2
     finally:
         algo.stop()
+    assert _segments() == []
 
 
 def test_a_killed_actor_raises_without_restarts(placement):
@@ -161,6 +171,47 @@ def test_a_killed_aggregation_worker_is_restarted_and_its_steps_counted(placemen
         assert len(algo.aggregation.pids()) == 1
     finally:
         algo.stop()
+    assert _segments() == []
+
+
+def test_aggregation_workers_get_fragments_by_reference_and_the_driver_only_train_batches(
+    placement, monkeypatch
+):
+    """A fragment's batches go from its actor to an aggregation worker by reference (Ray's object
+    store; shared memory on local processes), and the train batches come back so: the driver
+    reads those, never a fragment's batches."""
+    if placement[0] == "ray":
+        from impala_tf.workers.ray_backend import RayStoredValue as Stored
+    else:
+        from impala_tf.workers.shared_values import SharedValue as Stored
+    read_here = []
+    get = Stored.get
+    monkeypatch.setattr(Stored, "get", lambda self: read_here.append(self) or get(self))
+    # No in-flight limit to reach: every fragment goes to the worker (at the limit the driver
+    # aggregates a fragment itself, reading its batches: aggregation_test.py).
+    config = _config(
+        placement, num_aggregation_workers=1, max_requests_in_flight_per_aggregator_worker=1000
+    )
+    algo = config.build()
+    handed = []
+    call = algo.aggregation.workers.call
+
+    def recording_call(worker, method, *args, **kwargs):
+        if method == "process_parts":
+            handed.append(args[0])
+        return call(worker, method, *args, **kwargs)
+
+    algo.aggregation.workers.call = recording_call
+    try:
+        results = [algo.train() for _ in range(2)]
+    finally:
+        algo.stop()
+    assert results[-1]["num_env_steps_trained"] > 0
+    assert results[-1]["num_times_no_aggregation_worker_available"] == 0
+    assert handed and all(isinstance(h, Stored) for h in handed)
+    assert read_here  # The train batches, ...
+    assert not {id(h) for h in handed} & {id(v) for v in read_here}  # ... and nothing else.
+    assert _segments() == []
 
 
 def test_save_then_restore_returns_to_the_saved_weights_counters_and_iteration(placement, tmp_path):

@@ -11,14 +11,17 @@ dropped here.
 `AggregationStage` runs it in the driver, or, with `num_aggregation_workers` > 0 (RLlib's tree
 aggregation), in aggregation workers on the actors' backend (local processes or Ray actors; the
 same `impala_tf.workers` mechanism): each fragment goes to a random healthy worker with fewer
-than `max_requests_in_flight_per_aggregator_worker` fragments outstanding (on Ray as an object
-reference: the batches go from the actor's object store to the aggregation worker without
-passing through the driver, which then sees only train batches; a fragment whose batches were
-lost with their actor costs that aggregation worker a restart, counted) and the train batches
-come back. When no worker is healthy or every healthy one is at that limit, the driver
-aggregates the fragment itself and counts `num_times_no_aggregation_worker_available` (RLlib
-counts it too, and drops the fragment). A worker that dies is restarted
-(`num_aggregation_worker_restarts`); the env steps it held are lost
+than `max_requests_in_flight_per_aggregator_worker` fragments outstanding, and the train batches
+come back. Both ways by reference (`impala_tf.workers.StoredValue`): a fragment's batches stay
+where the actor left them, in Ray's object store or in a shared memory segment
+(`impala_tf.workers.shared_values`), and the aggregation worker reads them from there; its train
+batches come back the same way (`process_parts`). The driver so sees the fragments' counts and
+episodes and the train batches only, and releases each fragment's batches once its aggregation
+worker answered or failed. (On Ray a fragment whose batches were lost with their actor costs its
+aggregation worker a restart, counted.) When no worker is healthy or every healthy one is at
+that limit, the driver reads the fragment's batches and aggregates them itself, counting
+`num_times_no_aggregation_worker_available` (RLlib counts it too, and drops the fragment). A
+worker that dies is restarted (`num_aggregation_worker_restarts`); the env steps it held are lost
 (`num_env_steps_lost_in_aggregation`). `reset` drops what the workers and the driver hold (a
 restore), so nothing sampled before a restore trains after it.
 
@@ -40,7 +43,7 @@ from impala_tf.config.policies import policy_config
 from impala_tf.replay import MixInReplayBuffer, replay_ratio_from_proportion
 from impala_tf.rollout.fragment import Fragment
 from impala_tf.sample_batch import SampleBatch, decompress
-from impala_tf.workers import RestartPolicy, WorkerGroup, WorkerSpec, resolve
+from impala_tf.workers import RestartPolicy, WorkerGroup, WorkerSpec, release, resolve
 
 __all__ = ["AggregationStage", "Aggregator", "AggregatorHost", "make_aggregator_host"]
 
@@ -137,6 +140,14 @@ class AggregatorHost:
     ) -> list[Output]:
         return self.aggregator.process(batches, versions)
 
+    def process_parts(
+        self, batches: Mapping[str, SampleBatch], versions: Mapping[str, float]
+    ) -> tuple[int, list[Output]]:
+        """`process` as (the number of train batches, the train batches): called with
+        `parts=True`, the second comes back by reference, and only when there is one."""
+        out = self.aggregator.process(batches, versions)
+        return len(out), out
+
     def reset(self, seed: int | None) -> None:
         """Drops the waiting rows and the replay buffers; new replay streams from `seed`."""
         self.aggregator = Aggregator(self._config, self._rows, self._index + 1, seed)
@@ -176,7 +187,9 @@ class AggregationStage:
         self.max_in_flight = int(config.max_requests_in_flight_per_aggregator_worker)
         self.workers: WorkerGroup | None = None
         self._rng = random.Random(config.seed)
-        self._steps: dict[int, int] = {}  # Call id -> env steps it carries.
+        # Call id -> (env steps it carries, the fragment's batches it was passed: released on
+        # the answer or the worker's failure).
+        self._calls: dict[int, tuple[int, Any]] = {}
         self._barrier = 0  # Replies to calls with smaller ids predate a reset: dropped.
         self._last_call = -1
         self.restarts = RestartPolicy(
@@ -208,13 +221,17 @@ class AggregationStage:
             ]
             if free:
                 worker = self._rng.choice(free)
-                call_id = self.workers.call(worker, "process", fragment.batches, versions)
+                call_id = self.workers.call(
+                    worker, "process_parts", fragment.batches, versions, parts=True
+                )
                 if call_id is not None:
-                    self._steps[call_id] = fragment.env_steps
+                    self._calls[call_id] = (fragment.env_steps, fragment.batches)
                     self._last_call = max(self._last_call, call_id)
                     return []
             self.counters["num_times_no_aggregation_worker_available"] += 1
-        return self.local.process(resolve(fragment.batches), versions)
+        batches = resolve(fragment.batches)
+        release(fragment.batches)
+        return self.local.process(batches, versions)
 
     def fetch(self, timeout_s: float = 0.0) -> list[Output]:
         """The train batches the workers finished; restarts the workers that died."""
@@ -223,12 +240,18 @@ class AggregationStage:
         replies, failures = self.workers.poll(timeout_s)
         out: list[Output] = []
         for reply in replies:
-            self._steps.pop(reply.call_id, None)
+            release(self._calls.pop(reply.call_id, (0, None))[1])
             self.restarts.succeeded(reply.worker_id)
-            if reply.call_id >= self._barrier:
-                out.extend(reply.value)
+            count, body = reply.value
+            if count and reply.call_id >= self._barrier:
+                out.extend(resolve(body))
+            release(body)
         for failure in failures:
-            lost = sum(self._steps.pop(c, 0) for c in failure.lost_calls)
+            lost = 0
+            for call_id in failure.lost_calls:
+                steps, sent = self._calls.pop(call_id, (0, None))
+                release(sent)
+                lost += steps
             worker, error = failure.worker_id, failure.error
             logger.warning("Aggregation worker %d failed (%s); restarting it.", worker, error)
             self.restarts.on_failure(failure)
@@ -257,3 +280,6 @@ class AggregationStage:
     def stop(self) -> None:
         if self.workers is not None:
             self.workers.stop()
+        for _, sent in self._calls.values():
+            release(sent)
+        self._calls.clear()

@@ -20,9 +20,11 @@ RLlib's env-runner group seen from the driver:
   which the actor reads when it applies the weights; on Ray the weights go into the object
   store once (`impala_tf.workers.ray_backend`);
 * after a restore, fragments requested before it are dropped (`drop_in_flight`);
-* on Ray with aggregation workers a fragment's batches stay in the object store
-  (`sample_parts`): the driver reads the counts, episodes and filter changes, and the batches
-  go to an aggregation worker as an object reference (`impala_tf.driver.aggregation`).
+* with aggregation workers a fragment's batches stay where the actor put them (`sample_parts`):
+  in Ray's object store, or in shared memory on local processes
+  (`impala_tf.workers.shared_values`). The driver reads the counts, episodes and filter
+  changes, and the batches go to an aggregation worker by reference
+  (`impala_tf.driver.aggregation`), which releases them.
 
 Before any local actor starts, `impala_tf.workers.memory.check_actor_memory` refuses a pool that
 would not fit in this machine's memory (`ActorMemoryError`, naming `num_env_runners`).
@@ -51,6 +53,7 @@ from impala_tf.workers import (
     WorkerFailure,
     WorkerGroup,
     WorkerSpec,
+    release,
 )
 from impala_tf.workers.memory import check_actor_memory
 from impala_tf.workers.shared_arrays import ArrayRings
@@ -145,10 +148,10 @@ class EnvRunnerGroup:
         self.restarts = RestartPolicy(
             "actor", enabled=enabled, max_restarts=int(config.max_num_env_runner_restarts)
         )
-        # On Ray with aggregation workers, fragments' batches stay in the object store and go
-        # to an aggregation worker from there (`impala_tf.driver.aggregation`): the driver
-        # fetches only the rest (counts, episodes, filter changes).
-        self._parts = plan.backend == "ray" and int(config.num_aggregation_workers) > 0
+        # With aggregation workers, fragments' batches stay in the backend's store and go to an
+        # aggregation worker from there (`impala_tf.driver.aggregation`): the driver fetches
+        # only the rest (counts, episodes, filter changes).
+        self._parts = int(config.num_aggregation_workers) > 0
         # Local processes read the weights from shared memory: one write per broadcast, not a
         # pickle per actor.
         self._rings = ArrayRings() if plan.backend == "process" else None
@@ -233,12 +236,13 @@ class EnvRunnerGroup:
                 continue
             self.in_flight[reply.worker_id] = max(0, self.in_flight[reply.worker_id] - 1)
             self.restarts.succeeded(reply.worker_id)
-            if reply.call_id < self._barrier:
-                continue
             fragment = reply.value
-            if reply.method == "sample_parts":  # The batches: a `StoredValue` on Ray.
+            if reply.method == "sample_parts":  # The batches: a `StoredValue`.
                 head, batches = fragment
                 fragment = dataclasses.replace(head, batches=batches)
+            if reply.call_id < self._barrier:
+                release(fragment.batches)
+                continue
             for pid, delta in (fragment.filter_deltas or {}).items():
                 if delta is not None:
                     self.filters[pid].apply_changes(delta)

@@ -72,9 +72,9 @@ class RunnerHost:
         return fragment if self._compress is None else fragment.map_batches(self._compress)
 
     def sample_parts(self) -> tuple[Fragment, dict]:
-        """`sample()` as (the fragment without its batches, the batches): on Ray the driver
-        keeps the second in the object store for an aggregation worker to read
-        (`impala_tf.workers.WorkerGroup.call(..., parts=True)`)."""
+        """`sample()` as (the fragment without its batches, the batches): the second stays in
+        the backend's store (Ray's object store, or shared memory on local processes) for an
+        aggregation worker to read (`impala_tf.workers.WorkerGroup.call(..., parts=True)`)."""
         fragment = self.sample()
         return dataclasses.replace(fragment, batches={}), fragment.batches
 

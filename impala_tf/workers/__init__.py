@@ -26,6 +26,7 @@ from impala_tf.workers.group import (
     WorkerFailure,
     WorkerGroup,
     WorkerSpec,
+    release,
     resolve,
 )
 from impala_tf.workers.host import WorkerHost
@@ -43,5 +44,6 @@ __all__ = [
     "WorkerHost",
     "WorkerSpec",
     "prestart_fork_server",
+    "release",
     "resolve",
 ]

@@ -36,6 +36,7 @@ __all__ = [
     "WorkerFailure",
     "WorkerGroup",
     "WorkerSpec",
+    "release",
     "resolve",
 ]
 
@@ -104,18 +105,30 @@ class StoredValue(abc.ABC):
     """A part of a reply kept in the backend's store (`WorkerGroup.call(..., parts=True)`).
 
     Passed as an argument of another worker's call, the backend hands it over without it passing
-    through this process (Ray resolves it from its object store); `get()` fetches a private copy
-    here.
+    through this process: Ray resolves it from its object store, a local worker process reads it
+    from shared memory (`impala_tf.workers.shared_values`). `get()` fetches a private copy here.
+    The driver `release`s it once no call it was passed to can still read it (that call was
+    answered, or its worker failed) and it is not wanted here any more.
     """
 
     @abc.abstractmethod
     def get(self) -> Any:
         """A private copy of the value, fetched into this process."""
 
+    def release(self) -> None:  # noqa: B027 - a no-op for stores with nothing to free per value.
+        """Frees the stored value (its shared memory; on Ray its reference goes with the
+        handle). Safe twice; a no-op in a worker it was passed to."""
+
 
 def resolve(value: Any) -> Any:
     """`value`, fetched here if it is a `StoredValue`."""
     return value.get() if isinstance(value, StoredValue) else value
+
+
+def release(value: Any) -> None:
+    """`value.release()` if it is a `StoredValue`."""
+    if isinstance(value, StoredValue):
+        value.release()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -270,10 +283,11 @@ class WorkerGroup:
           reply: The return value is wanted (a `Reply` from `poll`); counts in `outstanding`
             and in the timeout.
           parts: The method returns (head, body): the reply's value is (head, body) with the
-            body left where the backend keeps it, a `StoredValue` on Ray (pass it to another
-            worker's call and Ray resolves it there, from the object store, without it passing
-            through this process; `.get()` it here otherwise), the body itself on local
-            processes.
+            body left where the backend keeps it, a `StoredValue`: in Ray's object store, or in
+            shared memory on local processes (there by value, a plain body, when shared memory
+            has no room). Pass it to another worker's call and that worker reads it from the
+            store, without it passing through this process; `resolve` it here otherwise; and
+            `release` it once no call can still read it. Needs `reply`.
 
         Returns:
           The call id (increasing across the group), or None if the worker is not healthy.
@@ -282,6 +296,10 @@ class WorkerGroup:
             raise ValueError(
                 f"call({method!r}, coalesce=True): a coalesced call is never answered (a newer "
                 "one may replace it); pass reply=False"
+            )
+        if parts and not reply:
+            raise ValueError(
+                f"call({method!r}, parts=True): parts come with the reply; pass reply=True"
             )
         worker = self._workers[worker_id]
         if self._stopped or not worker.healthy:
@@ -398,12 +416,14 @@ class WorkerGroup:
                 continue
             method = worker.calls.pop(event.call_id, None)
             worker.waiting_since = time.monotonic() if worker.calls else None
-            if event.call_id in self._abandoned:
-                self._abandoned.discard(event.call_id)
-            elif method is not None:
+            if method is not None and event.call_id not in self._abandoned:
                 self._held_replies.append(
                     Reply(event.worker_id, event.call_id, method, event.value)
                 )
+                continue
+            self._abandoned.discard(event.call_id)
+            if isinstance(event.value, tuple) and len(event.value) == 2:
+                release(event.value[1])  # The body of a parts reply nobody will read.
         self._check_timeouts()
 
     def _check_timeouts(self) -> None:

@@ -11,9 +11,10 @@ apply them by the same rules:
   broadcasts applies only the newest before its next sample, and weights sent before a
   `get_state` call are applied before it runs.
 
-A `impala_tf.workers.StoredValue` argument (weights in shared memory, on local processes) is
-resolved, its value fetched into this process, just before its call runs: a coalesced call that
-a newer one replaced is never fetched.
+A `impala_tf.workers.StoredValue` argument (weights or a fragment's batches in shared memory,
+on local processes; Ray resolves its object references itself) is resolved, its value fetched
+into this process, just before its call runs: a coalesced call that a newer one replaced is
+never fetched.
 """
 
 from __future__ import annotations

@@ -11,6 +11,11 @@ next call runs), runs the oldest queued call and sends its reply if one is wante
 object's exception is sent back with its traceback ("fatal" when its `fatal` attribute is true)
 and ends the worker; a worker whose driver disappeared exits by itself within about a second.
 
+A call with `parts` returns (head, body): the worker writes the body into a shared memory segment
+the driver named, and the reply carries the head and a handle
+(`impala_tf.workers.shared_values`); the driver's `SegmentStore` of the group removes the
+segments, those of a worker that died with calls unanswered included.
+
 Processes are forked from a fork server that has imported what the workers need once
 (`WorkerSpec.preload`: TensorFlow, for actors that run it) or spawned where there is none: never
 plain-forked, as TensorFlow is not fork-safe once it has run. `prestart_fork_server` starts the
@@ -39,6 +44,7 @@ import impala_tf.workers.main_guard as main_guard
 from impala_tf.workers.group import Answer, Death, WorkerSpec
 from impala_tf.workers.host import WorkerHost
 from impala_tf.workers.pipes import CommandQueue, end_worker
+from impala_tf.workers.shared_values import SegmentStore, ValueWriter, warn_no_room
 
 __all__ = [
     "WORKER_ENV",
@@ -122,8 +128,11 @@ def _exit_now(code: int) -> None:
     os._exit(code)
 
 
-def _drain(host: WorkerHost, commands: Any, results: Any, parent: Any) -> None:
-    """Submits every command waiting (blocking while no call is queued) to `host`."""
+def _drain(
+    host: WorkerHost, commands: Any, results: Any, parent: Any, segments: dict[int, str]
+) -> None:
+    """Submits every command waiting (blocking while no call is queued) to `host`; the segment
+    names of `parts` calls go into `segments`."""
     while True:
         try:
             msg = commands.get_nowait() if host.has_pending() else commands.get(timeout=1.0)
@@ -136,7 +145,9 @@ def _drain(host: WorkerHost, commands: Any, results: Any, parent: Any) -> None:
         if msg[0] == "stop":
             results.close()
             _exit_now(0)
-        _, call_id, method, args, coalesce, reply = msg
+        _, call_id, method, args, coalesce, reply, segment = msg
+        if segment is not None:
+            segments[call_id] = segment
         host.submit(call_id, method, args, coalesce, reply)
 
 
@@ -154,19 +165,29 @@ def worker_main(
       payload: (factory, args, kwargs): the hosted object is `factory(worker_id, *args,
         **kwargs)`.
       env: Environment variables set before the factory runs (`worker_env_vars()`).
-      results: Where replies ("reply", call id, value) and errors ("error" or "fatal",
-        traceback text) go.
-      commands: The driver's ("call", call id, method, args, coalesce, reply) and ("stop",).
+      results: Where replies ("reply", call id, value), the replies of `parts` calls ("parts",
+        call id, head, handle or body), a note ("no room", why: bodies go by value from now on)
+        and errors ("error" or "fatal", traceback text) go.
+      commands: The driver's ("call", call id, method, args, coalesce, reply, segment name of a
+        `parts` call or None) and ("stop",).
     """
     parent = mp.parent_process()
     try:
         os.environ.update(env)  # The fork server may have been started by someone else.
         factory, args, kwargs = payload
         host = WorkerHost(factory(worker_id, *args, **kwargs))
+        writer, segments = ValueWriter(), {}
         while True:
-            _drain(host, commands, results, parent)
+            _drain(host, commands, results, parent, segments)
             call_id, reply, value = host.run_next()
-            if reply:
+            segment = segments.pop(call_id, None)
+            if segment is not None:
+                head, body = value
+                body, no_room = writer.share(segment, body)
+                if no_room is not None:
+                    results.send(("no room", no_room))
+                results.send(("parts", call_id, head, body))
+            elif reply:
                 results.send(("reply", call_id, value))
     except KeyboardInterrupt:  # Ctrl-C reaches the whole process group; the driver ends.
         _exit_now(0)
@@ -210,6 +231,8 @@ class _ProcessGroup:
         self._unguarded_main = main_guard.unguarded_main_call()
         self._procs: dict[int, _Process] = {}
         self._stopped = False
+        self._segments = SegmentStore()  # Of the `parts` calls' bodies.
+        self._warned = False
 
     def _by_value(self, obj: Any) -> Any:
         return main_guard.by_value(obj) if self._unguarded_main else obj
@@ -257,11 +280,12 @@ class _ProcessGroup:
         reply: bool,
         parts: bool = False,
     ) -> None:
-        del parts  # Replies come through the pipe whole: (head, body) as the method returned it.
         proc = self._procs[worker_id]
         if proc.live:
+            segment = self._segments.expect(worker_id, call_id) if parts else None
+            message = ("call", call_id, method, self._by_value(args), coalesce, reply, segment)
             with contextlib.suppress(ValueError, OSError):  # Closed: its death is reported.
-                proc.commands.put(("call", call_id, method, self._by_value(args), coalesce, reply))
+                proc.commands.put(message)
 
     def collect(self, timeout_s: float) -> list[Answer | Death]:
         live = {i: p for i, p in self._procs.items() if p.live}
@@ -278,7 +302,7 @@ class _ProcessGroup:
                 # Read again: what it sent just before it exited is in the pipe by now.
                 death = self._read(i, proc, events) or Death(i, self._exited(proc))
             if death is not None:
-                self._end(proc)
+                self._end(i)
                 events.append(death)
         return events
 
@@ -289,6 +313,13 @@ class _ProcessGroup:
                 msg = proc.results.recv()
                 if msg[0] == "reply":
                     events.append(Answer(worker_id, msg[1], msg[2]))
+                elif msg[0] == "parts":
+                    body = self._segments.received(worker_id, msg[1], msg[3])
+                    events.append(Answer(worker_id, msg[1], (msg[2], body)))
+                elif msg[0] == "no room":
+                    if not self._warned:
+                        self._warned = True
+                        warn_no_room(self.spec.role, msg[1])
                 else:
                     return Death(worker_id, msg[1], msg[0] == "fatal")
         except (EOFError, OSError):
@@ -304,18 +335,21 @@ class _ProcessGroup:
                 how += f", {signal.Signals(-code).name}"
         return f"{self.spec.role} process exited ({how})"
 
-    def _end(self, proc: _Process) -> None:
+    def _end(self, worker_id: int) -> None:
+        """Ends the worker, then removes the segments of its unanswered `parts` calls."""
+        proc = self._procs[worker_id]
         proc.live = False
         with contextlib.suppress(ValueError, OSError):
             end_worker(proc.process, proc.commands, proc.results, _JOIN_S)
+        self._segments.lost(worker_id)
 
     def kill(self, worker_id: int) -> None:
-        self._end(self._procs[worker_id])
+        self._end(worker_id)
 
     def restart(self, worker_id: int, args: tuple) -> None:
         old = self._procs.get(worker_id)
         if old is not None and old.live:
-            self._end(old)
+            self._end(worker_id)
         self.start(worker_id, args)
 
     def progress(self, worker_id: int) -> Any:
@@ -331,20 +365,21 @@ class _ProcessGroup:
         if self._stopped:
             return
         self._stopped = True
-        live = [p for p in self._procs.values() if p.live]
-        for proc in live:
+        live = {i: p for i, p in self._procs.items() if p.live}
+        for proc in live.values():
             with contextlib.suppress(ValueError, OSError):
                 proc.commands.put(("stop",))
         # A worker busy in a long call, or blocked sending a reply nobody reads, never sees
         # "stop": all of them share one moment to exit cleanly, then the rest are signalled
         # together and reaped.
         deadline = time.monotonic() + _STOP_GRACE_S
-        alive = [p for p in live if p.process.is_alive()]
+        alive = [p for p in live.values() if p.process.is_alive()]
         while alive and (left := deadline - time.monotonic()) > 0:
             connection.wait([p.process.sentinel for p in alive], left)
             alive = [p for p in alive if p.process.is_alive()]
         for proc in alive:
             with contextlib.suppress(ValueError, OSError):
                 proc.process.terminate()
-        for proc in live:
-            self._end(proc)
+        for worker_id in live:
+            self._end(worker_id)
+        self._segments.close()  # Held handles too: the workers are gone, nothing reads them.

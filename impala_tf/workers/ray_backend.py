@@ -87,6 +87,10 @@ class RayStoredValue(StoredValue):
 
         return copy_out(ray.get(self.ref))
 
+    def release(self) -> None:
+        """Drops this handle's reference (Ray frees the object once no task holds one)."""
+        self.ref = None
+
 
 class RayWorker:
     """What runs inside one Ray actor: a `WorkerHost` around the hosted object.

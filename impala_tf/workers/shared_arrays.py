@@ -69,12 +69,22 @@ import numpy as np
 
 from impala_tf.workers.group import StoredValue
 
-__all__ = ["SEGMENT_PREFIX", "ArrayRing", "ArrayRings", "SharedArrays", "SharedSets"]
+__all__ = [
+    "NO_ROOM_ADVICE",
+    "SEGMENT_PREFIX",
+    "ArrayRing",
+    "ArrayRings",
+    "SharedArrays",
+    "SharedSets",
+    "new_segment_name",
+]
 
 logger = logging.getLogger(__name__)
 
-#: The names of this module's segments start so (in /dev/shm on Linux).
+#: The names of every segment of a run start so (in /dev/shm on Linux), then the driver's pid.
 SEGMENT_PREFIX = "impala_tf_"
+#: What a warning about a full /dev/shm advises.
+NO_ROOM_ADVICE = "Give the machine or container more (docker run --shm-size)."
 #: Slots per ring: a reader more than this many writes late reads a newer set (module docstring).
 DEFAULT_SLOTS = 4
 #: Copies a reader tries before giving up (each lost only to a write that overlapped it).
@@ -91,6 +101,12 @@ _MAX_ATTACHED = 16
 
 def _aligned(n: int) -> int:
     return -(-n // _ALIGN) * _ALIGN
+
+
+def new_segment_name() -> str:
+    """A fresh segment name: `SEGMENT_PREFIX`, this process's pid (the driver's), a random token
+    (`impala_tf.workers.shared_values` appends a call id)."""
+    return f"{SEGMENT_PREFIX}{os.getpid()}_{secrets.token_hex(4)}"
 
 
 class _Layout:
@@ -273,9 +289,8 @@ class ArrayRing:
         if num_slots < 2:
             raise ValueError(f"num_slots={num_slots}: a ring needs at least 2 slots")
         template = [np.asarray(a) for a in template]
-        name = f"{SEGMENT_PREFIX}{os.getpid()}_{secrets.token_hex(4)}"
-        layout = _Layout(name, num_slots, template)
-        shm = shared_memory.SharedMemory(name, create=True, size=layout.size)
+        layout = _Layout(new_segment_name(), num_slots, template)
+        shm = shared_memory.SharedMemory(layout.name, create=True, size=layout.size)
         try:
             if hasattr(os, "posix_fallocate"):  # Reserve the pages now: ENOSPC, not SIGBUS.
                 os.posix_fallocate(shm._fd, 0, layout.size)
@@ -370,12 +385,12 @@ class ArrayRings:
                 size = sum(np.asarray(a).nbytes for a in arrays) * self.num_slots
                 logger.warning(
                     "The weights of %r go to each local actor by value (a pickle per actor): "
-                    "shared memory has no room for %d slots of them (%.1f MB): %s. Give the "
-                    "machine or container more (docker run --shm-size).",
+                    "shared memory has no room for %d slots of them (%.1f MB): %s. %s",
                     key,
                     self.num_slots,
                     size / 1e6,
                     e,
+                    NO_ROOM_ADVICE,
                 )
         ring = self._rings[key]
         if ring is None:
