@@ -138,14 +138,40 @@ def test_a_reset_drops_what_workers_were_sent_before_it(stage):
     np.testing.assert_array_equal(batch["obs"], after.batches[PID]["obs"])
 
 
-def test_a_worker_at_max_requests_in_flight_gets_no_more_fragments_the_driver_aggregates_them():
+class _GatedAggregator(AggregatorHost):
+    def process_parts(self, batches, versions):
+        while not os.path.exists(os.environ["IMPALA_TF_TEST_GATE"]):  # Until the test opens it.
+            time.sleep(0.01)
+        return super().process_parts(batches, versions)
+
+
+def make_gated_aggregator(index, config, rows):
+    """An aggregation worker that answers once the test creates the gate file."""
+    return _GatedAggregator(index, config, rows)
+
+
+@pytest.fixture
+def gated(monkeypatch, tmp_path):
+    """Aggregation workers that hold every fragment until `open_gate()`; yields `open_gate`."""
+    import tests.aggregation_test as toys  # The module as the aggregation worker imports it.
+
+    gate = tmp_path / "gate"
+    monkeypatch.setenv("IMPALA_TF_TEST_GATE", str(gate))
+    monkeypatch.setattr(aggregation, "make_aggregator_host", toys.make_gated_aggregator)
+    yield gate.touch
+
+
+def test_a_worker_at_max_requests_in_flight_gets_no_more_fragments_the_driver_aggregates_them(
+    gated,
+):
     stage = _stage(max_requests_in_flight_per_aggregator_worker=1)
     try:
         assert stage.process(_sequences(1)) == []  # Sent: the worker's one call in flight.
-        # Until the driver fetches the reply, the worker is at its limit: aggregated here.
+        # The worker has not answered, so it is at its limit: aggregated here.
         ((_, batch, version),) = stage.process(_sequences(2))
         assert version == 2.0
         assert stage.counters["num_times_no_aggregation_worker_available"] == 1
+        gated()
         ((_, _, version),) = _fetch_one(stage)
         assert version == 1.0  # The worker's reply to the first fragment.
         assert stage.process(_sequences(3)) == []  # Room again: sent to the worker.
@@ -154,7 +180,23 @@ def test_a_worker_at_max_requests_in_flight_gets_no_more_fragments_the_driver_ag
         stage.stop()
 
 
-def test_two_fragments_in_flight_per_worker_by_default():
+def test_a_reply_that_came_back_frees_its_worker_before_the_next_fetch(gated):
+    """A worker at its limit whose reply has arrived takes the next fragment: `process` takes
+    the reply itself (kept for `fetch`) instead of aggregating the fragment in the driver."""
+    stage = _stage(max_requests_in_flight_per_aggregator_worker=1)
+    try:
+        assert stage.process(_sequences(1)) == []
+        gated()
+        # No fetch in between: only `process` itself can see the reply and free the worker.
+        assert wait_until(lambda: stage.process(_sequences(2)) == [], timeout_s=30)
+        out: list = []
+        assert wait_until(lambda: out.extend(stage.fetch(0.5)) or len(out) >= 2, timeout_s=60)
+        assert sorted(version for _, _, version in out)[0] == 1.0  # The first reply, kept.
+    finally:
+        stage.stop()
+
+
+def test_two_fragments_in_flight_per_worker_by_default(gated):
     stage = _stage()
     try:
         assert stage.process(_sequences(1)) == [] and stage.process(_sequences(2)) == []
@@ -228,7 +270,9 @@ def test_workers_get_fragments_by_reference_and_cut_the_train_batches_the_driver
             assert got[column].tobytes() == want[column].tobytes(), column
 
 
-def test_at_the_in_flight_limit_the_driver_reads_the_fragment_from_shared_memory(monkeypatch):
+def test_at_the_in_flight_limit_the_driver_reads_the_fragment_from_shared_memory(
+    monkeypatch, gated
+):
     read_here = _read_in_driver(monkeypatch)
     actors = _Actors()
     stage = _stage(max_requests_in_flight_per_aggregator_worker=1)
@@ -240,6 +284,7 @@ def test_at_the_in_flight_limit_the_driver_reads_the_fragment_from_shared_memory
         np.testing.assert_array_equal(batch["obs"], _sequences(2).batches[PID]["obs"])
         assert stage.counters["num_times_no_aggregation_worker_available"] == 1
         assert actors.segments() == [first.batches.name]  # Read and removed; the first waits.
+        gated()
         _fetch_one(stage)
         assert actors.segments() == []
     finally:

@@ -19,8 +19,9 @@ batches come back the same way (`process_parts`). The driver so sees the fragmen
 episodes and the train batches only, and releases each fragment's batches once its aggregation
 worker answered or failed. (On Ray a fragment whose batches were lost with their actor costs its
 aggregation worker a restart, counted.) When no worker is healthy or every healthy one is at
-that limit, the driver reads the fragment's batches and aggregates them itself, counting
-`num_times_no_aggregation_worker_available` (RLlib counts it too, and drops the fragment). A
+that limit even after the replies that came back are taken, the driver reads the fragment's
+batches and aggregates them itself, counting `num_times_no_aggregation_worker_available` (RLlib
+counts it too, and drops the fragment). A
 worker that dies is restarted (`num_aggregation_worker_restarts`); the env steps it held are lost
 (`num_env_steps_lost_in_aggregation`). `reset` drops what the workers and the driver hold (a
 restore), so nothing sampled before a restore trains after it.
@@ -191,6 +192,8 @@ class AggregationStage:
         # the answer or the worker's failure).
         self._calls: dict[int, tuple[int, Any]] = {}
         self._barrier = 0  # Replies to calls with smaller ids predate a reset: dropped.
+        # Train batches taken while looking for a free worker (`process`), for the next `fetch`.
+        self._ready: list[Output] = []
         self._last_call = -1
         self.restarts = RestartPolicy(
             "aggregation worker",
@@ -214,11 +217,10 @@ class AggregationStage:
         come from `fetch`)."""
         versions = fragment.policy_versions
         if self.workers is not None:
-            free = [
-                i
-                for i in self.workers.healthy_ids()
-                if self.workers.outstanding(i) < self.max_in_flight
-            ]
+            free = self._free_workers()
+            if not free:  # Replies not yet taken still count as in flight: take them first.
+                self._ready.extend(self._poll(0.0))
+                free = self._free_workers()
             if free:
                 worker = self._rng.choice(free)
                 call_id = self.workers.call(
@@ -233,10 +235,23 @@ class AggregationStage:
         release(fragment.batches)
         return self.local.process(batches, versions)
 
+    def _free_workers(self) -> list[int]:
+        """The healthy workers with fewer than `max_in_flight` fragments outstanding."""
+        return [
+            i
+            for i in self.workers.healthy_ids()
+            if self.workers.outstanding(i) < self.max_in_flight
+        ]
+
     def fetch(self, timeout_s: float = 0.0) -> list[Output]:
         """The train batches the workers finished; restarts the workers that died."""
         if self.workers is None:
             return []
+        out, self._ready = self._ready + self._poll(timeout_s), []
+        return out
+
+    def _poll(self, timeout_s: float) -> list[Output]:
+        """Takes the workers' replies (their train batches) and failures (restarts them)."""
         replies, failures = self.workers.poll(timeout_s)
         out: list[Output] = []
         for reply in replies:
@@ -266,6 +281,7 @@ class AggregationStage:
         Replay streams start anew from `seed`; replies to fragments sent before are dropped.
         """
         self.local = Aggregator(self.config, self.rows, seed=seed)
+        self._ready = []
         if state:
             self.local.set_state(state)
         if self.workers is not None:
