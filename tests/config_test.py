@@ -735,6 +735,12 @@ def test_repr_is_short_and_shows_changes():
 # YAML and stop criteria -------------------------------------------------------------------------
 
 
+@pytest.mark.parametrize("path", sorted(CONFIGS.glob("*.yaml")), ids=lambda p: p.stem)
+def test_every_shipped_yaml_reads_and_validates(path):
+    config, _ = ImpalaConfig.from_yaml(path)
+    config.validate(require_env=True)
+
+
 def test_from_yaml_cartpole():
     config, stop = ImpalaConfig.from_yaml(CONFIGS / "cartpole-impala.yaml")
     config.validate(require_env=True)
