@@ -332,6 +332,9 @@ def case_intake(
     per_fragment = {s: round(timer.seconds[s] / n * 1e6, 1) for s in STAGES}
     per_fragment["other"] = round(max(0.0, main - sum(timer.seconds.values())) / n * 1e6, 1)
     broadcasts = counters["num_weight_broadcasts"] - before.get("num_weight_broadcasts", 0)
+    overflow = counters["num_times_no_aggregation_worker_available"] - before.get(
+        "num_times_no_aggregation_worker_available", 0
+    )
     fragment_bytes = statistics.median(recorded["sizes"])
     return {
         "workload": workload,
@@ -351,6 +354,11 @@ def case_intake(
         "train_batches": learners.batches - batches_before,
         "weight_puts_per_s": round(broadcasts / wall, 2),
         "updates_per_s": updates_per_s,
+        # With aggregation workers: the share of fragments the driver aggregated itself (every
+        # worker at `max_requests_in_flight_per_aggregator_worker`).
+        "aggregated_in_driver": (
+            round(overflow / n, 3) if aggregation_workers else None
+        ),
     }
 
 
@@ -411,8 +419,13 @@ def _row(r: dict[str, Any]) -> str:
         f"| {r['workload']} | {r['backend']} | {r['actors']} | {r['aggregation_workers']} | "
         f"{r['updates_per_s']:g} | "
         f"{r['env_steps_per_core_s']:,} | {r['env_steps_per_s']:,} | "
-        f"{r['bytes_per_s'] / 1e6:,.1f} | {breakdown} | {r['weight_puts_per_s']} |"
+        f"{r['bytes_per_s'] / 1e6:,.1f} | {breakdown} | {r['weight_puts_per_s']} | "
+        f"{_share(r.get('aggregated_in_driver'))} |"
     )
+
+
+def _share(value: float | None) -> str:
+    return "-" if value is None else f"{value:.0%}"
 
 
 def report(records: dict[str, Any], intake: list[dict], weights: dict | None, load: tuple) -> str:
@@ -435,11 +448,14 @@ def report(records: dict[str, Any], intake: list[dict], weights: dict | None, lo
         + ".",
         "",
         "Per fragment (us of the driver's main-thread CPU): receive / count / aggregate / queue "
-        "/ broadcast / request / other.",
+        "/ broadcast / request / other. Aggregated in driver: with aggregation workers, the "
+        "share of fragments the driver aggregated itself because every worker was at "
+        "`max_requests_in_flight_per_aggregator_worker`.",
         "",
         "| workload | backend | actors | agg. workers | stub updates/s | env steps/s per driver "
-        "core | env steps/s wall | MB/s | per fragment (us) | weight puts/s |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "core | env steps/s wall | MB/s | per fragment (us) | weight puts/s | aggregated in "
+        "driver |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     lines += [_row(r) for r in intake]
     if weights is not None:
