@@ -356,9 +356,7 @@ def case_intake(
         "updates_per_s": updates_per_s,
         # With aggregation workers: the share of fragments the driver aggregated itself (every
         # worker at `max_requests_in_flight_per_aggregator_worker`).
-        "aggregated_in_driver": (
-            round(overflow / n, 3) if aggregation_workers else None
-        ),
+        "aggregated_in_driver": (round(overflow / n, 3) if aggregation_workers else None),
     }
 
 
