@@ -89,6 +89,23 @@ class Counter:
         return {k: os.environ.get(k) for k in names}
 
 
+class SlowCounter(Counter):
+    """A `Counter` whose construction takes `SLOW_START_S` (an env creator importing a lot)."""
+
+    SLOW_START_S = 2.5
+
+    def __init__(self, worker_id: int, start: int, peer: Any = None, progress: Any = None):
+        time.sleep(self.SLOW_START_S)
+        super().__init__(worker_id, start, peer, progress)
+
+
+class HangingCounter(Counter):
+    """A `Counter` whose construction never ends (an env creator that hangs)."""
+
+    def __init__(self, worker_id: int, start: int, peer: Any = None, progress: Any = None):
+        time.sleep(3600)
+
+
 # Helpers and fixtures -------------------------------------------------------------------------
 
 
@@ -158,7 +175,8 @@ def make_group(backend):
             return (100 * len(starts),)  # A different start value at every (re)start.
 
         spec.setdefault("preload", ("tests.workers_test",))
-        full = WorkerSpec(role="actor", factory=_toys().Counter, make_args=make_args, **spec)
+        spec.setdefault("factory", _toys().Counter)
+        full = WorkerSpec(role="actor", make_args=make_args, **spec)
         group = WorkerGroup(backend, full, num_workers)
         groups.append(group)
         return group, starts
@@ -345,6 +363,37 @@ def test_a_hung_call_is_killed_after_timeout_s(make_group, backend):
     )
     assert group.healthy_ids() == []
     assert _wait_until(lambda: not _alive(pid))
+
+
+def test_the_call_timeout_counts_from_when_a_worker_is_up_not_from_its_start(make_group):
+    """Calls queued while a worker starts (or restarts) wait for it without their clock
+    running: a start slower than `timeout_s` is not a hang. A restarted Ray actor on a busy
+    machine took longer than a 3 s `sample_timeout_s` and was killed again and again."""
+    group, _ = make_group(1, factory=_toys().SlowCounter, timeout_s=1.0, max_restarts=1)
+    assert group.spec.timeout_s * 2 < SlowCounter.SLOW_START_S
+    first = group.call(0, "incr")
+    replies, failures = _collect(group, replies=1)
+    assert failures == [] and [(r.call_id, r.value) for r in replies] == [(first, 101)]
+
+    group.restart(0)  # Slow again; and the call still waits for it.
+    again = group.call(0, "incr")
+    replies, failures = _collect(group, replies=1)
+    assert failures == [] and [(r.call_id, r.value) for r in replies] == [(again, 201)]
+
+
+def test_a_worker_that_does_not_start_within_start_timeout_s_is_killed(make_group):
+    group, _ = make_group(1, factory=_toys().HangingCounter, timeout_s=1.0, start_timeout_s=2.0)
+    lost = group.call(0, "incr")
+    started = time.monotonic()
+    _, failures = _collect(group, failures=1)
+    assert time.monotonic() - started < 10.0
+    [failure] = failures
+    assert failure.lost_calls == (lost,)
+    assert failure.error == (
+        "actor 0 did not start within 2 s (its factory, e.g. the env creator, had not "
+        "returned; the actor was killed)"
+    )
+    assert group.healthy_ids() == []
 
 
 def test_call_and_wait_holds_other_replies_and_failures_for_the_next_poll(make_group):

@@ -10,8 +10,11 @@ processes, `impala_tf.workers.process`) or `RayBackend` (Ray actors,
 Everything the backends share lives in `WorkerGroup`: call ids, which reply-bearing calls each
 worker still owes, the per-call timeout (`WorkerSpec.timeout_s`: a worker that leaves a call
 unanswered that long is killed and reported), replies and failures held for the next `poll`,
-and which workers are healthy. A backend only starts, kills and restarts workers, sends calls,
-and reports `Answer`s and `Death`s. `RestartPolicy` holds the driver's rules for a failure
+and which workers are healthy. The per-call clock runs only once a worker is up (its hosted
+object built): a start or restart has its own limit (`WorkerSpec.start_timeout_s`), so a worker
+that is slow to start on a busy machine is not killed for the calls queued meanwhile. A backend
+only starts, kills and restarts workers, sends calls, and reports `Up`s, `Answer`s and
+`Death`s. `RestartPolicy` holds the driver's rules for a failure
 (raise, or restart the worker).
 """
 
@@ -33,6 +36,7 @@ __all__ = [
     "Reply",
     "RestartPolicy",
     "StoredValue",
+    "Up",
     "WorkerFailure",
     "WorkerGroup",
     "WorkerSpec",
@@ -68,8 +72,13 @@ class WorkerSpec:
       resources: Ray: custom resources of each actor.
       resources_key: The config key named when a resource is missing from the cluster.
       max_restarts: Ray: Ray's own restarts of each actor (`max_restarts`).
-      timeout_s: A reply-bearing call unanswered this long: the worker is killed and reported.
+      timeout_s: A reply-bearing call unanswered this long, counted from when the worker is up
+        (or from the call, if later): the worker is killed and reported.
       timeout_key: The config key named in the timeout message.
+      start_timeout_s: A worker not up this long after its start or restart (its factory has
+        not returned: an env creator that hangs, a node that never comes back) is killed and
+        reported. TensorFlow's import alone takes seconds on a busy machine, so this is
+        generous.
     """
 
     role: str
@@ -86,6 +95,7 @@ class WorkerSpec:
     max_restarts: int = 0
     timeout_s: float | None = None
     timeout_key: str = "sample_timeout_s"
+    start_timeout_s: float = 180.0
 
     def __post_init__(self):
         if not self.role:
@@ -98,6 +108,10 @@ class WorkerSpec:
         if self.timeout_s is not None and not self.timeout_s > 0:
             raise ValueError(
                 f"{self.timeout_key}={self.timeout_s!r}: must be positive (or None for no limit)"
+            )
+        if not self.start_timeout_s > 0:
+            raise ValueError(
+                f"WorkerSpec.start_timeout_s={self.start_timeout_s!r}: must be positive"
             )
 
 
@@ -167,6 +181,13 @@ class WorkerFailure:
 
 
 @dataclasses.dataclass(frozen=True)
+class Up:
+    """Backend event: worker `worker_id` built its hosted object (after a start or restart)."""
+
+    worker_id: int
+
+
+@dataclasses.dataclass(frozen=True)
 class Answer:
     """Backend event: worker `worker_id` returned `value` for reply-bearing call `call_id`."""
 
@@ -188,8 +209,9 @@ class BackendGroup(Protocol):
     """A backend's side of one `WorkerGroup`: starts workers, moves calls and events.
 
     `start(i, args)` starts worker i with `factory(i, *args)`; `send` sends one call (see
-    `WorkerHost.submit`) without waiting; `collect(timeout_s)` waits up to `timeout_s` for a
-    first event and returns every event ready; `kill(i)` ends a worker that hangs;
+    `WorkerHost.submit`) without waiting (calls sent before the worker is up run once it is);
+    `collect(timeout_s)` waits up to `timeout_s` for a first event and returns every event
+    ready, one `Up` per start or restart among them; `kill(i)` ends a worker that hangs;
     `restart(i, args)` replaces a dead or killed worker; `progress(i)` is its shared progress
     array or None; `pids`/`node_ids` answer for the given workers; `stop` ends every worker
     (safe twice). After a `Death` of a worker, or `kill` of it, no event comes from it until
@@ -207,7 +229,7 @@ class BackendGroup(Protocol):
         reply: bool,
         parts: bool = False,
     ) -> None: ...
-    def collect(self, timeout_s: float) -> list[Answer | Death]: ...
+    def collect(self, timeout_s: float) -> list[Up | Answer | Death]: ...
     def kill(self, worker_id: int) -> None: ...
     def restart(self, worker_id: int, args: tuple) -> None: ...
     def progress(self, worker_id: int) -> Any: ...
@@ -229,7 +251,14 @@ class _Worker:
     def __init__(self):
         self.healthy = True
         self.calls: dict[int, str] = {}  # Unanswered reply-bearing call id -> method, oldest first.
-        self.waiting_since: float | None = None  # Since when the oldest of them is unanswered.
+        # Since when the oldest of them is unanswered, the worker being up (None: no call, or
+        # not up yet).
+        self.waiting_since: float | None = None
+        self.started_at = time.monotonic()  # Of the last start or restart.
+        self.up = False  # Its hosted object is built (an `Up` came since the last start).
+
+    def starting(self) -> None:
+        self.started_at, self.up, self.waiting_since = time.monotonic(), False, None
 
 
 class WorkerGroup:
@@ -306,7 +335,7 @@ class WorkerGroup:
             return None
         call_id = next(self._ids)
         if reply:
-            if not worker.calls:
+            if not worker.calls and worker.up:
                 worker.waiting_since = time.monotonic()
             worker.calls[call_id] = method
         self._impl.send(worker_id, call_id, method, args, coalesce, reply, parts)
@@ -373,6 +402,7 @@ class WorkerGroup:
             worker.healthy = False
         self._impl.restart(worker_id, tuple(self.spec.make_args(worker_id)))
         worker.healthy = True
+        worker.starting()
 
     def healthy_ids(self) -> list[int]:
         """The workers that are alive and not failed."""
@@ -401,15 +431,14 @@ class WorkerGroup:
 
     def _pump(self, timeout_s: float) -> None:
         """Collects events for up to `timeout_s` (less if a call times out sooner)."""
-        limit = self.spec.timeout_s
-        if limit is not None:
-            now = time.monotonic()
-            for w in self._workers.values():
-                if w.healthy and w.waiting_since is not None:
-                    timeout_s = min(timeout_s, w.waiting_since + limit - now)
+        timeout_s = min(timeout_s, self._next_deadline() - time.monotonic())
         for event in self._impl.collect(max(0.0, timeout_s)):
             worker = self._workers[event.worker_id]
             if not worker.healthy:
+                continue
+            if isinstance(event, Up):
+                worker.up = True
+                worker.waiting_since = time.monotonic() if worker.calls else None
                 continue
             if isinstance(event, Death):
                 self._fail(event.worker_id, event.error, event.fatal)
@@ -426,22 +455,38 @@ class WorkerGroup:
                 release(event.value[1])  # The body of a parts reply nobody will read.
         self._check_timeouts()
 
+    def _deadline(self, worker: _Worker) -> float:
+        """When `worker` times out: its start limit, or its oldest call's (inf: never)."""
+        if not worker.healthy:
+            return float("inf")
+        if not worker.up:
+            return worker.started_at + self.spec.start_timeout_s
+        if worker.waiting_since is None or self.spec.timeout_s is None:
+            return float("inf")
+        return worker.waiting_since + self.spec.timeout_s
+
+    def _next_deadline(self) -> float:
+        return min((self._deadline(w) for w in self._workers.values()), default=float("inf"))
+
     def _check_timeouts(self) -> None:
-        limit = self.spec.timeout_s
-        if limit is None:
-            return
         now, role, describe = time.monotonic(), self.spec.role, self.spec.describe_hang
         for i, w in self._workers.items():
-            if not (w.healthy and w.waiting_since is not None and now - w.waiting_since >= limit):
+            if now < self._deadline(w):
                 continue
-            where = "" if describe is None else f": {describe(self._impl.progress(i))}"
-            method = next(iter(w.calls.values()))
+            if not w.up:
+                error = (
+                    f"{role} {i} did not start within {self.spec.start_timeout_s:g} s (its "
+                    f"factory, e.g. the env creator, had not returned; the {role} was killed)"
+                )
+            else:
+                where = "" if describe is None else f": {describe(self._impl.progress(i))}"
+                error = (
+                    f"{role} {i} did not answer a {next(iter(w.calls.values()))} request "
+                    f"within {self.spec.timeout_key}={self.spec.timeout_s:g} s{where} (the "
+                    f"{role} was killed)"
+                )
             self._impl.kill(i)
-            self._fail(
-                i,
-                f"{role} {i} did not answer a {method} request within "
-                f"{self.spec.timeout_key}={limit:g} s{where} (the {role} was killed)",
-            )
+            self._fail(i, error)
 
     def _fail(self, worker_id: int, error: str, fatal: bool = False) -> None:
         worker = self._workers[worker_id]

@@ -41,7 +41,7 @@ from multiprocessing import connection
 from typing import Any
 
 import impala_tf.workers.main_guard as main_guard
-from impala_tf.workers.group import Answer, Death, WorkerSpec
+from impala_tf.workers.group import Answer, Death, Up, WorkerSpec
 from impala_tf.workers.host import WorkerHost
 from impala_tf.workers.pipes import CommandQueue, end_worker
 from impala_tf.workers.shared_values import SegmentStore, ValueWriter, warn_no_room
@@ -165,7 +165,8 @@ def worker_main(
       payload: (factory, args, kwargs): the hosted object is `factory(worker_id, *args,
         **kwargs)`.
       env: Environment variables set before the factory runs (`worker_env_vars()`).
-      results: Where replies ("reply", call id, value), the replies of `parts` calls ("parts",
+      results: Where ("up",) once the hosted object is built, replies ("reply", call id,
+        value), the replies of `parts` calls ("parts",
         call id, head, handle or body), a note ("no room", why: bodies go by value from now on)
         and errors ("error" or "fatal", traceback text) go.
       commands: The driver's ("call", call id, method, args, coalesce, reply, segment name of a
@@ -176,6 +177,7 @@ def worker_main(
         os.environ.update(env)  # The fork server may have been started by someone else.
         factory, args, kwargs = payload
         host = WorkerHost(factory(worker_id, *args, **kwargs))
+        results.send(("up",))
         writer, segments = ValueWriter(), {}
         while True:
             _drain(host, commands, results, parent, segments)
@@ -287,7 +289,7 @@ class _ProcessGroup:
             with contextlib.suppress(ValueError, OSError):  # Closed: its death is reported.
                 proc.commands.put(message)
 
-    def collect(self, timeout_s: float) -> list[Answer | Death]:
+    def collect(self, timeout_s: float) -> list[Up | Answer | Death]:
         live = {i: p for i, p in self._procs.items() if p.live}
         if timeout_s > 0:
             if live:
@@ -306,12 +308,16 @@ class _ProcessGroup:
                 events.append(death)
         return events
 
-    def _read(self, worker_id: int, proc: _Process, events: list[Answer | Death]) -> Death | None:
-        """Moves the worker's waiting replies into `events`; its `Death` if it reported one."""
+    def _read(
+        self, worker_id: int, proc: _Process, events: list[Up | Answer | Death]
+    ) -> Death | None:
+        """Moves the worker's waiting events into `events`; its `Death` if it reported one."""
         try:
             while proc.results.poll():
                 msg = proc.results.recv()
-                if msg[0] == "reply":
+                if msg[0] == "up":
+                    events.append(Up(worker_id))
+                elif msg[0] == "reply":
                     events.append(Answer(worker_id, msg[1], msg[2]))
                 elif msg[0] == "parts":
                     body = self._segments.received(worker_id, msg[1], msg[3])

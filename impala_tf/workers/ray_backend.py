@@ -42,7 +42,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import impala_tf.workers.ray_session as ray_session
-from impala_tf.workers.group import Answer, Death, StoredValue, WorkerSpec
+from impala_tf.workers.group import Answer, Death, StoredValue, Up, WorkerSpec
 from impala_tf.workers.host import WorkerHost
 from impala_tf.workers.process import worker_env_vars
 
@@ -359,7 +359,7 @@ class _RayGroup:
             shared.append(ref)
         return tuple(shared)
 
-    def collect(self, timeout_s: float) -> list[Answer | Death]:
+    def collect(self, timeout_s: float) -> list[Up | Answer | Death]:
         ray = self._ray
         self._recent.clear()
         self._check_restarts()
@@ -371,7 +371,7 @@ class _RayGroup:
         if timeout_s > 0:
             ray.wait(refs, num_returns=1, timeout=timeout_s)
         ready = set(ray.wait(refs, num_returns=len(refs), timeout=0)[0])
-        events: list[Answer | Death] = []
+        events: list[Up | Answer | Death] = []
         for worker_id, actor in self._actors.items():
             # In call order: a later call's result waits for the earlier ones'.
             while actor.live and actor.pending and actor.pending[0][1] in ready:
@@ -389,6 +389,7 @@ class _RayGroup:
                     break
                 if call_id == _INIT:
                     actor.pid = value
+                    events.append(Up(worker_id))
                 elif reply:
                     events.append(Answer(worker_id, call_id, value))
         return events
