@@ -92,7 +92,7 @@ class Counter:
 class SlowCounter(Counter):
     """A `Counter` whose construction takes `SLOW_START_S` (an env creator importing a lot)."""
 
-    SLOW_START_S = 2.5
+    SLOW_START_S = 1.5
 
     def __init__(self, worker_id: int, start: int, peer: Any = None, progress: Any = None):
         time.sleep(self.SLOW_START_S)
@@ -369,7 +369,7 @@ def test_the_call_timeout_counts_from_when_a_worker_is_up_not_from_its_start(mak
     """Calls queued while a worker starts (or restarts) wait for it without their clock
     running: a start slower than `timeout_s` is not a hang. A restarted Ray actor on a busy
     machine took longer than a 3 s `sample_timeout_s` and was killed again and again."""
-    group, _ = make_group(1, factory=_toys().SlowCounter, timeout_s=1.0, max_restarts=1)
+    group, _ = make_group(1, factory=_toys().SlowCounter, timeout_s=0.5, max_restarts=1)
     assert group.spec.timeout_s * 2 < SlowCounter.SLOW_START_S
     first = group.call(0, "incr")
     replies, failures = _collect(group, replies=1)
@@ -382,7 +382,7 @@ def test_the_call_timeout_counts_from_when_a_worker_is_up_not_from_its_start(mak
 
 
 def test_a_worker_that_does_not_start_within_start_timeout_s_is_killed(make_group):
-    group, _ = make_group(1, factory=_toys().HangingCounter, timeout_s=1.0, start_timeout_s=2.0)
+    group, _ = make_group(1, factory=_toys().HangingCounter, timeout_s=0.5, start_timeout_s=1.5)
     lost = group.call(0, "incr")
     started = time.monotonic()
     _, failures = _collect(group, failures=1)
@@ -390,7 +390,7 @@ def test_a_worker_that_does_not_start_within_start_timeout_s_is_killed(make_grou
     [failure] = failures
     assert failure.lost_calls == (lost,)
     assert failure.error == (
-        "actor 0 did not start within 2 s (its factory, e.g. the env creator, had not "
+        "actor 0 did not start within 1.5 s (its factory, e.g. the env creator, had not "
         "returned; the actor was killed)"
     )
     assert group.healthy_ids() == []
