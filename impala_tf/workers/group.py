@@ -251,14 +251,15 @@ class _Worker:
     def __init__(self):
         self.healthy = True
         self.calls: dict[int, str] = {}  # Unanswered reply-bearing call id -> method, oldest first.
-        # Since when the oldest of them is unanswered, the worker being up (None: no call, or
-        # not up yet).
-        self.waiting_since: float | None = None
-        self.started_at = time.monotonic()  # Of the last start or restart.
-        self.up = False  # Its hosted object is built (an `Up` came since the last start).
+        self.starting()
 
     def starting(self) -> None:
-        self.started_at, self.up, self.waiting_since = time.monotonic(), False, None
+        """Marks a start or restart: not up, no call waiting yet."""
+        self.started_at = time.monotonic()  # Of the last start or restart.
+        self.up = False  # Its hosted object is built (an `Up` came since the last start).
+        # Since when the oldest unanswered call has waited, the worker being up (None: no call,
+        # or not up yet).
+        self.waiting_since: float | None = None
 
 
 class WorkerGroup:

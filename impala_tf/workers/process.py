@@ -166,9 +166,9 @@ def worker_main(
         **kwargs)`.
       env: Environment variables set before the factory runs (`worker_env_vars()`).
       results: Where ("up",) once the hosted object is built, replies ("reply", call id,
-        value), the replies of `parts` calls ("parts",
-        call id, head, handle or body), a note ("no room", why: bodies go by value from now on)
-        and errors ("error" or "fatal", traceback text) go.
+        value), the replies of `parts` calls ("parts", call id, head, handle or body), a note
+        ("no room", why: bodies go by value from now on) and errors ("error" or "fatal",
+        traceback text) go.
       commands: The driver's ("call", call id, method, args, coalesce, reply, segment name of a
         `parts` call or None) and ("stop",).
     """
