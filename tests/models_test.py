@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gymnasium as gym
+import keras
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -497,11 +498,28 @@ def test_unsupported_spaces_raise():
         build_model(CARTPOLE_OBS, gym.spaces.Dict({"a": gym.spaces.Discrete(2)}))
 
 
+def test_the_vision_networks_first_policy_is_near_uniform_on_every_seed():
+    # With RLlib's Glorot logits on 0..255 pixels, some seeds start nearly deterministic (on
+    # Pong's frames entropy 1e-6 for seed 100) and a policy gradient through such a softmax
+    # vanishes: Pong stayed at -21 with entropy ~1e-8. Bright and dark frames, 42x42 and 84x84.
+    frames = np.random.default_rng(0).integers(0, 256, (8, 42, 42, 4)).astype(np.float32)
+    frames[:4] = np.where(frames[:4] > 127, 236.0, 0.0)  # Pong-like: a few levels of gray.
+    for shape, seeds in (((42, 42, 4), range(8)), ((84, 84, 4), range(3))):
+        space = gym.spaces.Box(0, 255, shape, np.uint8)
+        batch = tf.image.resize(frames, shape[:2], method="nearest")
+        for seed in seeds:
+            keras.utils.set_random_seed(seed)
+            model = build_model(space, gym.spaces.Discrete(6))
+            p = tf.nn.softmax(model(batch)[0]).numpy()
+            entropy = -(p * np.log(np.maximum(p, 1e-30))).sum(-1)
+            assert entropy.min() > 0.95 * np.log(6), (shape, seed, entropy)
+
+
 def test_image_scaling_and_head_init_follow_each_networks_source():
-    # RLlib's VisionNetwork: pixels 0..255, Glorot logits (its 1x1 conv), normc(0.01) value.
+    # RLlib's VisionNetwork: pixels 0..255, normc(0.01) shared value head; our logits head is
+    # normc(0.01) too (RLlib's 1x1 conv is Glorot: the test below says why not).
     rllib = build_model(ATARI_OBS, gym.spaces.Discrete(6))
-    assert rllib.logits_head.kernel_initializer.__class__.__name__ == "GlorotUniform"
-    assert float(np.std(rllib.logits_head.kernel.numpy())) > 0.05  # normc(0.01) is ~6e-4.
+    assert float(np.std(rllib.logits_head.kernel.numpy())) < 0.01  # Glorot would be ~0.1.
     assert float(np.std(rllib.value_head.kernel.numpy())) < 0.01
     # DeepMind's torsos scale uint8 to [0, 1] themselves; 255s in equal 1s in.
     for name in ("nature_cnn", "impala_resnet"):
