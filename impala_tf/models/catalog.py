@@ -9,7 +9,8 @@ Torso choice (RLlib's ModelCatalog, with the IMPALA paper's networks added):
   `vf_share_layers=True` (RLlib's default) puts the value head on the same torso;
   `vf_share_layers=False` builds a second conv stack for the value head, as RLlib does (its value
   tower ignores `post_fcnet_hiddens`). As RLlib's, this network takes uint8 pixels as 0..255
-  and its logits head has Glorot init (RLlib's 1x1 conv), a shared value head normc(0.01).
+  and a shared value head starts with normc(0.01); unlike RLlib's (a Glorot 1x1 conv), its
+  logits head starts with normc(0.01) too, so that no seed starts nearly deterministic.
   By name: `custom_model="nature_cnn"` (Mnih et al. 2015) and `custom_model="impala_resnet"`
   (Espeholt et al. 2018); these always share their torso with the value head, scale uint8
   pixels to [0, 1] as DeepMind's agents do, and have normc(0.01) heads.
