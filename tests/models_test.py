@@ -517,7 +517,7 @@ def test_the_vision_networks_first_policy_is_near_uniform_on_every_seed():
 
 def test_image_scaling_and_head_init_follow_each_networks_source():
     # RLlib's VisionNetwork: pixels 0..255, normc(0.01) shared value head; our logits head is
-    # normc(0.01) too (RLlib's 1x1 conv is Glorot: the test below says why not).
+    # normc(0.01) too (RLlib's 1x1 conv is Glorot: the test above says why not).
     rllib = build_model(ATARI_OBS, gym.spaces.Discrete(6))
     assert float(np.std(rllib.logits_head.kernel.numpy())) < 0.01  # Glorot would be ~0.1.
     assert float(np.std(rllib.value_head.kernel.numpy())) < 0.01

@@ -67,7 +67,6 @@ class ActorCritic(keras.Model):
         torso: keras.layers.Layer,
         value_torso: keras.layers.Layer | None = None,
         core: LSTMCore | None = None,
-        logits_initializer: Any = None,
         value_initializer: Any = None,
         name: str = "impala_model",
     ):
@@ -83,8 +82,6 @@ class ActorCritic(keras.Model):
             value_torso: optional separate value tower [N, ...] -> [N, F_v] (vf_share_layers
                 False); its variables count as value variables.
             core: optional LSTM core shared by both heads (then `value_torso` must be None).
-            logits_initializer: kernel initializer of the logits head; None is RLlib's
-                normc(0.01) (its fully connected net: a near-uniform policy at the start).
             value_initializer: kernel initializer of the value head; None is normc(0.01).
             name: the Keras model name.
         """
@@ -116,7 +113,9 @@ class ActorCritic(keras.Model):
         # would round importance ratios; their matmuls are a small part of the model.
         self.logits_head = keras.layers.Dense(
             self.num_outputs // 2 if free_log_std else self.num_outputs,
-            kernel_initializer=logits_initializer or NormcInitializer(0.01),
+            # normc(0.01), as RLlib's fully connected heads: a near-uniform first policy for
+            # every torso (RLlib's vision net starts its logits with Glorot; models/catalog.py).
+            kernel_initializer=NormcInitializer(0.01),
             name="logits",
             dtype="float32",
         )

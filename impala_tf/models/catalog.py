@@ -143,7 +143,7 @@ def _assemble(
     ObservationPreprocessor(observation_space)  # Rejects unsupported observation spaces early.
     custom = config["custom_model"]
     value_torso = None
-    logits_init = value_init = None  # normc(0.01), RLlib's fully connected heads.
+    value_init = None  # normc(0.01), RLlib's fully connected heads (the logits head's too).
     if is_image_space(observation_space):
         # DeepMind's torsos scale uint8 pixels to [0, 1]; RLlib's vision net takes 0..255.
         scale = 1.0 / 255.0 if observation_space.dtype == np.uint8 else 1.0
@@ -194,7 +194,6 @@ def _assemble(
             torso=torso,
             value_torso=value_torso,
             core=core,
-            logits_initializer=logits_init,
             value_initializer=value_init,
             name=name,
         )
