@@ -233,10 +233,13 @@ def test_central_inference_trains_every_policy(backend, policies, request):
     try:
         assert algo.plan.central_inference and algo.actors.server is not None
         last: dict = {}
-        for _ in range(30):  # Until every policy's learner has applied an update.
+        # Until every policy's learner has applied an update and an episode has ended: the
+        # first updates can come before any episode ends (a two-agent CartPole episode lasts
+        # until both poles fall, and the first train batches are ~20 env steps per env).
+        for _ in range(30):
             last = algo.train()
             updates = [i["num_grad_updates_lifetime"] for i in last["info"]["learner"].values()]
-            if len(updates) == policies and min(updates) >= 1:
+            if len(updates) == policies and min(updates) >= 1 and last["episodes_total"] > 0:
                 break
         served = algo.actors.server.stats()
     finally:
