@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import os
+import signal
+import subprocess
 import sys
 import time
 
@@ -206,6 +208,33 @@ def test_a_run_left_running_by_a_killed_suite_is_ended_and_no_other_process(tmp_
 
 
 # Stopping a run ----------------------------------------------------------------------------------
+
+
+def test_sigint_ends_a_suite_started_with_sigint_ignored():
+    # A suite started with `nohup ... &` from a script inherits SIGINT ignored; its handlers
+    # must still turn SIGINT into the suite's interrupt, not leave it to end only the run.
+    script = (
+        "import signal, time\n"
+        "signal.signal(signal.SIGINT, signal.SIG_IGN)\n"
+        "from tools import learning_suite\n"
+        "learning_suite.install_signal_handlers()\n"
+        "print('ready', flush=True)\n"
+        "time.sleep(60)\n"
+    )
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    proc = subprocess.Popen(
+        [sys.executable, "-c", script], cwd=root, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True, start_new_session=True,
+    )  # fmt: skip
+    try:
+        assert proc.stdout.readline().strip() == "ready"
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=20)
+    finally:
+        kill_session(proc)
+    assert proc.returncode != 0
+    assert "KeyboardInterrupt: SIGINT" in err, err[-2000:]
+
 
 # A stand-in for impala-train: one result per 0.05 s, the return climbing by 10 per iteration,
 # forever, until a signal ends it.

@@ -891,6 +891,18 @@ def _interrupt(signum, frame):
     raise KeyboardInterrupt(signal.Signals(signum).name)
 
 
+def install_signal_handlers() -> None:
+    """Makes SIGINT, SIGTERM and SIGHUP end the suite (the run in progress is ended first).
+
+    SIGINT is set too, not left to Python's default: a suite started as a background job from a
+    non-interactive shell (`nohup ... &`) starts with SIGINT ignored, and Python then installs no
+    KeyboardInterrupt handler, so a SIGINT would end only the run in progress and the suite would
+    record it as failed and start the next one.
+    """
+    for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(signum, _interrupt)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--configs", nargs="+", default=None, help="config names (default: all)")
@@ -936,8 +948,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(" ".join(command))
         return 0
 
-    for signum in (signal.SIGTERM, signal.SIGHUP):
-        signal.signal(signum, _interrupt)
+    install_signal_handlers()
     os.makedirs(results_dir, exist_ok=True)
     current = {c.name: [dict(x) for x in c.criteria] for c in configs}
     try:
