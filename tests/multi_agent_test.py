@@ -399,27 +399,25 @@ def _run_module(module: str, *args) -> subprocess.CompletedProcess:
 
 
 @pytest.mark.slow
-def test_binary_on_rllib_yaml_two_iterations_then_resume(tmp_path):
-    common = [
+def test_binary_trains_every_policy_of_rllibs_yaml(tmp_path):
+    # Resuming a logdir through the binary is train_binary_test's; restoring a multi-policy
+    # algorithm (weights, counters, iteration) is runtime_conformance_test's, on both backends.
+    run = _run_module(
+        "impala_tf.bin.train",
         f"--config={YAML}",
         f"--logdir={tmp_path}",
         "--set=num_workers=1",
         "--set=num_envs_per_worker=2",
         "--set=min_time_s_per_iteration=1",
         "--seed=0",
-    ]
-    run = _run_module("impala_tf.bin.train", *common, "--stop_iters=2")
+        "--stop_iters=2",
+    )
     assert run.returncode == 0, run.stderr[-3000:]
     lines = [json.loads(x) for x in (tmp_path / "result.json").read_text().splitlines()]
     assert [r["training_iteration"] for r in lines] == [1, 2]
     assert set(lines[-1]["policy_reward_mean"]) == {"p0", "p1", "p2", "p3"}
-    assert "p3" in lines[-1]["info"]["learner"]
-    run = _run_module("impala_tf.bin.train", *common, "--stop_iters=3")
-    assert run.returncode == 0, run.stderr[-3000:]
-    assert "resuming from" in run.stdout
-    lines = [json.loads(x) for x in (tmp_path / "result.json").read_text().splitlines()]
-    assert [r["training_iteration"] for r in lines] == [1, 2, 3]
-    assert lines[2]["num_env_steps_sampled"] > lines[1]["num_env_steps_sampled"]
+    assert set(lines[-1]["info"]["learner"]) >= {"p0", "p1", "p2", "p3"}
+    assert lines[1]["num_env_steps_sampled"] > lines[0]["num_env_steps_sampled"]
 
 
 def test_evaluate_binary_records_a_multi_agent_checkpoint_as_a_gif(trained, tmp_path):
