@@ -896,8 +896,9 @@ def install_signal_handlers() -> None:
 
     SIGINT is set too, not left to Python's default: a suite started as a background job from a
     non-interactive shell (`nohup ... &`) starts with SIGINT ignored, and Python then installs no
-    KeyboardInterrupt handler, so a SIGINT would end only the run in progress and the suite would
-    record it as failed and start the next one.
+    KeyboardInterrupt handler: a SIGINT to the suite did nothing, and one sent to the run as well
+    (`pkill -INT`) ended only the run, which the suite recorded as failed before starting the
+    next.
     """
     for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(signum, _interrupt)
