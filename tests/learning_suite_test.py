@@ -6,13 +6,19 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
 import sys
 import time
 
 import pytest
 
-from tests.support.processes import alive, kill_session, run_in_background, session_pids
+from tests.support.processes import (
+    alive,
+    kill_session,
+    log_tail,
+    run_in_background,
+    session_pids,
+    wait_for_line,
+)
 from tools import learning_suite as suite
 
 CARTPOLE = {"episode_reward_mean": 450, "timesteps_total": 2_000_000}
@@ -210,30 +216,27 @@ def test_a_run_left_running_by_a_killed_suite_is_ended_and_no_other_process(tmp_
 # Stopping a run ----------------------------------------------------------------------------------
 
 
-def test_sigint_ends_a_suite_started_with_sigint_ignored():
+def test_sigint_ends_a_suite_started_with_sigint_ignored(tmp_path):
     # A suite started with `nohup ... &` from a script inherits SIGINT ignored; its handlers
     # must still turn SIGINT into the suite's interrupt, not leave it to end only the run.
     script = (
-        "import signal, time\n"
-        "signal.signal(signal.SIGINT, signal.SIG_IGN)\n"
+        "import time\n"
         "from tools import learning_suite\n"
         "learning_suite.install_signal_handlers()\n"
         "print('ready', flush=True)\n"
         "time.sleep(60)\n"
     )
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    proc = subprocess.Popen(
-        [sys.executable, "-c", script], cwd=root, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-        text=True, start_new_session=True,
-    )  # fmt: skip
+    log = tmp_path / "suite.log"
+    proc = run_in_background([sys.executable, "-c", script], root, None, log, ignore_sigint=True)
     try:
-        assert proc.stdout.readline().strip() == "ready"
+        wait_for_line(log, "^ready$", 30, proc)
         proc.send_signal(signal.SIGINT)
-        _, err = proc.communicate(timeout=20)
+        proc.wait(timeout=20)
     finally:
         kill_session(proc)
     assert proc.returncode != 0
-    assert "KeyboardInterrupt: SIGINT" in err, err[-2000:]
+    assert "KeyboardInterrupt: SIGINT" in log.read_text(), log_tail(log)
 
 
 # A stand-in for impala-train: one result per 0.05 s, the return climbing by 10 per iteration,
