@@ -10,6 +10,7 @@ import tensorflow as tf
 
 from impala_tf.models import (
     ConvStack,
+    CoveringConv2D,
     ImpalaResNet,
     NatureCNN,
     NormcInitializer,
@@ -188,6 +189,53 @@ def test_conv_filters_rllib_format_on_42x42():
     # vf_share_layers=False: a value conv tower of the same filters.
     assert isinstance(model.value_torso, ConvStack)
     _assert_partition(model, expected_value_vars=2 + 6)
+
+
+@pytest.mark.parametrize("precision", ["float32", "mixed_bfloat16"])
+def test_a_conv_covering_its_input_is_a_matmul_with_the_convolutions_results(precision):
+    # RLlib's last vision layer on 42x42 or 84x84 frames: 11x11 filters on 11x11 maps, valid.
+    x = tf.constant(RNG.uniform(0.0, 50.0, (3, 11, 11, 8)).astype(np.float32))
+    policy = keras.mixed_precision.dtype_policy()
+    keras.mixed_precision.set_dtype_policy(precision)
+    try:
+        plain = keras.layers.Conv2D(5, 11, padding="valid", activation="relu")
+        covering = CoveringConv2D(5, 11, padding="valid", activation="relu")
+        same = CoveringConv2D(5, 11, padding="same")  # Not a 1x1 output: the convolution.
+        for layer in (plain, covering, same):
+            layer.build(x.shape)
+    finally:
+        keras.mixed_precision.set_dtype_policy(policy)
+    covering.set_weights(plain.get_weights())
+    assert [w.shape for w in covering.weights] == [(11, 11, 8, 5), (5,)]
+
+    def forward_backward(layer, inputs):
+        with tf.GradientTape() as tape:
+            tape.watch(inputs)
+            out = layer(inputs)
+            loss = tf.reduce_sum(tf.square(tf.cast(out, tf.float32)))
+        return out, tape.gradient(loss, [inputs, *layer.trainable_variables])
+
+    (want, want_grads), (got, got_grads) = (
+        forward_backward(layer, x) for layer in (plain, covering)
+    )
+    assert got.shape == want.shape == (3, 1, 1, 5) and got.dtype == want.dtype
+    tol = 1e-5 if precision == "float32" else 2e-2
+    scale = float(tf.reduce_max(tf.abs(tf.cast(want, tf.float32))))
+    np.testing.assert_allclose(got, want, atol=tol * scale, rtol=tol)
+    for g, w in zip(got_grads, want_grads):
+        np.testing.assert_allclose(g, w, atol=tol * float(tf.reduce_max(tf.abs(w))), rtol=tol)
+    # The matmul serves only the covering shape; others (a larger map, "same") convolve.
+    assert same(x).shape == (3, 11, 11, 5)
+    big = tf.constant(RNG.uniform(0.0, 1.0, (2, 13, 13, 8)).astype(np.float32))
+    np.testing.assert_allclose(covering(big), plain(big), rtol=1e-5, atol=1e-5)
+    assert covering(big).shape == (2, 3, 3, 5)
+
+
+def test_rllibs_vision_net_builds_its_last_conv_as_a_covering_conv():
+    obs_space = gym.spaces.Box(0, 255, (42, 42, 4), np.uint8)
+    model = build_model(obs_space, gym.spaces.Discrete(6), {"dim": 42})
+    assert all(isinstance(c, CoveringConv2D) for c in model.torso.convs)
+    assert model.torso.convs[-1].kernel.shape == (11, 11, 32, 256)
 
 
 def test_empty_conv_filters_means_rllibs_default_filters():

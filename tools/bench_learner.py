@@ -5,6 +5,7 @@
     .venv/bin/python -m tools.bench_learner --parts keras --no-write   # print only
     .venv/bin/python -m tools.bench_learner --parts memory --memory_batch 20000
     .venv/bin/python -m tools.bench_learner --parts xla --repeats 20 --rounds 5
+    .venv/bin/python -m tools.bench_learner --parts conv
 
 Run from the repository root (the memory cases run there as `python -m tools.bench_learner`).
 
@@ -33,6 +34,11 @@ Parts (each writes its own BENCHMARKS.md section):
   vision net on 42x42 frames) on both cores, and an actor's inference (`ActorPolicy.step`) at
   that config's `num_envs_per_env_runner` on one TensorFlow thread, as actor processes run, in a
   fresh subprocess (this CPU has AVX512-BF16).
+* `conv` — RLlib's last vision layer (256 filters of 11x11 on the 11x11x32 maps of 42x42 and
+  84x84 frames; "valid" padding, so a 1x1 output) as `keras.layers.Conv2D` computes it (a
+  convolution) and as the models' `CoveringConv2D` does (one matmul on the flattened input), in
+  turn: forward at an actor's batch on one TensorFlow thread, and forward plus backward at the
+  learner's batch 500 on both cores, each in a fresh subprocess.
 """
 
 from __future__ import annotations
@@ -51,6 +57,7 @@ from tools import benchlib, proclib
 
 __all__ = [
     "bench_bf16",
+    "bench_conv",
     "bench_devices",
     "bench_gpu",
     "bench_keras",
@@ -64,7 +71,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 T = 50  # rollout_fragment_length of every case
-PARTS = ("keras", "devices", "memory", "gpu", "xla", "bf16")
+PARTS = ("keras", "devices", "memory", "gpu", "xla", "bf16", "conv")
 _PRECISIONS = ("float32", "mixed_bfloat16")  # The `precision` key's values, as bf16 compares them.
 #: The Pong config whose model the `bf16` part measures (RLlib's vision net on 42x42 frames).
 PONG_SMALL = os.path.join(ROOT, "configs", "pong-impala-small.yaml")
@@ -492,6 +499,106 @@ def _has_avx512_bf16() -> str:
         return "unknown"
 
 
+#: The two implementations the `conv` part compares, and the layer's shapes.
+_CONV_LAYERS = ("keras.layers.Conv2D", "CoveringConv2D")
+_CONV_INPUT, _CONV_FILTERS = (11, 11, 32), 256
+
+
+def _conv_case(batch: int, threads: int, backward: bool, repeats: int, rounds: int) -> dict:
+    """Runs in a fresh subprocess (`threads` TensorFlow threads; 0: TensorFlow's default): the
+    last vision layer as a plain Keras convolution and as `CoveringConv2D`, in turn; returns
+    each one's median seconds per round and the largest difference of their outputs, relative."""
+    import keras
+    import numpy as np
+    import tensorflow as tf
+
+    if threads:
+        tf.config.threading.set_intra_op_parallelism_threads(threads)
+        tf.config.threading.set_inter_op_parallelism_threads(threads)
+    from impala_tf.models.vision import CoveringConv2D
+
+    rng = np.random.default_rng(0)
+    # What the layer sees in the Pong net: relu maps of uint8 pixels taken as 0..255.
+    x = tf.constant(rng.uniform(0.0, 50.0, (batch, *_CONV_INPUT)).astype(np.float32))
+    kernel = _CONV_INPUT[0]
+    layers = {}
+    for name, cls in zip(_CONV_LAYERS, (keras.layers.Conv2D, CoveringConv2D)):
+        layer = cls(_CONV_FILTERS, kernel, padding="valid", activation="relu")
+        layer.build(x.shape)
+        layers[name] = layer
+    layers[_CONV_LAYERS[1]].set_weights(layers[_CONV_LAYERS[0]].get_weights())
+
+    def make(layer):
+        @tf.function(autograph=False)
+        def forward(inputs):
+            return layer(inputs)
+
+        @tf.function(autograph=False)
+        def forward_backward(inputs):
+            with tf.GradientTape() as tape:
+                tape.watch(inputs)
+                loss = tf.reduce_sum(tf.square(layer(inputs)))
+            return tape.gradient(loss, [inputs, *layer.trainable_variables])
+
+        fn = forward_backward if backward else forward
+        return lambda: tf.nest.map_structure(np.asarray, fn(x))
+
+    plain, covering = (np.asarray(layers[n](x)) for n in _CONV_LAYERS)
+    difference = float(np.abs(plain - covering).max() / max(np.abs(plain).max(), 1e-30))
+    times = _interleaved_times({n: make(layers[n]) for n in _CONV_LAYERS}, repeats, rounds)
+    return {"times": times, "difference": difference}
+
+
+def bench_conv(repeats: int, rounds: int = 5) -> str:
+    """RLlib's last vision layer as a convolution and as one matmul (`CoveringConv2D`)."""
+    load_before = os.getloadavg()
+    envs = int(_pong_small().num_envs_per_env_runner)
+    cases = [
+        (f"forward, batch {envs} (an actor of pong-impala-small), 1 thread", envs, 1, False),
+        ("forward + backward, batch 500 (the learner), both cores", 500, 0, True),
+    ]
+    h, w, c = _CONV_INPUT
+    lines = [
+        f"### RLlib's last vision layer ({_CONV_FILTERS} filters {h}x{w} on {h}x{w}x{c}, valid): "
+        "convolution vs matmul",
+        "",
+        f"Machine: {benchlib.machine_line()}; load average before: {load_before[0]:.2f} (1 min)",
+        "",
+        "| case | ms, `keras.layers.Conv2D` | ms, `CoveringConv2D` | spread (min-max of rounds) "
+        "| speed-up | largest difference (relative) |",
+        "|---|---:|---:|---|---:|---:|",
+    ]
+    for name, batch, threads, backward in cases:
+        case = {"batch": batch, "threads": threads, "backward": backward}
+        case.update(repeats=repeats, rounds=rounds)
+        args = [sys.executable, "-m", "tools.bench_learner", "--conv_case", json.dumps(case)]
+        out = subprocess.run(args, capture_output=True, text=True, check=False, cwd=ROOT)
+        if out.returncode != 0:
+            raise RuntimeError(f"conv case {name} failed:\n{out.stderr[-3000:]}")
+        result = json.loads(out.stdout.strip().splitlines()[-1])
+        times = result["times"]
+        plain, covering = (statistics.median(times[n]) for n in _CONV_LAYERS)
+        spread = " / ".join(
+            f"{min(times[n]) * 1e3:.2f}-{max(times[n]) * 1e3:.2f}" for n in _CONV_LAYERS
+        )
+        lines.append(
+            f"| {name} | {plain * 1e3:.2f} | {covering * 1e3:.2f} | {spread} | "
+            f"{plain / covering:.2f}x | {result['difference']:.1e} |"
+        )
+        print(lines[-1], flush=True)
+    loaded = benchlib.other_jobs_running(load_before)
+    lines += [
+        "",
+        f"Median of {rounds} interleaved rounds (the two layers timed in turn each round), each "
+        f"the median of {repeats} calls of a compiled `tf.function` on inputs already in memory, "
+        "results fetched; same weights for both. `CoveringConv2D` (impala_tf/models/vision.py) "
+        "is what `ConvStack` builds: a convolution whose kernel covers its whole input is one "
+        "matmul of the flattened input and the reshaped kernel, with the same variables."
+        + (" Other jobs were running when it started: figures are noisy." if loaded else ""),
+    ]
+    return "\n".join(lines)
+
+
 def _memory_case(kind: str, batch: int, microbatch: int | None) -> dict:
     """Runs in a fresh subprocess: one update through the learner thread; returns peak RSS."""
     import numpy as np
@@ -600,12 +707,15 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--parts", nargs="+", choices=PARTS, default=list(PARTS))
     parser.add_argument("--repeats", type=int, default=30)
-    parser.add_argument("--rounds", type=int, default=5, help="interleaved rounds (xla, bf16)")
+    parser.add_argument(
+        "--rounds", type=int, default=5, help="interleaved rounds (xla, bf16, conv)"
+    )
     parser.add_argument("--memory_batch", type=int, default=20_000)
     parser.add_argument("--microbatch", type=int, default=1_000)
     parser.add_argument("--no-write", action="store_true", help="do not update BENCHMARKS.md")
     parser.add_argument("--memory_case", help=argparse.SUPPRESS)
     parser.add_argument("--inference_case", help=argparse.SUPPRESS)
+    parser.add_argument("--conv_case", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.memory_case:
         case = json.loads(args.memory_case)
@@ -615,6 +725,10 @@ def main() -> None:
         case = json.loads(args.inference_case)
         times = _inference_case(case["kind"], case["batch"], case["repeats"], case["rounds"])
         print(json.dumps(times))
+        return
+    if args.conv_case:
+        case = json.loads(args.conv_case)
+        print(json.dumps(_conv_case(**case)))
         return
     _configure_two_cpus()
     for part in args.parts:
@@ -629,6 +743,8 @@ def main() -> None:
             markdown = bench_xla(args.repeats, args.rounds)
         elif part == "bf16":
             markdown = bench_bf16(args.repeats, args.rounds)
+        elif part == "conv":
+            markdown = bench_conv(args.repeats, args.rounds)
         else:
             markdown = bench_gpu(args.repeats)
         if not args.no_write:

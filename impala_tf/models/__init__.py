@@ -11,7 +11,13 @@ from impala_tf.models.initializers import NormcInitializer
 from impala_tf.models.mlp import MLP
 from impala_tf.models.preprocessing import ObservationPreprocessor, is_image_space
 from impala_tf.models.recurrent import LSTMCore
-from impala_tf.models.vision import ConvStack, ImpalaResNet, NatureCNN, get_filter_config
+from impala_tf.models.vision import (
+    ConvStack,
+    CoveringConv2D,
+    ImpalaResNet,
+    NatureCNN,
+    get_filter_config,
+)
 
 __all__ = [
     "CUSTOM_MODELS",
@@ -19,6 +25,7 @@ __all__ = [
     "MLP",
     "ActorCritic",
     "ConvStack",
+    "CoveringConv2D",
     "ImpalaResNet",
     "LSTMCore",
     "NatureCNN",

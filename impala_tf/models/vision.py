@@ -31,6 +31,7 @@ from impala_tf.models.mlp import get_activation, track_layers
 __all__ = [
     "DEFAULT_FILTERS",
     "ConvStack",
+    "CoveringConv2D",
     "ImpalaResNet",
     "NatureCNN",
     "get_filter_config",
@@ -196,6 +197,34 @@ class ImpalaResNet(keras.layers.Layer):
         return self.fc(self.flatten(tf.nn.relu(x)))
 
 
+class CoveringConv2D(keras.layers.Conv2D):
+    """`keras.layers.Conv2D` that runs as one matmul when its kernel covers its whole input.
+
+    With "valid" padding and a kernel as large as its input, a convolution has a 1x1 output and
+    is a dense layer on the flattened input: RLlib's last vision layer is one (11x11 filters on
+    the 11x11 maps of 42x42 and 84x84 frames), and so is the 1x1 `post_fcnet_hiddens` conv that
+    follows it. TensorFlow's CPU convolution of that shape is several times slower than the
+    matmul (`tools.bench_learner --parts conv`, BENCHMARKS.md). The variables, their shapes and
+    the results (up to float rounding) are the convolution's; any other input takes the
+    convolution.
+    """
+
+    def convolution_op(self, inputs, kernel):
+        kh, kw, cin, cout = kernel.shape
+        covers_input = (
+            self.padding == "valid"
+            and self.data_format == "channels_last"
+            and self.groups == 1
+            and tuple(self.dilation_rate) == (1, 1)
+            and tuple(inputs.shape[1:3]) == (kh, kw)
+        )
+        if not covers_input:
+            return super().convolution_op(inputs, kernel)
+        flat = tf.reshape(inputs, [-1, kh * kw * cin])
+        out = tf.matmul(flat, tf.reshape(kernel, [kh * kw * cin, cout]))
+        return tf.reshape(out, [-1, 1, 1, cout])
+
+
 class ConvStack(keras.layers.Layer):
     """RLlib's VisionNetwork torso: `conv_filters`, then the `post_fcnet_hiddens` stack.
 
@@ -231,7 +260,7 @@ class ConvStack(keras.layers.Layer):
         post_act = get_activation(post_fcnet_activation, "post_fcnet_activation")
         filters = parse_conv_filters(conv_filters)
         self.convs = [
-            keras.layers.Conv2D(
+            CoveringConv2D(
                 out,
                 kernel,
                 strides=stride,
@@ -243,9 +272,7 @@ class ConvStack(keras.layers.Layer):
         ]
         hiddens = [int(h) for h in post_fcnet_hiddens]
         if hiddens and post_conv_1x1:
-            self.convs.append(
-                keras.layers.Conv2D(hiddens[0], 1, activation=post_act, name="conv_out")
-            )
+            self.convs.append(CoveringConv2D(hiddens[0], 1, activation=post_act, name="conv_out"))
             hiddens = hiddens[1:]
         track_layers(self, self.convs)
         self.flatten = keras.layers.Flatten()
