@@ -85,6 +85,18 @@ def run_case(python: str, root: str, case: str, seed: int, train_s: float, timeo
     }
 
 
+def _commit(root: str) -> str:
+    """The checkout's commit, short, "+ changes" when its tracked files differ from it."""
+    import subprocess
+
+    def git(*args: str) -> str:
+        out = subprocess.run(["git", "-C", root, *args], capture_output=True, text=True)
+        return out.stdout.strip() if out.returncode == 0 else ""
+
+    commit = git("rev-parse", "--short", "HEAD") or "unknown commit"
+    return commit + (" + changes" if git("status", "--porcelain", "--untracked-files=no") else "")
+
+
 def _median(values: list[float | None]) -> float | None:
     values = [v for v in values if v is not None]
     return statistics.median(values) if values else None
@@ -115,9 +127,15 @@ def main() -> None:
                 out = run_case(python, root, case, r, args.pong_time, args.timeout)
                 runs.setdefault((case, side), []).append(out)
                 print(f"round {r} {case:11s} {side:8s} {json.dumps(out)}", flush=True)
+    flags = f"--rounds {args.rounds}"
+    if list(args.cases) != list(CASES):
+        flags += " --cases " + " ".join(args.cases)
+    if "pong" in args.cases:
+        flags += f" --pong_time {args.pong_time:g}"
     lines = [
-        f"`python -m tools.bench_compare --rounds {args.rounds}` with "
-        f"`--baseline-root {args.baseline_root}` ({benchlib.machine_line()}); "
+        f"`python -m tools.bench_compare {flags}` with `--baseline-root {args.baseline_root}` "
+        f"(baseline {_commit(args.baseline_root)}, this {_commit(ROOT)}; "
+        f"{benchlib.machine_line()}); "
         f"load average before {load_before[0]:.2f}"
         + (" (other jobs were running)" if benchlib.other_jobs_running(load_before) else "")
         + ". Medians over the rounds [min, max]; ratio = this / baseline.",

@@ -203,10 +203,11 @@ class CoveringConv2D(keras.layers.Conv2D):
     With "valid" padding and a kernel as large as its input, a convolution has a 1x1 output and
     is a dense layer on the flattened input: RLlib's last vision layer is one (11x11 filters on
     the 11x11 maps of 42x42 and 84x84 frames), and so is the 1x1 `post_fcnet_hiddens` conv that
-    follows it. TensorFlow's CPU convolution of that shape is several times slower than the
-    matmul (`tools.bench_learner --parts conv`, BENCHMARKS.md). The variables, their shapes and
-    the results (up to float rounding) are the convolution's; any other input takes the
-    convolution.
+    follows it. On a CPU, TensorFlow's convolution of that shape is slower than the matmul and
+    its time varies more: 1.3x-2.4x at an actor's batch of 16 on one thread, 1.1x-1.4x forward
+    and backward at batch 500 (`tools.bench_learner --parts conv`, BENCHMARKS.md). The
+    variables, their shapes and the results (up to float rounding) are the convolution's; any
+    other input takes the convolution.
     """
 
     def convolution_op(self, inputs, kernel):
