@@ -85,18 +85,6 @@ def run_case(python: str, root: str, case: str, seed: int, train_s: float, timeo
     }
 
 
-def _commit(root: str) -> str:
-    """The checkout's commit, short, "+ changes" when its tracked files differ from it."""
-    import subprocess
-
-    def git(*args: str) -> str:
-        out = subprocess.run(["git", "-C", root, *args], capture_output=True, text=True)
-        return out.stdout.strip() if out.returncode == 0 else ""
-
-    commit = git("rev-parse", "--short", "HEAD") or "unknown commit"
-    return commit + (" + changes" if git("status", "--porcelain", "--untracked-files=no") else "")
-
-
 def _median(values: list[float | None]) -> float | None:
     values = [v for v in values if v is not None]
     return statistics.median(values) if values else None
@@ -134,7 +122,8 @@ def main() -> None:
         flags += f" --pong_time {args.pong_time:g}"
     lines = [
         f"`python -m tools.bench_compare {flags}` with `--baseline-root {args.baseline_root}` "
-        f"(baseline {_commit(args.baseline_root)}, this {_commit(ROOT)}; "
+        f"(baseline {benchlib.git_commit(args.baseline_root, 7)}, "
+        f"this {benchlib.git_commit(ROOT, 7)}; "
         f"{benchlib.machine_line()}); "
         f"load average before {load_before[0]:.2f}"
         + (" (other jobs were running)" if benchlib.other_jobs_running(load_before) else "")

@@ -129,6 +129,23 @@ def rllib_training_settings(config) -> dict:
     }
 
 
+def git_commit(root: str, digits: int = 12) -> str:
+    """The checkout's commit at `root`, `digits` hex digits, "+dirty" when tracked files differ
+    from it; "unknown" where git cannot tell."""
+
+    def git(*args: str) -> str:
+        try:
+            done = subprocess.run(
+                ["git", "-C", root, *args], capture_output=True, text=True, timeout=30, check=True
+            )
+        except (OSError, subprocess.SubprocessError):
+            return ""
+        return done.stdout.strip()
+
+    commit = git("rev-parse", f"--short={digits}", "HEAD") or "unknown"
+    return commit + ("+dirty" if git("status", "--porcelain", "--untracked-files=no") else "")
+
+
 def machine_line() -> str:
     """A one-line description of the machine the figures were measured on."""
     try:

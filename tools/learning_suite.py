@@ -369,16 +369,6 @@ def best_point(curve: Sequence[Mapping[str, Any]]) -> dict | None:
 # ------------------------------------------------------------------------------ the machine
 
 
-def _git(*args: str) -> str:
-    try:
-        done = subprocess.run(
-            ["git", "-C", ROOT, *args], capture_output=True, text=True, timeout=30, check=True
-        )
-    except (OSError, subprocess.SubprocessError):
-        return ""
-    return done.stdout.strip()
-
-
 def machine_info() -> dict[str, Any]:
     """What a run ran on: CPU model, cores, memory, GPUs, Python, TensorFlow, commit."""
     cpu = platform.processor() or platform.machine()
@@ -412,9 +402,7 @@ def machine_info() -> dict[str, Any]:
         tensorflow = importlib.metadata.version("tensorflow")
     except importlib.metadata.PackageNotFoundError:
         tensorflow = "not installed"
-    commit = _git("rev-parse", "--short=12", "HEAD") or "unknown"
-    if _git("status", "--porcelain", "--untracked-files=no"):
-        commit += "+dirty"
+    commit = benchlib.git_commit(ROOT)
     return {
         "cpu": cpu,
         "cores": os.cpu_count(),
