@@ -219,6 +219,16 @@ def _mlp_layout() -> str:
     )
 
 
+def _run_case(flag: str, case: dict):
+    """Runs `python -m tools.bench_learner <flag> <case as JSON>` in a fresh process (its own
+    TensorFlow threads and memory) and returns the JSON its last line prints."""
+    args = [sys.executable, "-m", "tools.bench_learner", flag, json.dumps(case)]
+    out = subprocess.run(args, capture_output=True, text=True, check=False, cwd=ROOT)
+    if out.returncode != 0:
+        raise RuntimeError(f"{flag} {json.dumps(case)} failed:\n{out.stderr[-3000:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
 def _interleaved_times(
     steps: dict[str, Callable[[], None]], repeats: int, rounds: int = 5
 ) -> dict[str, list[float]]:
@@ -451,11 +461,7 @@ def bench_bf16(repeats: int, rounds: int = 5) -> str:
         row(f"learner update, {name}, batch 500, both cores", times)
     for name, kind in _INFERENCE_CASES:
         case = {"kind": kind, "batch": envs, "repeats": repeats, "rounds": rounds}
-        args = [sys.executable, "-m", "tools.bench_learner", "--inference_case", json.dumps(case)]
-        out = subprocess.run(args, capture_output=True, text=True, check=False, cwd=ROOT)
-        if out.returncode != 0:
-            raise RuntimeError(f"inference case {kind} failed:\n{out.stderr[-3000:]}")
-        times = json.loads(out.stdout.strip().splitlines()[-1])
+        times = _run_case("--inference_case", case)
         row(f"actor inference (`ActorPolicy.step`), {name}, batch {envs}, 1 thread", times)
     load_after = os.getloadavg()
     loaded = benchlib.other_jobs_running(load_before)
@@ -571,11 +577,7 @@ def bench_conv(repeats: int, rounds: int = 5) -> str:
     for name, batch, threads, backward in cases:
         case = {"batch": batch, "threads": threads, "backward": backward}
         case.update(repeats=repeats, rounds=rounds)
-        args = [sys.executable, "-m", "tools.bench_learner", "--conv_case", json.dumps(case)]
-        out = subprocess.run(args, capture_output=True, text=True, check=False, cwd=ROOT)
-        if out.returncode != 0:
-            raise RuntimeError(f"conv case {name} failed:\n{out.stderr[-3000:]}")
-        result = json.loads(out.stdout.strip().splitlines()[-1])
+        result = _run_case("--conv_case", case)
         times = result["times"]
         plain, covering = (statistics.median(times[n]) for n in _CONV_LAYERS)
         spread = " / ".join(
@@ -652,12 +654,8 @@ def bench_memory(batch: int, microbatch: int) -> str:
     ]
     for kind, name in (("mlp", "CartPole MLP [256, 256]"), ("cnn", "Nature CNN, 84x84x4 uint8")):
         for micro in (None, microbatch):
-            args = [sys.executable, "-m", "tools.bench_learner", "--memory_case"]
-            args += [json.dumps({"kind": kind, "batch": batch, "microbatch": micro})]
-            out = subprocess.run(args, capture_output=True, text=True, check=False, cwd=ROOT)
-            if out.returncode != 0:
-                raise RuntimeError(f"memory case {kind}/{micro} failed:\n{out.stderr[-3000:]}")
-            result = json.loads(out.stdout.strip().splitlines()[-1])
+            case = {"kind": kind, "batch": batch, "microbatch": micro}
+            result = _run_case("--memory_case", case)
             lines.append(
                 f"| {name} | {micro or 'none'} | {result['peak_mb']:,.0f} | "
                 f"{result['before_mb']:,.0f} | {result['peak_mb'] - result['before_mb']:,.0f} | "
