@@ -6,6 +6,7 @@
     .venv/bin/python -m tools.bench_learner --parts memory --memory_batch 20000
     .venv/bin/python -m tools.bench_learner --parts xla --repeats 20 --rounds 5
     .venv/bin/python -m tools.bench_learner --parts conv
+    .venv/bin/python -m tools.bench_learner --parts call
 
 Run from the repository root (the memory cases run there as `python -m tools.bench_learner`).
 
@@ -39,6 +40,11 @@ Parts (each writes its own BENCHMARKS.md section):
   convolution) and as the models' `CoveringConv2D` does (one matmul on the flattened input), in
   turn: forward at an actor's batch on one TensorFlow thread, and forward plus backward at the
   learner's batch 500 on both cores, each in a fresh subprocess.
+* `call` — an actor's forward call (`ActorPolicy.forward`'s model step) through the
+  `tf.function` as Python calls it and through `impala_tf.policy.TracedCall` (the traced graph
+  called directly), in turn, at the config's `num_envs_per_env_runner` on one TensorFlow thread,
+  in a fresh subprocess: `configs/pong-impala-small.yaml`'s vision net and
+  `configs/stateless-cartpole-impala.yaml`'s LSTM. The difference is Python's per-call work.
 """
 
 from __future__ import annotations
@@ -57,6 +63,7 @@ from tools import benchlib, proclib
 
 __all__ = [
     "bench_bf16",
+    "bench_call",
     "bench_conv",
     "bench_devices",
     "bench_gpu",
@@ -71,10 +78,13 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 T = 50  # rollout_fragment_length of every case
-PARTS = ("keras", "devices", "memory", "gpu", "xla", "bf16", "conv")
+PARTS = ("keras", "devices", "memory", "gpu", "xla", "bf16", "conv", "call")
 _PRECISIONS = ("float32", "mixed_bfloat16")  # The `precision` key's values, as bf16 compares them.
 #: The Pong config whose model the `bf16` part measures (RLlib's vision net on 42x42 frames).
 PONG_SMALL = os.path.join(ROOT, "configs", "pong-impala-small.yaml")
+#: The configs whose actor calls the `call` part times (a vision net; an LSTM).
+CALL_CONFIGS = (PONG_SMALL, os.path.join(ROOT, "configs", "stateless-cartpole-impala.yaml"))
+_CALL_PATHS = ("tf.function", "TracedCall")
 
 
 def _configure_two_cpus() -> None:
@@ -601,6 +611,84 @@ def bench_conv(repeats: int, rounds: int = 5) -> str:
     return "\n".join(lines)
 
 
+def _call_case(path: str, repeats: int, rounds: int) -> dict:
+    """Runs in a fresh subprocess on one TensorFlow thread: the config's actor forward call
+    through the `tf.function` and through `TracedCall`, in turn; returns each one's median
+    seconds per round, the batch, and whether the two gave equal results."""
+    import numpy as np
+    import tensorflow as tf
+
+    tf.config.threading.set_intra_op_parallelism_threads(1)
+    tf.config.threading.set_inter_op_parallelism_threads(1)
+    from impala_tf.config import ImpalaConfig
+    from impala_tf.envs.make import make_env
+    from impala_tf.policy import ActorPolicy
+
+    config = ImpalaConfig.from_yaml(path)[0]
+    env = make_env(config, worker_index=1)
+    obs_space, act_space = env.observation_space, env.action_space
+    env.close()
+    policy = ActorPolicy(obs_space, act_space, config.model, seed=0)
+    batch = int(config.num_envs_per_env_runner)
+    rng = np.random.default_rng(0)
+    obs = np.stack([obs_space.sample() for _ in range(batch)])
+    state = tuple(s + rng.normal(size=s.shape).astype(s.dtype) for s in policy.initial_state(batch))
+    traced = policy._forward  # The TracedCall ActorPolicy.forward calls.
+    paths = dict(zip(_CALL_PATHS, (traced.fn, traced)))
+    results = [tf.nest.map_structure(np.asarray, f(obs, state)) for f in paths.values()]
+    equal = all(
+        np.array_equal(a, b)
+        for a, b in zip(tf.nest.flatten(results[0]), tf.nest.flatten(results[1]))
+    )
+    steps = {
+        name: lambda f=f: tf.nest.map_structure(np.asarray, f(obs, state))
+        for name, f in paths.items()
+    }
+    times = _interleaved_times(steps, repeats, rounds)
+    return {"times": times, "batch": batch, "equal": equal, "direct": traced.direct}
+
+
+def bench_call(repeats: int, rounds: int = 5) -> str:
+    """An actor's forward call through `tf.function` and through `TracedCall`."""
+    load_before = os.getloadavg()
+    lines = [
+        "### An actor's forward call: `tf.function` vs `TracedCall`",
+        "",
+        f"Machine: {benchlib.machine_line()}; load average before: {load_before[0]:.2f} (1 min)",
+        "",
+        "| config (model) | batch | ms, `tf.function` | ms, `TracedCall` | spread (min-max of "
+        "rounds) | saved per call (ms) | equal results |",
+        "|---|---:|---:|---:|---|---:|---|",
+    ]
+    for path in CALL_CONFIGS:
+        result = _run_case("--call_case", {"path": path, "repeats": repeats, "rounds": rounds})
+        if not result["direct"]:
+            raise RuntimeError("TracedCall fell back to the tf.function: nothing to compare")
+        times = result["times"]
+        public, traced = (statistics.median(times[n]) for n in _CALL_PATHS)
+        spread = " / ".join(
+            f"{min(times[n]) * 1e3:.2f}-{max(times[n]) * 1e3:.2f}" for n in _CALL_PATHS
+        )
+        name = os.path.relpath(path, ROOT)
+        lines.append(
+            f"| {name} | {result['batch']} | {public * 1e3:.2f} | {traced * 1e3:.2f} | {spread} "
+            f"| {(public - traced) * 1e3:.2f} | {'yes' if result['equal'] else 'NO'} |"
+        )
+        print(lines[-1], flush=True)
+    loaded = benchlib.other_jobs_running(load_before)
+    lines += [
+        "",
+        f"Median of {rounds} interleaved rounds (the two paths timed in turn each round), each "
+        f"the median of {repeats} calls on the same numpy observations (and recurrent state), "
+        "results fetched as numpy, as `ActorPolicy.forward` does. `TracedCall` "
+        "(impala_tf/policy.py) looks the trace up once per input signature and then calls the "
+        "traced graph; the `tf.function` binds its arguments and looks the trace up on every "
+        "call."
+        + (" Other jobs were running when it started: figures are noisy." if loaded else ""),
+    ]
+    return "\n".join(lines)
+
+
 def _memory_case(kind: str, batch: int, microbatch: int | None) -> dict:
     """Runs in a fresh subprocess: one update through the learner thread; returns peak RSS."""
     import numpy as np
@@ -706,7 +794,7 @@ def main() -> None:
     parser.add_argument("--parts", nargs="+", choices=PARTS, default=list(PARTS))
     parser.add_argument("--repeats", type=int, default=30)
     parser.add_argument(
-        "--rounds", type=int, default=5, help="interleaved rounds (xla, bf16, conv)"
+        "--rounds", type=int, default=5, help="interleaved rounds (xla, bf16, conv, call)"
     )
     parser.add_argument("--memory_batch", type=int, default=20_000)
     parser.add_argument("--microbatch", type=int, default=1_000)
@@ -714,6 +802,7 @@ def main() -> None:
     parser.add_argument("--memory_case", help=argparse.SUPPRESS)
     parser.add_argument("--inference_case", help=argparse.SUPPRESS)
     parser.add_argument("--conv_case", help=argparse.SUPPRESS)
+    parser.add_argument("--call_case", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.memory_case:
         case = json.loads(args.memory_case)
@@ -727,6 +816,9 @@ def main() -> None:
     if args.conv_case:
         case = json.loads(args.conv_case)
         print(json.dumps(_conv_case(**case)))
+        return
+    if args.call_case:
+        print(json.dumps(_call_case(**json.loads(args.call_case))))
         return
     _configure_two_cpus()
     for part in args.parts:
@@ -743,6 +835,8 @@ def main() -> None:
             markdown = bench_bf16(args.repeats, args.rounds)
         elif part == "conv":
             markdown = bench_conv(args.repeats, args.rounds)
+        elif part == "call":
+            markdown = bench_call(args.repeats, args.rounds)
         else:
             markdown = bench_gpu(args.repeats)
         if not args.no_write:
