@@ -31,6 +31,7 @@ import argparse
 import json
 import os
 import pickle
+import statistics
 import subprocess
 import sys
 import time
@@ -175,6 +176,7 @@ def main() -> None:
     parser.add_argument("--config", default=DEFAULT_CONFIG)
     parser.add_argument("--sample_time", type=float, default=30.0, help="seconds of sampling")
     parser.add_argument("--repeats", type=int, default=10, help="learner calls per round")
+    parser.add_argument("--rounds", type=int, default=3, help="learner rounds (median, range)")
     parser.add_argument("--intake_seconds", type=float, default=10.0, help="per driver case")
     parser.add_argument("--no-write", action="store_true", help="do not update BENCHMARKS.md")
     parser.add_argument("--case", help=argparse.SUPPRESS)
@@ -189,9 +191,11 @@ def main() -> None:
     case = {"path": path, "seconds": args.sample_time}
     actor = _run(["-m", "tools.bench_scaling", "--case", json.dumps(case)])
     print(json.dumps({"actor": actor}), flush=True)
-    case = {"name": "learner", "path": path, "repeats": args.repeats}
+    case = {"name": "learner", "path": path, "repeats": args.repeats, "rounds": args.rounds}
     learner = _run(["-m", "tools.bench_atari", "--case", json.dumps(case)])
     print(json.dumps({"learner": learner}), flush=True)
+    learner["rounds_s"] = learner["learner_s"]  # Seconds per update, one per round.
+    learner["learner_s"] = statistics.median(learner["rounds_s"])
     intake = bench_driver.measure_intake("pong42", ("local", "ray"), args.intake_seconds)
     print(json.dumps({"intake": intake}), flush=True)
     load_after = os.getloadavg()
@@ -234,7 +238,9 @@ def report(args, actor, learner, learner_per_s, intake, est, load_before, load_a
         f"{actor['decode_zlib_s'] * 1e3:.1f} ms per fragment (CPU).",
         f"- Policy weights: {actor['weights_count']:,} numbers, {_mb(actor['weights_bytes'])}.",
         f"- Learner, {learner['model']}, batch {learner['batch']}, CPU, all {cores} cores: "
-        f"{learner['learner_s'] * 1e3:.1f} ms per update, **{learner_per_s:,.0f} env steps/s**. "
+        f"{learner['learner_s'] * 1e3:.1f} ms per update (median of {len(learner['rounds_s'])} "
+        f"rounds, {min(learner['rounds_s']) * 1e3:.1f}-{max(learner['rounds_s']) * 1e3:.1f}), "
+        f"**{learner_per_s:,.0f} env steps/s**. "
         "On a GPU: not measured here (no GPU; `python -m tools.bench_gpu` measures it).",
         "- Driver intake (`tools.bench_driver`, 8 fake actors replaying Pong-42 fragments, a "
         "stub learner, aggregation in the driver): "
