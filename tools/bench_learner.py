@@ -57,7 +57,7 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from tools import benchlib, proclib
 
@@ -374,9 +374,7 @@ def bench_xla(repeats: int, rounds: int = 5) -> str:
         }
         times = _interleaved_times(steps, reps, rounds)
         off, on = statistics.median(times["off"]), statistics.median(times["on"])
-        spread = " / ".join(
-            f"{min(times[k]) * 1e3:.2f}-{max(times[k]) * 1e3:.2f}" for k in ("off", "on")
-        )
+        spread = _spread_ms(times, ("off", "on"))
         lines.append(
             f"| {name} | {batch:,} | {off * 1e3:.2f} | {on * 1e3:.2f} | {spread} | "
             f"{off / on:.2f}x |"
@@ -424,8 +422,9 @@ def _inference_case(kind: str, batch: int, repeats: int, rounds: int) -> dict[st
     return times
 
 
-def _spread(times: dict[str, list[float]]) -> str:
-    return " / ".join(f"{min(times[p]) * 1e3:.2f}-{max(times[p]) * 1e3:.2f}" for p in _PRECISIONS)
+def _spread_ms(times: dict[str, list[float]], names: Sequence[str]) -> str:
+    """The min-max of each named side's per-round seconds, in ms: "a-b / c-d" for the table."""
+    return " / ".join(f"{min(times[n]) * 1e3:.2f}-{max(times[n]) * 1e3:.2f}" for n in names)
 
 
 def bench_bf16(repeats: int, rounds: int = 5) -> str:
@@ -460,7 +459,7 @@ def bench_bf16(repeats: int, rounds: int = 5) -> str:
         if f32 / bf16 < _ADOPTION_GAIN:
             below.append(f"{name} ({f32 / bf16:.2f}x)")
         lines.append(
-            f"| {name} | {f32 * 1e3:.2f} | {bf16 * 1e3:.2f} | {_spread(times)} | "
+            f"| {name} | {f32 * 1e3:.2f} | {bf16 * 1e3:.2f} | {_spread_ms(times, _PRECISIONS)} | "
             f"{f32 / bf16:.2f}x |"
         )
         print(lines[-1], flush=True)
@@ -590,9 +589,7 @@ def bench_conv(repeats: int, rounds: int = 5) -> str:
         result = _run_case("--conv_case", case)
         times = result["times"]
         plain, covering = (statistics.median(times[n]) for n in _CONV_LAYERS)
-        spread = " / ".join(
-            f"{min(times[n]) * 1e3:.2f}-{max(times[n]) * 1e3:.2f}" for n in _CONV_LAYERS
-        )
+        spread = _spread_ms(times, _CONV_LAYERS)
         lines.append(
             f"| {name} | {plain * 1e3:.2f} | {covering * 1e3:.2f} | {spread} | "
             f"{plain / covering:.2f}x | {result['difference']:.1e} |"
@@ -668,9 +665,7 @@ def bench_call(repeats: int, rounds: int = 5) -> str:
             raise RuntimeError(f"TracedCall and the tf.function disagree on {path}")
         times = result["times"]
         public, traced = (statistics.median(times[n]) for n in _CALL_PATHS)
-        spread = " / ".join(
-            f"{min(times[n]) * 1e3:.2f}-{max(times[n]) * 1e3:.2f}" for n in _CALL_PATHS
-        )
+        spread = _spread_ms(times, _CALL_PATHS)
         name = os.path.relpath(path, ROOT)
         lines.append(
             f"| {name} | {result['batch']} | {public * 1e3:.2f} | {traced * 1e3:.2f} | {spread} "
