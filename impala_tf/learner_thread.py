@@ -25,16 +25,17 @@ accumulators and applies them after the last microbatch of the train batch (one 
 minibatch buffer then holds the host batch and every pass streams its microbatches again, so the
 full train batch never lives on a device.
 
-Timers (mean milliseconds in `info.timing_breakdown`): `learner_dequeue_time_ms` the loader
-waiting on the inqueue; `learner_load_time_ms` the loader's work per unit (decompression, cutting
+Timers (mean milliseconds in `info.timing_breakdown`): `learner_dequeue_time_ms` the loader waiting
+on the inqueue; `learner_load_time_ms` the loader's work per unit (fetching a train batch that an
+aggregation worker left in the store, `impala_tf.minibatch.BatchHandle`; decompression, cutting
 into device shards, layout and dtype conversion, checks; the host->device copy then runs
-asynchronously in the dataset); `learner_load_wait_time_ms` the learner waiting for its next
-unit (nonzero when loading, or sampling, is slower than training); `learner_grad_time_ms` one
-update. With microbatches the learner stats add the seed's `sample_time_ms` (waiting for a
-microbatch), `grad_time_ms` (one microbatch's gradients), `update_time_ms` (applying the
-accumulated gradients; RLlib's timed its synchronous weight broadcast here, ours is the
-driver's), `opt_peak_throughput` and `sample_peak_throughput` (env steps/s of those two) and
-`opt_samples` (env steps per microbatch).
+asynchronously in the dataset); `learner_load_wait_time_ms` the learner waiting for its next unit
+(nonzero when loading, or sampling, is slower than training); `learner_grad_time_ms` one update.
+With microbatches the learner stats add the seed's `sample_time_ms` (waiting for a microbatch),
+`grad_time_ms` (one microbatch's gradients), `update_time_ms` (applying the accumulated gradients;
+RLlib's timed its synchronous weight broadcast here, ours is the driver's), `opt_peak_throughput`
+and `sample_peak_throughput` (env steps/s of those two) and `opt_samples` (env steps per
+microbatch).
 
 A loader that fails (a malformed batch, a timeout) stores its exception in `error` and ends the
 dataset, so the thread ends and the driver raises from it; it never leaves the learner waiting.
@@ -52,6 +53,7 @@ from __future__ import annotations
 
 import collections
 import copy
+import logging
 import queue
 import threading
 import time
@@ -64,12 +66,14 @@ import tensorflow as tf
 
 from impala_tf import devices, pipeline
 from impala_tf.learner import ImpalaLearner
-from impala_tf.minibatch import MinibatchBuffer, TrainBatch
+from impala_tf.minibatch import BatchLost, MinibatchBuffer, TrainBatch
 from impala_tf.nonfinite import NonFiniteGuard
 from impala_tf.sample_batch import SampleBatch, decompress
 from impala_tf.stats import TimerStat, WindowStat, timer_ms
 
 __all__ = ["LearnerQueueTimeout", "LearnerThread", "MinibatchBuffer", "TrainBatch"]
+
+logger = logging.getLogger(__name__)
 
 _POLL_S = 0.1
 _END_OF_DATA = (StopIteration, tf.errors.OutOfRangeError, EOFError)
@@ -291,10 +295,13 @@ class LearnerThread(threading.Thread):
         try:
             while self._acquire_slot():
                 start = None
-                if not pending:
+                while not pending:
                     item = self._next_train_batch()
                     start = time.perf_counter()
-                    pending.extend(self._cut(item))
+                    try:  # Fetches a batch queued as a handle (`impala_tf.minibatch`).
+                        pending.extend(self._cut(item))
+                    except BatchLost as e:  # Counted by the aggregation stage; the next one.
+                        logger.warning("Skipping a train batch: %s", e)
                 unit, info = pending.popleft()
                 start = start or time.perf_counter()
                 shards = pipeline.replica_shards(unit, self._signature, self.num_replicas)
@@ -523,7 +530,7 @@ class LearnerThread(threading.Thread):
             removed = 0
             while True:
                 try:
-                    self.inqueue.get_nowait()
+                    self.inqueue.get_nowait().release()
                     removed += 1
                 except queue.Empty:
                     break

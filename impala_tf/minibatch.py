@@ -5,33 +5,74 @@ numpy only: the driver puts `TrainBatch`es on the learner queues without importi
 
 from __future__ import annotations
 
+import abc
 from collections.abc import Callable
 from typing import Any
 
 from impala_tf.sample_batch import SampleBatch
 
-__all__ = ["MinibatchBuffer", "TrainBatch"]
+__all__ = ["BatchHandle", "BatchLost", "MinibatchBuffer", "TrainBatch"]
+
+
+class BatchLost(RuntimeError):
+    """A train batch left in a store could not be fetched (it was lost with its node); the
+    learner skips it, and the env steps it held are counted as lost."""
+
+
+class BatchHandle(abc.ABC):
+    """A train batch not yet in this process: fetched by the learner's loader (`get`), so that
+    its bytes never pass through the driver's main thread (`impala_tf.driver.aggregation`).
+
+    Attributes:
+      env_steps: The batch's env steps, known without fetching it.
+    """
+
+    env_steps: int
+
+    @abc.abstractmethod
+    def get(self) -> SampleBatch:
+        """The batch, fetched into this process (once).
+
+        Raises:
+          BatchLost: The stored batch is gone.
+        """
+
+    @abc.abstractmethod
+    def release(self) -> None:
+        """Frees the stored batch without fetching it (a dropped batch). Safe twice."""
 
 
 class TrainBatch:
     """A train batch on the learner queue, with what the driver knows about its origin.
+
+    The batch may still be a `BatchHandle` when it is queued: the learner's loader fetches it
+    when it reads `batch`, and a batch dropped unread is `release`d.
 
     Attributes:
       batch: `SampleBatch` of `rows_per_batch(config)` sequences.
       policy_version: Mean `num_grad_updates` of the weights that sampled it.
     """
 
-    __slots__ = ("batch", "policy_version", "generation")
+    __slots__ = ("_batch", "env_steps", "policy_version", "generation")
 
-    def __init__(self, batch: SampleBatch, policy_version: float = 0.0):
-        self.batch = batch
+    def __init__(self, batch: SampleBatch | BatchHandle, policy_version: float = 0.0):
+        self._batch = batch
+        self.env_steps = int(batch.env_steps)
         self.policy_version = policy_version
         # The learner thread's `generation` when it took the batch (see `LearnerThread.flush`).
         self.generation = 0
 
     @property
-    def env_steps(self) -> int:
-        return self.batch.env_steps
+    def batch(self) -> SampleBatch:
+        """The batch, fetched here first if it was queued as a handle (`BatchLost` if gone)."""
+        if isinstance(self._batch, BatchHandle):
+            self._batch = self._batch.get()
+        return self._batch
+
+    def release(self) -> None:
+        """Frees the batch's store if it was never fetched (the batch is dropped)."""
+        if isinstance(self._batch, BatchHandle):
+            self._batch.release()
 
 
 class MinibatchBuffer:

@@ -4,7 +4,8 @@
 `AggregationStage` runs it in the driver or in aggregation worker processes, which get the
 fragments' batches by reference (here the test plays the actors: it writes each fragment's
 batches into shared memory as an actor's worker process does) and send train batches back the
-same way. Replay in the running algorithm, in the driver and in a worker, is
+same way, left there until the learner's loader fetches them (`BatchRef`). Replay in the
+running algorithm, in the driver and in a worker, is
 `tests/replay_runtime_test.py`'s; a killed aggregation worker in a running algorithm is
 `tests/runtime_conformance_test.py`'s.
 
@@ -24,7 +25,8 @@ import pytest
 
 from impala_tf.config import ImpalaConfig
 from impala_tf.driver import aggregation
-from impala_tf.driver.aggregation import AggregationStage, Aggregator, AggregatorHost
+from impala_tf.driver.aggregation import AggregationStage, Aggregator, AggregatorHost, BatchRef
+from impala_tf.minibatch import BatchLost, TrainBatch
 from impala_tf.rollout.fragment import DEFAULT_POLICY_ID, Fragment
 from impala_tf.sample_batch import SampleBatch, compress
 from impala_tf.workers import ProcessBackend
@@ -106,10 +108,15 @@ def _sequences(seed: int) -> Fragment:
     return Fragment({PID: batch}, env_steps=10, agent_steps=10, policy_versions={PID: seed})
 
 
+def _got(out: list) -> list:
+    """The stage's outputs with each train batch fetched here, as the learner's loader does."""
+    return [(pid, TrainBatch(batch).batch, version) for pid, batch, version in out]
+
+
 def _fetch_one(stage: AggregationStage) -> list:
     out: list = []
     assert wait_until(lambda: out.extend(stage.fetch(0.5)) or out, timeout_s=60)
-    return out
+    return _got(out)
 
 
 @pytest.fixture(scope="module")
@@ -255,6 +262,8 @@ def test_workers_get_fragments_by_reference_and_cut_the_train_batches_the_driver
             expected += driver.process(_sequences(seed).batches, {PID: seed})
             assert stage.process(actors.fragment(seed)) == []
         assert wait_until(lambda: out.extend(stage.fetch(0.5)) or len(out) == 6, timeout_s=60)
+        assert not read_here  # Handles: nothing read in the driver yet.
+        out = _got(out)  # As the learners' loaders fetch them.
         assert stage.counters["num_times_no_aggregation_worker_available"] == 0
         assert handed == [sv.SharedValue] * 6  # Names, not batches.
         # The driver read the train batches only, never a fragment's batches, and removed each
@@ -317,6 +326,57 @@ def test_a_killed_worker_loses_its_fragments_and_the_driver_removes_them(monkeyp
         )
         assert stage.counters["num_env_steps_lost_in_aggregation"] == fragment.env_steps
         assert actors.segments() == []  # Removed on the failure, not on stop.
+    finally:
+        stage.stop()
+    assert not [
+        n for n in os.listdir("/dev/shm") if n.startswith(f"{SEGMENT_PREFIX}{os.getpid()}_")
+    ]
+
+
+def _train_batch_segments(stage: AggregationStage) -> list[str]:
+    """The aggregation workers' segments in /dev/shm (the train batches they sent back)."""
+    names = stage.workers._impl._segments.names()  # noqa: SLF001 - the driver's book of them.
+    return [n for n in names if os.path.exists(f"/dev/shm/{n}")]
+
+
+def test_train_batches_stay_in_shared_memory_until_the_loader_fetches_or_drops_them(stage):
+    for seed in (4, 5):
+        stage.process(_sequences(seed))
+    out: list = []
+    assert wait_until(lambda: out.extend(stage.fetch(0.5)) or len(out) == 2, timeout_s=60)
+    (_, kept, _), (_, dropped, _) = out
+    assert isinstance(kept, BatchRef) and kept.env_steps == 10
+    assert len(_train_batch_segments(stage)) == 2
+    batch = TrainBatch(kept).batch  # Fetched: a private copy here, the segment removed.
+    np.testing.assert_array_equal(batch["obs"], _sequences(4).batches[PID]["obs"])
+    assert len(_train_batch_segments(stage)) == 1
+    with pytest.raises(BatchLost):
+        kept.get()  # Each batch is fetched once.
+    TrainBatch(dropped).release()  # Dropped unread (a full learner queue, a restore).
+    assert _train_batch_segments(stage) == []
+
+
+def test_a_train_batch_lost_from_the_store_is_skipped_and_counted(stage):
+    stage.process(_sequences(6))
+    out: list = []
+    assert wait_until(lambda: out.extend(stage.fetch(0.5)) or out, timeout_s=60)
+    ((_, ref, _),) = out
+    for name in _train_batch_segments(stage):  # As a node's store goes with the node.
+        os.unlink(f"/dev/shm/{name}")
+    with pytest.raises(BatchLost, match="lost before the learner read it"):
+        TrainBatch(ref).batch  # noqa: B018
+    lost = stage.counters["num_env_steps_lost_in_aggregation"]
+    stage.fetch(0.0)
+    assert stage.counters["num_env_steps_lost_in_aggregation"] == lost + 10
+
+
+def test_stop_removes_the_train_batches_never_fetched():
+    stage = _stage()
+    try:
+        stage.process(_sequences(7))
+        out: list = []
+        assert wait_until(lambda: out.extend(stage.fetch(0.5)) or out, timeout_s=60)
+        assert len(_train_batch_segments(stage)) == 1
     finally:
         stage.stop()
     assert not [

@@ -3,6 +3,7 @@ drop what was queued, fresh seeds for restarted actors, non-finite updates count
 
 from __future__ import annotations
 
+import collections
 import os
 import signal
 import threading
@@ -16,8 +17,11 @@ import tensorflow as tf
 from impala_tf import checkpoints, pipeline
 from impala_tf.algorithm import Impala
 from impala_tf.config import ImpalaConfig
+from impala_tf.driver.learners import LearnerGroup
+from impala_tf.driver.plan import make_plan
 from impala_tf.learner import ImpalaLearner
 from impala_tf.learner_thread import LearnerThread, TrainBatch
+from impala_tf.minibatch import BatchHandle, BatchLost
 from impala_tf.nonfinite import NonFiniteUpdatesError
 from impala_tf.reporting import tensorboard_scalars
 from impala_tf.rollout.fragment import DEFAULT_POLICY_ID
@@ -175,6 +179,60 @@ def _thread(config: ImpalaConfig) -> LearnerThread:
     learner = ImpalaLearner(config, OBS, ACT)
     signature = pipeline.batch_signature(config, OBS, ACT)
     return LearnerThread(learner, tf.distribute.get_strategy(), signature)
+
+
+class _Handle(BatchHandle):
+    """A train batch queued as a handle (as an aggregation worker's `BatchRef`), or lost."""
+
+    def __init__(self, batch: SampleBatch | None):
+        self._batch, self.env_steps = batch, ROWS * T
+        self.fetched = self.released = False
+
+    def get(self) -> SampleBatch:
+        self.fetched = True
+        if self._batch is None:
+            raise BatchLost("lost with its node (test)")
+        return self._batch
+
+    def release(self) -> None:
+        self.released = True
+
+
+def test_the_loader_fetches_queued_handles_and_skips_a_lost_batch():
+    thread = _thread(learner_config())
+    lost, good = _Handle(None), _Handle(_batch(1))
+    thread.start()
+    try:
+        thread.inqueue.put(TrainBatch(lost))
+        thread.inqueue.put(TrainBatch(good))
+        env_steps, _, _ = thread.outqueue.get(timeout=120)  # The good one trained.
+        assert lost.fetched and good.fetched and env_steps == ROWS * T
+        assert int(thread.learner.num_grad_updates.numpy()) == 1
+        assert thread.error is None and thread.is_alive()
+    finally:
+        thread.stop()
+
+
+def test_flush_releases_the_handles_it_drops():
+    thread = _thread(learner_config())  # Not started: everything stays queued.
+    handles = [_Handle(_batch(seed)) for seed in range(2)]
+    for handle in handles:
+        thread.inqueue.put(TrainBatch(handle))
+    assert thread.flush() == 2
+    assert all(h.released and not h.fetched for h in handles)
+
+
+def test_a_batch_dropped_on_a_full_learner_queue_releases_its_handle(monkeypatch):
+    config = small_config(learner_queue_size=1)
+    group = LearnerGroup(config, make_plan(config), tf.distribute.get_strategy())  # Not started.
+    monkeypatch.setattr(group, "_put_waiting", lambda pid, item: None)  # The last one's wait.
+    handles = [_Handle(_batch(seed)) for seed in range(3)]
+    counters = collections.Counter()
+    group.put([(PID, h, 0.0) for h in handles], counters)
+    # The first fits the queue of one, the second finds it full, the last would wait for room.
+    assert [h.released for h in handles] == [False, True, False]
+    assert counters["num_times_learner_queue_full"] == 1
+    assert not any(h.fetched for h in handles)
 
 
 @pytest.mark.parametrize("microbatch_size", [None, 2 * T])

@@ -16,6 +16,7 @@ import pytest
 
 from impala_tf.algorithm import Impala
 from impala_tf.config import ImpalaConfig
+from impala_tf.minibatch import TrainBatch
 from impala_tf.rollout.fragment import DEFAULT_POLICY_ID
 from impala_tf.sample_batch import decompress
 from impala_tf.workers import resolve
@@ -92,7 +93,8 @@ def _fetched(algo: Impala) -> list:
     """The next train batches the aggregation workers send back."""
     out: list = []
     assert wait_until(lambda: out.extend(algo.aggregation.fetch(0.5)) or out, 60)
-    return out
+    # Fetched here as the learner's loader fetches them (`TrainBatch.batch`).
+    return [(pid, TrainBatch(batch).batch, version) for pid, batch, version in out]
 
 
 @pytest.mark.parametrize("workers", [0, 1], ids=["in_the_driver", "in_an_aggregation_worker"])

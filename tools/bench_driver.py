@@ -15,7 +15,9 @@ backend, `AggregationStage` in the driver or in aggregation workers, `Metrics`, 
   cutting, broadcasting), with no env or inference;
 * the learners are a `StubLearners`: train batches are taken at once (nothing waits on a queue)
   and the policy version advances at `--updates-per-s` whatever arrives, the weights being
-  arrays of the real model's shapes.
+  arrays of the real model's shapes. A train batch an aggregation worker left in the store is
+  fetched by a thread of the driver process, as the learner's loader fetches it, and its CPU
+  time counts in the per-core figure.
 
 Workloads: `cartpole` (configs/cartpole-impala.yaml: 32 envs x 50 steps, MLP), `pong42`
 (configs/pong-impala-small.yaml: 16 envs x 50 steps, 42x42x4 frames) and `pong84` (the same with
@@ -50,10 +52,12 @@ import functools
 import json
 import os
 import pickle
+import queue
 import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Mapping
 from typing import Any
@@ -176,15 +180,36 @@ class StubLearners:
         self._start = time.monotonic()
         self._outputs: collections.deque = collections.deque()
         self.batches = 0
+        # The loader's part: fetching the batches queued as handles.
+        self._fetches: queue.Queue = queue.Queue()
+        self._fetcher = threading.Thread(target=self._fetch, daemon=True)
+        self._fetcher.start()
 
     def check(self) -> None:
         """Stub learners never die."""
 
     def put(self, batches: list, counters: collections.Counter) -> None:
+        from impala_tf.minibatch import TrainBatch
+
         for pid, batch, _ in batches:
-            counters["num_samples_added_to_queue"] += batch.env_steps
-            self._outputs.append((pid, batch.env_steps, {}))
+            item = TrainBatch(batch)
+            counters["num_samples_added_to_queue"] += item.env_steps
+            self._outputs.append((pid, item.env_steps, {}))
+            self._fetches.put(item)
             self.batches += 1
+
+    def _fetch(self) -> None:
+        while (item := self._fetches.get()) is not None:
+            item.batch  # noqa: B018 - fetched here, as the learner's loader does.
+            self._fetches.task_done()
+
+    def wait_fetched(self) -> None:
+        """Waits until every batch put so far was fetched."""
+        self._fetches.join()
+
+    def stop(self) -> None:
+        self._fetches.put(None)
+        self._fetcher.join(10)
 
     def drain(self) -> list:
         out = list(self._outputs)
@@ -267,7 +292,7 @@ def case_intake(
     # 128 of them fit where 128 Pong actors would not.
     sampling.check_actor_memory = lambda *args, **kwargs: None
     group = EnvRunnerGroup(config, plan, counters, host_factory=host)
-    aggregation = None
+    aggregation = learners = None
     try:
         learners = StubLearners(plan.trained, recorded["weights"], updates_per_s)
         rows = {p: rows_per_batch(policy_config(config, p), 1) for p in plan.trained}
@@ -320,10 +345,13 @@ def case_intake(
         while time.perf_counter() - wall0 < seconds:
             schedule.step()
         timer.on = False
+        learners.wait_fetched()  # The fetches of the batches taken belong to the window.
         cpu = time.process_time() - cpu0
         wall = time.perf_counter() - wall0
         main = time.thread_time() - main0
     finally:
+        if learners is not None:
+            learners.stop()
         if aggregation is not None:
             aggregation.stop()
         group.stop()

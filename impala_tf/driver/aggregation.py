@@ -16,12 +16,16 @@ come back. Both ways by reference (`impala_tf.workers.StoredValue`): a fragment'
 where the actor left them, in Ray's object store or in a shared memory segment
 (`impala_tf.workers.shared_values`), and the aggregation worker reads them from there; its train
 batches come back the same way (`process_parts`). The driver so sees the fragments' counts and
-episodes and the train batches only, and releases each fragment's batches once its aggregation
-worker answered or failed. (On Ray a fragment whose batches were lost with their actor costs its
-aggregation worker a restart, counted.) When no worker is healthy or every healthy one is at
-that limit even after the replies that came back are taken, the driver reads the fragment's
-batches and aggregates them itself, counting `num_times_no_aggregation_worker_available` (RLlib
-counts it too, and drops the fragment). A
+episodes and handles on the train batches only, and releases each fragment's batches once its
+aggregation worker answered or failed. The train batches stay in the store too until the
+learner's loader fetches them (`BatchRef`, an `impala_tf.minibatch.BatchHandle`): their bytes
+never pass through the driver's main thread, which so does no per-byte work for the fragments
+its workers take. A train batch lost with its node before the loader fetched it is skipped and
+its env steps counted in `num_env_steps_lost_in_aggregation`. (On Ray a fragment whose batches
+were lost with their actor costs its aggregation worker a restart, counted.) When no worker is
+healthy or every healthy one is at that limit even after the replies that came back are taken,
+the driver reads the fragment's batches and aggregates them itself, counting
+`num_times_no_aggregation_worker_available` (RLlib counts it too, and drops the fragment). A
 worker that dies is restarted (`num_aggregation_worker_restarts`); the env steps it held are lost
 (`num_env_steps_lost_in_aggregation`). `reset` drops what the workers and the driver hold (a
 restore), so nothing sampled before a restore trains after it.
@@ -35,23 +39,39 @@ import collections
 import logging
 import os
 import random
+import threading
 from collections.abc import Mapping
 from typing import Any
 
 from impala_tf.batching import BatchBuilder
 from impala_tf.config.base import AlgorithmConfig
 from impala_tf.config.policies import policy_config
+from impala_tf.minibatch import BatchHandle, BatchLost
 from impala_tf.replay import MixInReplayBuffer, replay_ratio_from_proportion
 from impala_tf.rollout.fragment import Fragment
 from impala_tf.sample_batch import SampleBatch, decompress
-from impala_tf.workers import RestartPolicy, WorkerGroup, WorkerSpec, release, resolve
+from impala_tf.workers import (
+    RestartPolicy,
+    StoredValue,
+    WorkerGroup,
+    WorkerSpec,
+    release,
+    resolve,
+)
 
-__all__ = ["AggregationStage", "Aggregator", "AggregatorHost", "make_aggregator_host"]
+__all__ = [
+    "AggregationStage",
+    "Aggregator",
+    "AggregatorHost",
+    "BatchRef",
+    "make_aggregator_host",
+]
 
 logger = logging.getLogger(__name__)
 
-#: (policy id, train batch, mean `num_grad_updates` of the weights that sampled it).
-Output = tuple[str, SampleBatch, float]
+#: (policy id, train batch, mean `num_grad_updates` of the weights that sampled it); the batch of
+#: an aggregation worker is a `BatchRef` (fetched by the learner's loader).
+Output = tuple[str, SampleBatch | BatchHandle, float]
 
 
 class Aggregator:
@@ -143,11 +163,13 @@ class AggregatorHost:
 
     def process_parts(
         self, batches: Mapping[str, SampleBatch], versions: Mapping[str, float]
-    ) -> tuple[int, list[Output]]:
-        """`process` as (the number of train batches, the train batches): called with
-        `parts=True`, the second comes back by reference, and only when there is one."""
+    ) -> tuple[list[tuple[str, int, float]], list[SampleBatch]]:
+        """`process` as ((policy id, env steps, version) of each train batch, the train
+        batches): called with `parts=True`, the second comes back by reference."""
         out = self.aggregator.process(batches, versions)
-        return len(out), out
+        return [(pid, batch.env_steps, version) for pid, batch, version in out], [
+            batch for _, batch, _ in out
+        ]
 
     def reset(self, seed: int | None) -> None:
         """Drops the waiting rows and the replay buffers; new replay streams from `seed`."""
@@ -162,6 +184,65 @@ def make_aggregator_host(
 ) -> AggregatorHost:
     """The worker factory of aggregation workers (`impala_tf.workers.WorkerSpec.factory`)."""
     return AggregatorHost(index, config, rows)
+
+
+class _StoredReply:
+    """The train batches of one aggregation worker's reply, left in the store, shared by their
+    `BatchRef`s: fetched whole by the first `get` (whatever thread calls it), freed from the store
+    right after, or once every ref was released unread."""
+
+    def __init__(self, body: StoredValue, count: int, lost: collections.deque):
+        self._body: StoredValue | None = body
+        self._batches: list[SampleBatch | None] | None = None
+        self._open = set(range(count))  # Refs neither got nor released.
+        self._lock = threading.Lock()
+        self._lost = lost  # Env steps of batches that could not be fetched (for the driver).
+
+    def get(self, index: int, env_steps: int) -> SampleBatch:
+        with self._lock:
+            if index not in self._open:
+                raise BatchLost("this train batch was fetched or released already")
+            self._open.discard(index)
+            if self._batches is None:
+                try:
+                    self._batches = list(resolve(self._body))
+                except Exception as e:  # noqa: BLE001 - a store that lost it (a dead node).
+                    self._lost.append(env_steps)
+                    self._free()
+                    raise BatchLost(f"train batch lost before the learner read it: {e}") from e
+                release(self._body)  # A private copy is here: the store's goes now.
+                self._body = None
+            batch, self._batches[index] = self._batches[index], None
+            if not self._open:
+                self._free()
+            return batch
+
+    def release(self, index: int) -> None:
+        with self._lock:
+            self._open.discard(index)
+            if not self._open:
+                self._free()
+
+    def _free(self) -> None:
+        release(self._body)
+        self._body, self._batches = None, None
+
+
+class BatchRef(BatchHandle):
+    """One train batch of an aggregation worker's reply, left in the store (Ray's object store,
+    or the shared memory segment of `impala_tf.workers.shared_values`) until the learner's
+    loader fetches it (module docstring)."""
+
+    __slots__ = ("_index", "_reply", "env_steps")
+
+    def __init__(self, reply: _StoredReply, index: int, env_steps: int):
+        self._reply, self._index, self.env_steps = reply, index, int(env_steps)
+
+    def get(self) -> SampleBatch:
+        return self._reply.get(self._index, self.env_steps)
+
+    def release(self) -> None:
+        self._reply.release(self._index)
 
 
 class AggregationStage:
@@ -194,6 +275,8 @@ class AggregationStage:
         self._barrier = 0  # Replies to calls with smaller ids predate a reset: dropped.
         # Train batches taken while looking for a free worker (`process`), for the next `fetch`.
         self._ready: list[Output] = []
+        # Env steps of train batches the learners' loaders could not fetch (`BatchRef`).
+        self._lost: collections.deque[int] = collections.deque()
         self._last_call = -1
         self.restarts = RestartPolicy(
             "aggregation worker",
@@ -248,6 +331,8 @@ class AggregationStage:
         if self.workers is None:
             return []
         out, self._ready = self._ready + self._poll(timeout_s), []
+        while self._lost:
+            self.counters["num_env_steps_lost_in_aggregation"] += self._lost.popleft()
         return out
 
     def _poll(self, timeout_s: float) -> list[Output]:
@@ -257,10 +342,17 @@ class AggregationStage:
         for reply in replies:
             release(self._calls.pop(reply.call_id, (0, None))[1])
             self.restarts.succeeded(reply.worker_id)
-            count, body = reply.value
-            if count and reply.call_id >= self._barrier:
-                out.extend(resolve(body))
-            release(body)
+            heads, body = reply.value
+            if not heads or reply.call_id < self._barrier:
+                release(body)
+            elif isinstance(body, StoredValue):  # Left in the store for the learners' loaders.
+                stored = _StoredReply(body, len(heads), self._lost)
+                out += [
+                    (pid, BatchRef(stored, i, steps), version)
+                    for i, (pid, steps, version) in enumerate(heads)
+                ]
+            else:  # Sent by value (no room in shared memory).
+                out += [(pid, batch, version) for (pid, _, version), batch in zip(heads, body)]
         for failure in failures:
             lost = 0
             for call_id in failure.lost_calls:
@@ -281,6 +373,7 @@ class AggregationStage:
         Replay streams start anew from `seed`; replies to fragments sent before are dropped.
         """
         self.local = Aggregator(self.config, self.rows, seed=seed)
+        _release_outputs(self._ready)
         self._ready = []
         if state:
             self.local.set_state(state)
@@ -294,8 +387,17 @@ class AggregationStage:
         return {} if self.workers is None else self.workers.pids()
 
     def stop(self) -> None:
+        _release_outputs(self._ready)
+        self._ready = []
         if self.workers is not None:
             self.workers.stop()
         for _, sent in self._calls.values():
             release(sent)
         self._calls.clear()
+
+
+def _release_outputs(outputs: list[Output]) -> None:
+    """Frees the stores of train batches dropped unread."""
+    for _, batch, _ in outputs:
+        if isinstance(batch, BatchHandle):
+            batch.release()

@@ -144,6 +144,7 @@ class LearnerGroup:
                         inqueue.put_nowait(item)
                     except queue.Full:
                         counters["num_times_learner_queue_full"] += 1
+                        item.release()  # Dropped unread: its store goes now.
                         continue
                 else:
                     self._put_waiting(pid, item)

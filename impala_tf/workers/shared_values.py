@@ -31,7 +31,8 @@ whose unlink of the empty segment is then cheap. The driver's `SegmentStore` rem
 and unregisters):
 
 * a handle's segment when it is released (`SharedValue.release`: an aggregation worker answered
-  the call it was passed to, or the driver read it, or dropped the fragment);
+  the call it was passed to, or the driver or a learner's loader read it (a train batch,
+  `impala_tf.driver.aggregation.BatchRef`), or it was dropped unread);
 * the names of a worker's unanswered calls when the worker dies or is killed (a segment may have
   been made, or half made);
 * every name it still holds when the group stops (the driver's stop, its error paths and the
@@ -53,6 +54,7 @@ import logging
 import os
 import pickle
 import struct
+import threading
 from collections.abc import Sequence
 from multiprocessing import resource_tracker
 from typing import Any
@@ -254,7 +256,8 @@ class SegmentStore:
     """The driver's book of one worker group's segments (see "Lifetime" in the module docstring).
 
     Every name it gave out is either expected (a call not yet answered) or held (a handle
-    received and not yet released); it removes them as they end.
+    received and not yet released); it removes them as they end. Thread-safe: the learners'
+    loaders release the train batches they fetched (`impala_tf.driver.aggregation.BatchRef`).
     """
 
     def __init__(self):
@@ -262,20 +265,23 @@ class SegmentStore:
         self._expected: dict[int, dict[int, str]] = {}  # Worker id -> call id -> name.
         self._held: set[str] = set()
         self._closed = False
+        self._lock = threading.RLock()
 
     def expect(self, worker_id: int, call_id: int) -> str:
         """The name worker `worker_id` is to give call `call_id`'s body."""
         name = f"{self._base}_{call_id}"
-        self._expected.setdefault(worker_id, {})[call_id] = name
+        with self._lock:
+            self._expected.setdefault(worker_id, {})[call_id] = name
         return name
 
     def received(self, worker_id: int, call_id: int, body: Any) -> Any:
         """Call `call_id` was answered with `body` (a handle, or the value itself): the driver
         now holds the segment, until the handle is released."""
-        name = self._expected.get(worker_id, {}).pop(call_id, None)
-        if isinstance(body, SharedValue) and name == body.name and not self._closed:
-            body._store = self
-            self._held.add(name)
+        with self._lock:
+            name = self._expected.get(worker_id, {}).pop(call_id, None)
+            if isinstance(body, SharedValue) and name == body.name and not self._closed:
+                body._store = self
+                self._held.add(name)
         return body
 
     # Each name leaves the book only once its segment is gone: a signal that interrupts a
@@ -283,29 +289,33 @@ class SegmentStore:
 
     def release(self, name: str) -> None:
         """Removes a held segment (safe twice, and after `close`)."""
-        if name in self._held:
-            _unlink(name)
-            self._held.discard(name)
+        with self._lock:
+            if name in self._held:
+                _unlink(name)
+                self._held.discard(name)
 
     def lost(self, worker_id: int) -> None:
         """Worker `worker_id` has ended: removes whatever its unanswered calls made."""
-        calls = self._expected.get(worker_id, {})
-        for call_id, name in list(calls.items()):
-            _unlink(name)
-            del calls[call_id]
-        self._expected.pop(worker_id, None)
+        with self._lock:
+            calls = self._expected.get(worker_id, {})
+            for call_id, name in list(calls.items()):
+                _unlink(name)
+                del calls[call_id]
+            self._expected.pop(worker_id, None)
 
     def names(self) -> list[str]:
         """Every name expected or held."""
-        return sorted(self._held.union(*(c.values() for c in self._expected.values())))
+        with self._lock:
+            return sorted(self._held.union(*(c.values() for c in self._expected.values())))
 
     def close(self) -> None:
         """Removes every segment expected or held (the workers have ended). Safe twice."""
-        self._closed = True
-        for worker_id in list(self._expected):
-            self.lost(worker_id)
-        for name in list(self._held):
-            self.release(name)
+        with self._lock:
+            self._closed = True
+            for worker_id in list(self._expected):
+                self.lost(worker_id)
+            for name in list(self._held):
+                self.release(name)
 
 
 def warn_no_room(role: str, reason: str) -> None:
