@@ -82,6 +82,8 @@ def test_the_suite_runs_every_shipped_config_with_pass_criteria_and_quick_leaves
         {"episode_reward_mean": 200, "timesteps_total": 6_000_000, "time_total_s": 2400},
     )
     assert "num_env_runners=2" in configs["atari-impala"].sets
+    # RLlib's 10 s iterations are ~half of multi-agent CartPole's 200k env steps: 1 s here.
+    assert configs["multi-agent-cartpole-impala"].sets == ("min_time_s_per_iteration=1",)
     assert suite.DEFAULT_SEEDS == (100, 101, 102)  # Not the tuning seeds 0-2.
 
 
