@@ -29,6 +29,11 @@ time in microseconds split by stage (receive: poll, unpickle and filter merges; 
 decode, replay and batch cutting, or handing the fragment to an aggregation worker and taking
 its train batches back; queue; broadcast; request: sending the next sample calls).
 
+Paced rows (`--paced-rate`, fragments per second per fake actor): Pong-42 on local processes
+with the actors paced below what the driver and the aggregation workers take on these cores, so
+that nothing is saturated: the main thread's cost per fragment, and the share of fragments the
+aggregation workers take, when there are enough of them for the load.
+
 `weights`: 128 actors replaying Pong-42 fragments and a stub learner at 1,000 updates/s with the
 Pong CNN's weights (4 MB): the weight broadcasts per second the driver makes
 (`num_weight_broadcasts`; on Ray each is one `ray.put`), with the default
@@ -122,7 +127,8 @@ def record(workload: str, path: str) -> dict[str, Any]:
 
 
 class ReplayHost:
-    """A fake actor: answers `sample` with recorded fragments, in turn, at once.
+    """A fake actor: answers `sample` with recorded fragments, in turn, at once (or, with
+    `fragments_per_s`, at most that many per second, as an actor stepping envs would).
 
     `set_weights` gets the weights read as a real actor gets them (copied out of shared memory on
     local processes, by the worker host).
@@ -131,15 +137,22 @@ class ReplayHost:
     recording's `path` bound (`functools.partial`).
     """
 
-    def __init__(self, actor_id: int, *args: Any, path: str, **kwargs: Any):
+    def __init__(
+        self, actor_id: int, *args: Any, path: str, fragments_per_s: float = 0.0, **kwargs: Any
+    ):
         del args, kwargs
         with open(path, "rb") as f:
             self._fragments = pickle.load(f)["fragments"]
         self.actor_id = actor_id
         self._next = 0
         self.weights_applied = 0
+        self._period = 1.0 / fragments_per_s if fragments_per_s > 0 else 0.0
+        self._due = time.monotonic()
 
     def sample(self):
+        if self._period:
+            self._due = max(self._due + self._period, time.monotonic())
+            time.sleep(max(0.0, self._due - time.monotonic()))
         fragment = self._fragments[self._next % len(self._fragments)]
         self._next += 1
         return dataclasses.replace(fragment, actor_id=self.actor_id)
@@ -189,13 +202,14 @@ class StubLearners:
         """Stub learners never die."""
 
     def put(self, batches: list, counters: collections.Counter) -> None:
-        from impala_tf.minibatch import TrainBatch
+        from impala_tf.minibatch import BatchHandle, TrainBatch
 
         for pid, batch, _ in batches:
             item = TrainBatch(batch)
             counters["num_samples_added_to_queue"] += item.env_steps
             self._outputs.append((pid, item.env_steps, {}))
-            self._fetches.put(item)
+            if isinstance(batch, BatchHandle):  # Still in the store: fetched as a loader would.
+                self._fetches.put(item)
             self.batches += 1
 
     def _fetch(self) -> None:
@@ -261,6 +275,7 @@ def case_intake(
     updates_per_s: float,
     recording: str,
     in_flight: int = 2,
+    actor_rate: float = 0.0,
 ) -> dict[str, Any]:
     """One case: the real driver fed by `actors` `ReplayHost`s for `seconds` (module docstring)."""
     from impala_tf.batching import rows_per_batch
@@ -287,7 +302,7 @@ def case_intake(
     plan = make_plan(config)
     metrics = Metrics(config.metrics_num_episodes_for_smoothing, plan.trained, False)
     counters = metrics.counters
-    host = functools.partial(ReplayHost, path=recording)
+    host = functools.partial(ReplayHost, path=recording, fragments_per_s=actor_rate)
     # The memory guard sizes real actors (envs, TensorFlow); a `ReplayHost` holds neither, so
     # 128 of them fit where 128 Pong actors would not.
     sampling.check_actor_memory = lambda *args, **kwargs: None
@@ -368,6 +383,7 @@ def case_intake(
         "workload": workload,
         "backend": backend,
         "actors": actors,
+        "actor_rate": actor_rate,
         "aggregation_workers": aggregation_workers,
         "seconds": round(wall, 2),
         "fragments": fragments["n"],
@@ -442,12 +458,17 @@ def _row(r: dict[str, Any]) -> str:
     parts = r["per_fragment_us"]
     breakdown = " / ".join(f"{parts[s]:,.0f}" for s in (*STAGES, "other"))
     return (
-        f"| {r['workload']} | {r['backend']} | {r['actors']} | {r['aggregation_workers']} | "
+        f"| {r['workload']} | {r['backend']} | {r['actors']} | {_pace(r.get('actor_rate'))} | "
+        f"{r['aggregation_workers']} | "
         f"{r['updates_per_s']:g} | "
         f"{r['env_steps_per_core_s']:,} | {r['env_steps_per_s']:,} | "
         f"{r['bytes_per_s'] / 1e6:,.1f} | {breakdown} | {r['weight_puts_per_s']} | "
         f"{_share(r.get('aggregated_in_driver'))} |"
     )
+
+
+def _pace(rate: float | None) -> str:
+    return f"{rate:g}" if rate else "max"
 
 
 def _share(value: float | None) -> str:
@@ -476,12 +497,15 @@ def report(records: dict[str, Any], intake: list[dict], weights: dict | None, lo
         "Per fragment (us of the driver's main-thread CPU): receive / count / aggregate / queue "
         "/ broadcast / request / other. Aggregated in driver: with aggregation workers, the "
         "share of fragments the driver aggregated itself because every worker was at "
-        "`max_requests_in_flight_per_aggregator_worker`.",
+        "`max_requests_in_flight_per_aggregator_worker`. Fragments/s per actor: max = as fast "
+        "as the driver asks; a number = fake actors paced to it (below what the driver and the "
+        "aggregation workers take on these cores: what each fragment costs the main thread "
+        "when nothing is saturated).",
         "",
-        "| workload | backend | actors | agg. workers | stub updates/s | env steps/s per driver "
-        "core | env steps/s wall | MB/s | per fragment (us) | weight puts/s | aggregated in "
-        "driver |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "| workload | backend | actors | fragments/s per actor | agg. workers | stub updates/s | "
+        "env steps/s per driver core | env steps/s wall | MB/s | per fragment (us) | weight "
+        "puts/s | aggregated in driver |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     lines += [_row(r) for r in intake]
     if weights is not None:
@@ -499,7 +523,8 @@ def report(records: dict[str, Any], intake: list[dict], weights: dict | None, lo
 def headline(intake: list[dict], weights: dict | None) -> dict[str, Any]:
     def find(workload, backend):  # The first such row: the stub learner at --updates-per-s.
         for r in intake:
-            if (r["workload"], r["backend"], r["aggregation_workers"]) == (workload, backend, 0):
+            key = (r["workload"], r["backend"], r["aggregation_workers"], r.get("actor_rate"))
+            if key[:3] == (workload, backend, 0) and not key[3]:
                 return r["env_steps_per_core_s"]
         return None
 
@@ -515,10 +540,16 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--cases", nargs="+", default=list(WORKLOADS), choices=list(WORKLOADS))
     parser.add_argument("--backends", nargs="+", default=["local", "ray"])
-    parser.add_argument("--aggregation-workers", nargs="+", type=int, default=[0, 2])
+    parser.add_argument("--aggregation-workers", nargs="+", type=int, default=[0, 2, 4])
     parser.add_argument("--actors", type=int, default=8)
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--updates-per-s", type=float, default=20.0)
+    parser.add_argument(
+        "--paced-rate",
+        type=float,
+        default=30.0,
+        help="fragments/s per fake actor of the paced Pong-42 rows (0: none)",
+    )
     parser.add_argument("--weight-actors", type=int, default=128)
     parser.add_argument("--no-weights", action="store_true", help="skip the 128-actor case")
     parser.add_argument("--no-write", action="store_true")
@@ -560,6 +591,17 @@ def main() -> None:
             )  # fmt: skip
             intake.append(_run_case(case))
             print(_row(intake[-1]), flush=True)
+            # Paced actors: the main thread's cost per fragment with and without aggregation
+            # workers when the cores are not saturated.
+            for workers in sorted({0, *args.aggregation_workers}) if args.paced_rate else ():
+                case = dict(
+                    workload="pong42", backend="local", actors=args.actors,
+                    aggregation_workers=workers, seconds=args.seconds,
+                    updates_per_s=args.updates_per_s, recording=paths["pong42"],
+                    actor_rate=args.paced_rate,
+                )  # fmt: skip
+                intake.append(_run_case(case))
+                print(_row(intake[-1]), flush=True)
         weights = None
         if not args.no_weights:
             case = dict(
