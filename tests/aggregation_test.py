@@ -29,7 +29,7 @@ from impala_tf.driver.aggregation import AggregationStage, Aggregator, Aggregato
 from impala_tf.minibatch import BatchLost, TrainBatch
 from impala_tf.rollout.fragment import DEFAULT_POLICY_ID, Fragment
 from impala_tf.sample_batch import SampleBatch, compress
-from impala_tf.workers import ProcessBackend
+from impala_tf.workers import ProcessBackend, StoredValue
 from impala_tf.workers import shared_values as sv
 from impala_tf.workers.shared_arrays import SEGMENT_PREFIX
 from tests.support.batches import sequence_batch
@@ -382,3 +382,19 @@ def test_stop_removes_the_train_batches_never_fetched():
     assert not [
         n for n in os.listdir("/dev/shm") if n.startswith(f"{SEGMENT_PREFIX}{os.getpid()}_")
     ]
+
+
+class _GoneValue(StoredValue):
+    def get(self):
+        raise FileNotFoundError("gone with its node")
+
+
+def test_a_reply_lost_from_the_store_counts_the_env_steps_of_every_batch_not_dropped():
+    lost: collections.deque = collections.deque()
+    reply = aggregation._StoredReply(_GoneValue(), [10, 20, 30], lost)
+    refs = [BatchRef(reply, i, steps) for i, steps in enumerate([10, 20, 30])]
+    refs[2].release()  # Dropped unread first (a full learner queue): not lost.
+    for ref in refs[:2]:
+        with pytest.raises(BatchLost, match="gone with its node"):
+            ref.get()
+    assert list(lost) == [30]  # 10 + 20, counted once.

@@ -189,29 +189,36 @@ def make_aggregator_host(
 class _StoredReply:
     """The train batches of one aggregation worker's reply, left in the store, shared by their
     `BatchRef`s: fetched whole by the first `get` (whatever thread calls it), freed from the store
-    right after, or once every ref was released unread."""
+    right after, or once every ref was released unread. If the store lost them, every ref not
+    yet released raises `BatchLost`, and their env steps are counted once (`lost`)."""
 
-    def __init__(self, body: StoredValue, count: int, lost: collections.deque):
+    def __init__(self, body: StoredValue, env_steps: list[int], lost: collections.deque):
         self._body: StoredValue | None = body
+        self._steps = list(env_steps)
         self._batches: list[SampleBatch | None] | None = None
-        self._open = set(range(count))  # Refs neither got nor released.
+        self._open = set(range(len(self._steps)))  # Refs neither got nor released.
         self._lock = threading.Lock()
         self._lost = lost  # Env steps of batches that could not be fetched (for the driver).
+        self._error: str | None = None
 
-    def get(self, index: int, env_steps: int) -> SampleBatch:
+    def get(self, index: int) -> SampleBatch:
         with self._lock:
+            if self._error is not None:
+                raise BatchLost(self._error)
             if index not in self._open:
                 raise BatchLost("this train batch was fetched or released already")
-            self._open.discard(index)
             if self._batches is None:
                 try:
                     self._batches = list(resolve(self._body))
                 except Exception as e:  # noqa: BLE001 - a store that lost it (a dead node).
-                    self._lost.append(env_steps)
+                    self._error = f"train batch lost before the learner read it: {e}"
+                    self._lost.append(sum(self._steps[i] for i in self._open))
+                    self._open.clear()
                     self._free()
-                    raise BatchLost(f"train batch lost before the learner read it: {e}") from e
+                    raise BatchLost(self._error) from e
                 release(self._body)  # A private copy is here: the store's goes now.
                 self._body = None
+            self._open.discard(index)
             batch, self._batches[index] = self._batches[index], None
             if not self._open:
                 self._free()
@@ -239,7 +246,7 @@ class BatchRef(BatchHandle):
         self._reply, self._index, self.env_steps = reply, index, int(env_steps)
 
     def get(self) -> SampleBatch:
-        return self._reply.get(self._index, self.env_steps)
+        return self._reply.get(self._index)
 
     def release(self) -> None:
         self._reply.release(self._index)
@@ -346,7 +353,7 @@ class AggregationStage:
             if not heads or reply.call_id < self._barrier:
                 release(body)
             elif isinstance(body, StoredValue):  # Left in the store for the learners' loaders.
-                stored = _StoredReply(body, len(heads), self._lost)
+                stored = _StoredReply(body, [steps for _, steps, _ in heads], self._lost)
                 out += [
                     (pid, BatchRef(stored, i, steps), version)
                     for i, (pid, steps, version) in enumerate(heads)
