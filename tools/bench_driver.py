@@ -458,7 +458,7 @@ def _row(r: dict[str, Any]) -> str:
     parts = r["per_fragment_us"]
     breakdown = " / ".join(f"{parts[s]:,.0f}" for s in (*STAGES, "other"))
     return (
-        f"| {r['workload']} | {r['backend']} | {r['actors']} | {_pace(r.get('actor_rate'))} | "
+        f"| {r['workload']} | {r['backend']} | {r['actors']} | {_pace(r['actor_rate'])} | "
         f"{r['aggregation_workers']} | "
         f"{r['updates_per_s']:g} | "
         f"{r['env_steps_per_core_s']:,} | {r['env_steps_per_s']:,} | "
@@ -467,7 +467,7 @@ def _row(r: dict[str, Any]) -> str:
     )
 
 
-def _pace(rate: float | None) -> str:
+def _pace(rate: float) -> str:
     return f"{rate:g}" if rate else "max"
 
 
@@ -523,8 +523,8 @@ def report(records: dict[str, Any], intake: list[dict], weights: dict | None, lo
 def headline(intake: list[dict], weights: dict | None) -> dict[str, Any]:
     def find(workload, backend):  # The first such row: the stub learner at --updates-per-s.
         for r in intake:
-            key = (r["workload"], r["backend"], r["aggregation_workers"], r.get("actor_rate"))
-            if key[:3] == (workload, backend, 0) and not key[3]:
+            key = (r["workload"], r["backend"], r["aggregation_workers"], r["actor_rate"])
+            if key == (workload, backend, 0, 0.0):  # Not a paced row.
                 return r["env_steps_per_core_s"]
         return None
 

@@ -11,8 +11,8 @@ Which configs: every YAML in `configs/` with a `pass_criteria` block (the block 
 release tests; `impala_tf.config.keys.normalize_pass_criteria` says what it means). Those are
 the tuned examples we ship: the CartPole family (plain, replay, separate losses, fake GPUs,
 multi-agent, stateless with an LSTM), Pendulum, Pong (`pong-impala-small.yaml`) and Breakout
-(`atari-impala.yaml`, scaled to 2 cores by `SCALED_TO_TWO_CORES`); RLlib's multi-agent CartPole
-reports every second instead of every 10 (`REPORTED_EVERY_SECOND`). `pong-impala.yaml` and
+(`atari-impala.yaml`, scaled to 2 cores by `SUITE_SETS`, which also has RLlib's multi-agent
+CartPole report every second instead of every 10). `pong-impala.yaml` and
 `pong-impala-fast.yaml` are RLlib's files for 32 to 128 workers and a GPU, copied for RLlib
 users; they carry no criterion and the suite does not run them. `--quick` leaves out the Atari
 configs (30-40 minutes a run on 2 cores).
@@ -74,8 +74,7 @@ from tools import benchlib, proclib
 
 __all__ = [
     "DEFAULT_SEEDS",
-    "REPORTED_EVERY_SECOND",
-    "SCALED_TO_TWO_CORES",
+    "SUITE_SETS",
     "SuiteConfig",
     "curve_point",
     "describe_criterion",
@@ -101,22 +100,19 @@ SECTION = "learning_suite"
 #: Seeds the configs were not tuned on (they were tuned on 0, 1 and 2).
 DEFAULT_SEEDS = (100, 101, 102)
 
-#: `--set` overrides that fit a config written for a cluster onto the 2-core machine. RLlib's
-#: `atari-impala.yaml` asks for 32 workers x 5 envs; BENCHMARKS.md's Breakout run used these.
-SCALED_TO_TWO_CORES: dict[str, tuple[str, ...]] = {
+#: `--set` overrides the suite adds to a config, and why.
+SUITE_SETS: dict[str, tuple[str, ...]] = {
+    # Fit onto the 2-core machine: RLlib's `atari-impala.yaml` asks for 32 workers x 5 envs;
+    # BENCHMARKS.md's Breakout run used these.
     "atari-impala": (
         "num_env_runners=2",
         "num_envs_per_env_runner=16",
         "min_time_s_per_iteration=10",
     ),
-}
-
-#: `--set` overrides that make a config report often enough to judge its criterion. RLlib's
-#: multi-agent CartPole keeps RLlib's 10 s iterations, ~110k env steps each on 2 cores, against a
-#: limit of 200k: judged there, a run's outcome depended on where the iterations ended (seed 100
-#: on 2026-11-28: 477 at 98,000 env steps, then 881 at 232,500: missed). Iterations of 1 s
-#: (~11k env steps) change how often results are reported, not what is trained.
-REPORTED_EVERY_SECOND: dict[str, tuple[str, ...]] = {
+    # Report often enough to judge the criterion: RLlib's 10 s iterations are ~110k env steps
+    # each on 2 cores against a limit of 200k, so a run's outcome depended on where they ended
+    # (seed 100 on 2026-11-28: 477 at 98,000 env steps, then 881 at 232,500: missed). Iterations
+    # of 1 s (~11k env steps) change how often results are judged, not what is trained.
     "multi-agent-cartpole-impala": ("min_time_s_per_iteration=1",),
 }
 
@@ -157,8 +153,7 @@ class SuiteConfig:
       path: The YAML file.
       criteria: Its `pass_criteria`, canonical keys (`normalize_pass_criteria`).
       atari: Whether its env is an Atari game (left out by `--quick`).
-      sets: `--set KEY=VALUE` overrides the suite adds (`SCALED_TO_TWO_CORES`,
-        `REPORTED_EVERY_SECOND`).
+      sets: `--set KEY=VALUE` overrides the suite adds (`SUITE_SETS`).
     """
 
     name: str
@@ -198,7 +193,7 @@ def suite_configs(configs_dir: str = CONFIGS_DIR) -> list[SuiteConfig]:
                 path=path,
                 criteria=tuple(experiment.pass_criteria),
                 atari=bool(env) and is_atari(env, config.env_config),
-                sets=SCALED_TO_TWO_CORES.get(name, ()) + REPORTED_EVERY_SECOND.get(name, ()),
+                sets=SUITE_SETS.get(name, ()),
             )
         )
     return sorted(found, key=lambda c: (c.atari, c.name))
