@@ -11,7 +11,7 @@ from typing import Any
 
 from impala_tf.sample_batch import SampleBatch
 
-__all__ = ["BatchHandle", "BatchLost", "MinibatchBuffer", "TrainBatch"]
+__all__ = ["BatchHandle", "BatchLost", "MinibatchBuffer", "TrainBatch", "release_unread"]
 
 
 class BatchLost(RuntimeError):
@@ -71,8 +71,14 @@ class TrainBatch:
 
     def release(self) -> None:
         """Frees the batch's store if it was never fetched (the batch is dropped)."""
-        if isinstance(self._batch, BatchHandle):
-            self._batch.release()
+        release_unread(self._batch)
+
+
+def release_unread(batch: SampleBatch | BatchHandle) -> None:
+    """Frees the store of a batch dropped while still a `BatchHandle` (a fetched or local
+    `SampleBatch` holds no store)."""
+    if isinstance(batch, BatchHandle):
+        batch.release()
 
 
 class MinibatchBuffer:

@@ -46,7 +46,7 @@ from typing import Any
 from impala_tf.batching import BatchBuilder
 from impala_tf.config.base import AlgorithmConfig
 from impala_tf.config.policies import policy_config
-from impala_tf.minibatch import BatchHandle, BatchLost
+from impala_tf.minibatch import BatchHandle, BatchLost, release_unread
 from impala_tf.replay import MixInReplayBuffer, replay_ratio_from_proportion
 from impala_tf.rollout.fragment import Fragment
 from impala_tf.sample_batch import SampleBatch, decompress
@@ -380,8 +380,7 @@ class AggregationStage:
         Replay streams start anew from `seed`; replies to fragments sent before are dropped.
         """
         self.local = Aggregator(self.config, self.rows, seed=seed)
-        _release_outputs(self._ready)
-        self._ready = []
+        self._drop_ready()
         if state:
             self.local.set_state(state)
         if self.workers is not None:
@@ -389,22 +388,20 @@ class AggregationStage:
             for worker in self.workers.healthy_ids():
                 self.workers.call(worker, "reset", seed, reply=False)
 
+    def _drop_ready(self) -> None:
+        """Drops the train batches kept for the next `fetch`, freeing the stores of handles."""
+        for _, batch, _ in self._ready:
+            release_unread(batch)
+        self._ready = []
+
     def pids(self) -> dict[int, int]:
         """{worker id: OS pid} of the healthy aggregation workers ({} without workers)."""
         return {} if self.workers is None else self.workers.pids()
 
     def stop(self) -> None:
-        _release_outputs(self._ready)
-        self._ready = []
+        self._drop_ready()
         if self.workers is not None:
             self.workers.stop()
         for _, sent in self._calls.values():
             release(sent)
         self._calls.clear()
-
-
-def _release_outputs(outputs: list[Output]) -> None:
-    """Frees the stores of train batches dropped unread."""
-    for _, batch, _ in outputs:
-        if isinstance(batch, BatchHandle):
-            batch.release()
