@@ -11,6 +11,12 @@ complete one stays loadable.
 
 SIGINT is handled even when the process started with it ignored (a background job of a
 non-interactive shell): a SIGINT sent to the run on purpose then still ends it cleanly.
+
+A few steps must not be cut in two by `Interrupted`, because the orderly shutdown that follows
+could not finish them: removing a shared memory segment is an unlink and then a message to
+Python's resource tracker, and a segment unlinked but still registered is reported as leaked at
+exit. Such a step runs in `uninterrupted()`: a first signal that arrives meanwhile raises its
+`Interrupted` when the block ends instead (in the main thread; other threads get no signals).
 """
 
 from __future__ import annotations
@@ -23,12 +29,16 @@ import sys
 import threading
 from types import FrameType
 
-__all__ = ["SIGNALS", "GracefulShutdown", "Interrupted"]
+__all__ = ["SIGNALS", "GracefulShutdown", "Interrupted", "uninterrupted"]
 
 #: The signals handled, where the platform has them.
 SIGNALS = tuple(
     getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, name)
 )
+
+
+#: Per thread: how deep in `uninterrupted` blocks it is, and the signal they held back.
+_held = threading.local()
 
 
 class Interrupted(KeyboardInterrupt):
@@ -81,6 +91,9 @@ class GracefulShutdown:
         del frame
         if self.received is None:
             self.received = signum
+            if getattr(_held, "depth", 0):
+                _held.signum = signum  # `uninterrupted` raises it when its block ends.
+                return
             raise Interrupted(signum)
         with contextlib.suppress(OSError, ValueError):
             os.write(
@@ -92,6 +105,28 @@ class GracefulShutdown:
         with contextlib.suppress(Exception):
             sys.stdout.flush()
         os._exit(128 + signum)
+
+
+class uninterrupted:  # noqa: N801 (used as a context manager, like contextlib's)
+    """A block that a first signal's `Interrupted` does not cut: it is raised when the block ends.
+
+    For steps that the orderly shutdown could not finish if they stopped halfway (the module
+    docstring). Nests; cheap (no system call). A second signal still exits at once.
+    """
+
+    __slots__ = ()
+
+    def __enter__(self) -> None:
+        _held.depth = getattr(_held, "depth", 0) + 1
+
+    def __exit__(self, *exc_info) -> None:
+        _held.depth -= 1
+        # A signal handled after the decrement raises by itself; one handled before it left
+        # its number here.
+        signum = getattr(_held, "signum", None)
+        if not _held.depth and signum is not None:
+            _held.signum = None
+            raise Interrupted(signum)  # An error of the block stays its __context__.
 
 
 def _kill_children() -> None:

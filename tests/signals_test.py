@@ -24,7 +24,7 @@ import pytest
 import tensorflow as tf
 
 from impala_tf import checkpoints
-from impala_tf.shutdown import GracefulShutdown, Interrupted
+from impala_tf.shutdown import GracefulShutdown, Interrupted, uninterrupted
 from impala_tf.workers.shared_arrays import SEGMENT_PREFIX
 from tests.support.processes import (
     kill_session,
@@ -191,3 +191,24 @@ def test_the_first_signal_raises_interrupted_and_handlers_are_restored(name):
     finally:
         shutdown.uninstall()
     assert signal.getsignal(signum) == before
+
+
+def test_a_signal_inside_uninterrupted_blocks_is_raised_when_the_outer_block_ends():
+    shutdown = GracefulShutdown().install()
+    steps = []
+    try:
+        with pytest.raises(Interrupted) as info:
+            with uninterrupted():
+                with uninterrupted():
+                    os.kill(os.getpid(), signal.SIGTERM)
+                    time.sleep(0.2)  # The handler has run: nothing was raised yet.
+                    steps.append("inner")
+                steps.append("outer")
+            steps.append("after")
+        assert info.value.signum == signal.SIGTERM and steps == ["inner", "outer"]
+        assert shutdown.received == signal.SIGTERM
+        with uninterrupted():  # Raised once: a later block ends normally.
+            steps.append("later")
+    finally:
+        shutdown.uninstall()
+    assert steps == ["inner", "outer", "later"]

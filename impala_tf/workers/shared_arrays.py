@@ -67,6 +67,7 @@ from typing import Any
 
 import numpy as np
 
+from impala_tf.shutdown import uninterrupted
 from impala_tf.workers.group import StoredValue
 
 __all__ = [
@@ -290,7 +291,8 @@ class ArrayRing:
             raise ValueError(f"num_slots={num_slots}: a ring needs at least 2 slots")
         template = [np.asarray(a) for a in template]
         layout = _Layout(new_segment_name(), num_slots, template)
-        shm = shared_memory.SharedMemory(layout.name, create=True, size=layout.size)
+        with uninterrupted():  # Made and registered with the resource tracker, or neither.
+            shm = shared_memory.SharedMemory(layout.name, create=True, size=layout.size)
         try:
             if hasattr(os, "posix_fallocate"):  # Reserve the pages now: ENOSPC, not SIGBUS.
                 os.posix_fallocate(shm._fd, 0, layout.size)
@@ -346,13 +348,14 @@ class ArrayRing:
     def close(self) -> None:
         """Unmaps and unlinks the segment (readers already attached keep their mapping). Safe
         to call twice."""
-        if self._closed:
-            return
-        self._closed = True
-        shm = self._mapping.owner
-        self._mapping.close()
-        with contextlib.suppress(FileNotFoundError):  # Unlinked by someone else already.
-            shm.unlink()
+        with uninterrupted():  # Closed, unlinked and unregistered, or not closed.
+            if self._closed:
+                return
+            self._closed = True
+            shm = self._mapping.owner
+            self._mapping.close()
+            with contextlib.suppress(FileNotFoundError):  # Unlinked by someone else already.
+                shm.unlink()
 
 
 class ArrayRings:

@@ -38,6 +38,10 @@ and unregisters):
 * every name it still holds when the group stops (the driver's stop, its error paths and the
   first signal's orderly shutdown).
 
+Each removal is an unlink and then an unregistration, which a first signal does not cut in two
+(`impala_tf.shutdown.uninterrupted`): cut after the unlink, the name would stay registered with
+no segment, and the tracker would report it as leaked at exit.
+
 A driver that dies without stopping (SIGKILL, or a second signal's immediate exit) leaves the
 registered names to Python's resource tracker, which unlinks them once the driver and its
 workers are gone. The one gap is a worker killed between registering a name and creating it:
@@ -61,6 +65,7 @@ from typing import Any
 
 import numpy as np
 
+from impala_tf.shutdown import uninterrupted
 from impala_tf.workers.group import StoredValue
 from impala_tf.workers.shared_arrays import NO_ROOM_ADVICE, new_segment_name
 
@@ -88,12 +93,17 @@ def _aligned(n: int) -> int:
 
 
 def _unlink(name: str) -> bool:
-    """Unlinks segment `name` and unregisters it; False when there was none."""
-    try:
-        _posixshmem.shm_unlink("/" + name)
-    except FileNotFoundError:
-        return False
-    resource_tracker.unregister("/" + name, _TRACKER_TYPE)
+    """Unlinks segment `name` and unregisters it; False when there was none.
+
+    Not cut between the two by a first signal (`uninterrupted`): a segment unlinked and still
+    registered would be reported as leaked at exit.
+    """
+    with uninterrupted():
+        try:
+            _posixshmem.shm_unlink("/" + name)
+        except FileNotFoundError:
+            return False
+        resource_tracker.unregister("/" + name, _TRACKER_TYPE)
     return True
 
 
