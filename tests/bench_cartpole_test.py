@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import stat
+import sys
 
 import pytest
 
@@ -70,3 +72,48 @@ def test_an_rllib_run_below_the_target_has_no_time(tmp_path):
 def test_an_rllib_run_that_prints_no_iteration_fails_with_its_error_output(tmp_path):
     with pytest.raises(RuntimeError, match="RLlib run failed"):
         bench_cartpole.run_rllib(_fake_python(tmp_path, []), {"target": 450.0, "budget_s": 5})
+
+
+def _fake_python_by_seed(tmp_path, times: dict[int, float | None]) -> str:
+    """An executable run as `python -c SCRIPT SETTINGS`: reaches the target at `times[seed]`
+    (never when None), sampling 1,000 env steps per second, and records each seed it ran."""
+    path = tmp_path / "python"
+    path.write_text(
+        f"#!{sys.executable}\n"
+        "import json, sys\n"
+        "s = json.loads(sys.argv[3])\n"
+        f"times = {times!r}\n"
+        f"open({str(tmp_path / 'seeds')!r}, 'a').write(str(s['seed']) + '\\n')\n"
+        "t = times[s['seed']]\n"
+        "for k in range(1, 4):\n"
+        "    ret = 460.0 if t is not None and k == 3 else 100.0\n"
+        "    print(json.dumps({'t': (t or 30.0) - 3 + k, 'return': ret, 'steps': 1000 * k}))\n"
+    )
+    path.chmod(path.stat().st_mode | stat.S_IEXEC)
+    return str(path)
+
+
+def _args(seeds, rllib_seeds):
+    return argparse.Namespace(
+        config=YAML, target=450.0, rllib_budget_s=5.0, seeds=seeds, rllib_seeds=rllib_seeds
+    )
+
+
+def test_rllib_runs_the_first_seeds_and_the_ratios_are_of_the_medians(tmp_path):
+    python = _fake_python_by_seed(tmp_path, {0: 30.0, 1: 60.0, 2: 90.0})
+    ours = [{"steady_sampled_per_s": rate} for rate in (4_000.0, 5_000.0, 9_000.0, 1.0)]
+    lines = bench_cartpole.rllib_lines(_args([0, 1, 2, 3], 3), python, ours, median_wall=20.0)
+    assert (tmp_path / "seeds").read_text().split() == ["0", "1", "2"]
+    text = "\n".join(lines)
+    assert "| 1 | yes | 60.0 | 3,000 | 1,000 | 3 |" in text
+    # impala_tf's median 4,500 env steps/s against RLlib's 1,000; RLlib's median time 60 s / 20 s.
+    assert "**4.5x**" in text and "**3.0x**" in text
+
+
+def test_no_time_ratio_when_an_rllib_seed_misses_the_target(tmp_path):
+    python = _fake_python_by_seed(tmp_path, {5: 30.0, 6: None})
+    ours = [{"steady_sampled_per_s": 2_000.0}]
+    lines = bench_cartpole.rllib_lines(_args([5, 6, 7], 2), python, ours, median_wall=20.0)
+    text = "\n".join(lines)
+    assert "| 6 | no | - |" in text
+    assert "on 1 of 2 seeds, so no ratio of times" in text and "**2.0x**" in text

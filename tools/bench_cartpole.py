@@ -16,12 +16,13 @@ Throughput is `timesteps_total / time_total_s` (sampled) and `num_env_steps_trai
 time_total_s` (trained) of that last iteration, i.e. while learning, excluding start-up.
 
 With `--rllib-python` (a Python that has `ray[rllib]` and torch; `--make-rllib-venv DIR` creates
-one), RLlib 2.60's IMPALA (new API stack, torch) runs after the seeds, in the same invocation, with
-the YAML's settings (`rllib_settings`: runners, envs per runner, fragment, batch, lr, grad_clip,
-loss coefficients, the MLP and `vf_share_layers`, iteration length) and the first seed, for at
-most `--rllib-budget-s` seconds. Printed beside the seeds: its time to the target from process
-start, its env steps/s sampled between its first and last iteration, and the ratios against the
-seeds' medians of the same two figures (impala_tf's `sampled/s (steady)`). RLlib's new stack is
+one first and uses it), RLlib 2.60's IMPALA (new API stack, torch) runs after the seeds, in the
+same invocation, with the YAML's settings (`rllib_settings`: runners, envs per runner, fragment,
+batch, lr, grad_clip, loss coefficients, the MLP and `vf_share_layers`, iteration length) on the
+first `--rllib-seeds` seeds (3), one at a time, each for at most `--rllib-budget-s` seconds.
+Printed beside the seeds: per RLlib seed its time to the target from process start and its env
+steps/s sampled between its first and last iteration, and the ratios of the medians of the same
+two figures (impala_tf's `sampled/s (steady)`). RLlib's new stack is
 not the old stack impala_tf reproduces: its loss, model code and runtime differ, and the ratio
 says how fast each runs the same settings, not that they compute the same thing. Results go to
 BENCHMARKS.md (section "bench_cartpole").
@@ -45,6 +46,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import statistics
 import subprocess
@@ -263,6 +265,9 @@ def main() -> None:
     parser.add_argument("--make-rllib-venv", default=None)
     parser.add_argument("--rllib-budget-s", type=float, default=600.0)
     parser.add_argument(
+        "--rllib-seeds", type=int, default=3, help="RLlib runs on this many of the first seeds"
+    )
+    parser.add_argument(
         "--backend", choices=(*BACKENDS, "both"), default="local", help="actor pool(s) to run"
     )
     parser.add_argument(
@@ -279,6 +284,8 @@ def main() -> None:
     )
     parser.add_argument("--no-write", action="store_true", help="do not update BENCHMARKS.md")
     args = parser.parse_args()
+    if args.make_rllib_venv:  # Before any run, so that a failed install costs no runs.
+        args.rllib_python = make_rllib_venv(args.make_rllib_venv)
     if args.backend != "local":
         backend_comparison(args)
         return
@@ -317,42 +324,65 @@ def main() -> None:
         f"learning {median_sampled:,.0f} sampled/s, {median_trained:,.0f} trained/s.**",
     ]
 
-    python = args.rllib_python
-    if args.make_rllib_venv:
-        python = make_rllib_venv(args.make_rllib_venv)
-    if python:
-        settings = rllib_settings(args.config, args.target, args.rllib_budget_s, args.seeds[0])
-        rllib = run_rllib(python, settings)
-        print(json.dumps({"rllib": rllib}), flush=True)
-        rwall = (
-            f"{rllib['wall_s']:.1f} s from process start"
-            if rllib["reached"]
-            else f"not within {args.rllib_budget_s:g} s ({rllib['steps']:,} env steps)"
-        )
-        ours = statistics.median(r["steady_sampled_per_s"] for r in runs)
-        lines += [
-            "",
-            f"RLlib 2.60 IMPALA (torch, new API stack) with the same YAML's settings "
-            f"({settings['runners']} runners x {settings['envs']} envs, fragments of "
-            f"{settings['fragment']}, batches of {settings['batch']}, lr {settings['lr']:g}, "
-            f"grad_clip {settings['grad_clip']:g}, vf_loss_coeff {settings['vf']:g}, "
-            f"entropy_coeff {settings['entropy']:g}, MLP {settings['hiddens']} "
-            f"{settings['activation']}, vf_share_layers {settings['vf_share_layers']}), seed "
-            f"{settings['seed']}, same machine, run after the seeds above: time to "
-            f"{args.target:g}: {rwall}; {rllib['steady_sampled_per_s']:,.0f} env steps/s sampled "
-            f"between its first and last of {rllib['iterations']} iterations.",
-            f"Env steps/s sampled between the first and the last iteration, impala_tf (median of "
-            f"the seeds) / RLlib: **{ours / max(rllib['steady_sampled_per_s'], 1e-9):.1f}x**.",
-        ]
-        if rllib["reached"] and reached:
-            lines.append(
-                f"Time to {args.target:g} from process start, RLlib / impala_tf (median): "
-                f"**{rllib['wall_s'] / median_wall:.1f}x**."
-            )
+    if args.rllib_python:
+        lines += rllib_lines(args, args.rllib_python, runs, median_wall)
     text = "\n".join(lines)
     print(text)
     if not args.no_write:
         benchlib.write_section("bench_cartpole", "## CartPole wall clock\n\n" + text)
+
+
+def rllib_lines(args: argparse.Namespace, python: str, runs: list[dict], median_wall: float):
+    """Runs RLlib on the first `--rllib-seeds` seeds, one after another after ours; returns the
+    report's lines: a row per seed and the ratios of the medians."""
+    seeds = args.seeds[: max(1, args.rllib_seeds)]
+    settings = rllib_settings(args.config, args.target, args.rllib_budget_s, seeds[0])
+    rows = []
+    for seed in seeds:
+        rllib = run_rllib(python, {**settings, "seed": int(seed)})
+        rows.append({"seed": seed, **rllib})
+        print(json.dumps({"rllib": rows[-1]}), flush=True)
+    reached = [r for r in rows if r["reached"]]
+    lines = [
+        "",
+        f"RLlib 2.60 IMPALA (torch, new API stack) with the same YAML's settings "
+        f"({settings['runners']} runners x {settings['envs']} envs, fragments of "
+        f"{settings['fragment']}, batches of {settings['batch']}, lr {settings['lr']:g}, "
+        f"grad_clip {settings['grad_clip']:g}, vf_loss_coeff {settings['vf']:g}, "
+        f"entropy_coeff {settings['entropy']:g}, MLP {settings['hiddens']} "
+        f"{settings['activation']}, vf_share_layers {settings['vf_share_layers']}), same "
+        f"machine, one seed at a time after the seeds above, at most {args.rllib_budget_s:g} s "
+        "each:",
+        "",
+        "| RLlib seed | reached | wall s (process start to result) | env steps | "
+        "sampled/s (first to last iteration) | iterations |",
+        "|---:|:---:|---:|---:|---:|---:|",
+    ]
+    for r in rows:
+        wall = f"{r['wall_s']:.1f}" if r["reached"] else "-"
+        lines.append(
+            f"| {r['seed']} | {'yes' if r['reached'] else 'no'} | {wall} | {r['steps']:,.0f} | "
+            f"{r['steady_sampled_per_s']:,.0f} | {r['iterations']} |"
+        )
+    ours = statistics.median(r["steady_sampled_per_s"] for r in runs)
+    theirs = statistics.median(r["steady_sampled_per_s"] for r in rows)
+    lines += [
+        "",
+        f"Env steps/s sampled between the first and the last iteration, median of impala_tf's "
+        f"seeds / median of RLlib's: **{ours / max(theirs, 1e-9):.1f}x**.",
+    ]
+    if len(reached) == len(rows) and not math.isnan(median_wall):
+        theirs_wall = statistics.median(r["wall_s"] for r in rows)
+        lines.append(
+            f"Time to {args.target:g} from process start, RLlib's median / impala_tf's median: "
+            f"**{theirs_wall / median_wall:.1f}x**."
+        )
+    else:
+        lines.append(
+            f"RLlib reached {args.target:g} on {len(reached)} of {len(rows)} seeds, so no ratio "
+            "of times is given."
+        )
+    return lines
 
 
 def backend_comparison(args: argparse.Namespace) -> None:
