@@ -332,7 +332,9 @@ def main() -> None:
         benchlib.write_section("bench_cartpole", "## CartPole wall clock\n\n" + text)
 
 
-def rllib_lines(args: argparse.Namespace, python: str, runs: list[dict], median_wall: float):
+def rllib_lines(
+    args: argparse.Namespace, python: str, runs: list[dict], median_wall: float
+) -> list[str]:
     """Runs RLlib on the first `--rllib-seeds` seeds, one after another after ours; returns the
     report's lines: a row per seed and the ratios of the medians."""
     seeds = args.seeds[: max(1, args.rllib_seeds)]
