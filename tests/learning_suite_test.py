@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
 import sys
 import time
 
@@ -283,6 +284,47 @@ def test_a_run_is_ended_once_its_criteria_are_decided(tmp_path, criterion, met, 
     assert record["peak_rss_bytes"] > 0 and record["exit_code"] is not None
     started = json.loads((tmp_path / suite.STARTED_FILE).read_text())
     assert not session_pids(started["pid"])
+
+
+@pytest.mark.parametrize(
+    "interrupted_wait, ignores_sigint, returncode",
+    [
+        # During the wait for it to exit by itself: it still gets SIGINT, and dies of it.
+        (0, False, -signal.SIGINT),
+        # During the grace after SIGINT, which it ignores: its session is killed at once.
+        (1, True, -signal.SIGKILL),
+    ],
+)
+def test_an_interrupt_while_a_run_is_being_stopped_still_ends_it(
+    interrupted_wait, ignores_sigint, returncode
+):
+    code = (
+        "import signal, sys, time\n"
+        f"if {ignores_sigint}: signal.signal(signal.SIGINT, signal.SIG_IGN)\n"
+        "print('ready', flush=True)\n"
+        "time.sleep(60)\n"
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code], stdout=subprocess.PIPE, start_new_session=True
+    )
+    real_wait, calls = proc.wait, []
+
+    def wait(timeout=None):
+        calls.append(timeout)
+        if len(calls) == interrupted_wait + 1:
+            raise KeyboardInterrupt("SIGINT")
+        return real_wait(timeout)
+
+    proc.wait = wait
+    try:
+        assert proc.stdout.readline() == b"ready\n"  # Its SIGINT handling is in place.
+        with pytest.raises(KeyboardInterrupt):
+            suite._stop_session(proc, grace_s=30.0, own_exit_s=0.2)
+        assert proc.returncode == returncode
+        assert not session_pids(proc.pid)
+    finally:
+        kill_session(proc)
+        proc.stdout.close()
 
 
 def test_a_run_with_no_new_result_is_ended_as_stalled(tmp_path):

@@ -435,15 +435,28 @@ def machine_line(info: Mapping[str, Any]) -> str:
 def _stop_session(process: subprocess.Popen, grace_s: float, own_exit_s: float = 0.0) -> None:
     """Ends a run: `own_exit_s` seconds for it to exit by itself (it usually stops at the same
     result that decided its criteria), then SIGINT (it checkpoints and stops its actors), then
-    SIGKILL to what is left of its session (the run's pid is its session id)."""
-    with contextlib.suppress(subprocess.TimeoutExpired):
-        process.wait(own_exit_s)
-    if process.poll() is None:
-        process.send_signal(signal.SIGINT)
+    SIGKILL to what is left of its session (the run's pid is its session id).
+
+    The suite's own interrupt (`KeyboardInterrupt`) may arrive during either wait. During the
+    first it ends that wait and the run still gets its SIGINT; during the second the session is
+    killed at once. Either way the run is ended before the interrupt is raised again.
+    """
+    interrupt: KeyboardInterrupt | None = None
+    try:
         with contextlib.suppress(subprocess.TimeoutExpired):
-            process.wait(grace_s)
-    proclib.kill_session(process.pid, process=process)
-    process.wait()
+            process.wait(own_exit_s)
+    except KeyboardInterrupt as e:
+        interrupt = e
+    try:
+        if process.poll() is None:
+            process.send_signal(signal.SIGINT)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                process.wait(grace_s)
+    finally:
+        proclib.kill_session(process.pid, process=process)
+        process.wait()
+    if interrupt is not None:
+        raise interrupt
 
 
 def _shown(path: str) -> str:
