@@ -299,7 +299,7 @@ def test_an_interrupt_while_a_run_is_being_stopped_still_ends_it(
     interrupted_wait, ignores_sigint, returncode
 ):
     code = (
-        "import signal, sys, time\n"
+        "import signal, time\n"
         f"if {ignores_sigint}: signal.signal(signal.SIGINT, signal.SIG_IGN)\n"
         "print('ready', flush=True)\n"
         "time.sleep(60)\n"
