@@ -46,7 +46,26 @@ gradients are queued, not waited for, so on an accelerator `grad_time_ms` is the
 one and the wait shows in `update_time_ms`). The thread keeps `num_grad_updates` as a host int,
 `version`, set from each update's stats, so the driver (`LearnerGroup.versions()`, read every
 training step) never reads a device value. Weights are read only when asked for
-(`policy_snapshot`).
+(`policy_snapshot`, which reads the counter with them).
+
+Queued updates (on an accelerator only). Reading an update's stats waits for the update, so a
+thread that reads them before starting the next leaves the device idle while it reports, takes
+the next unit and queues the next update. On an accelerator the thread queues update n+1 first
+and reads n's stats after, whenever the next unit is at hand (buffered for another pass, or
+already handed to the dataset by the loader); otherwise, and always on a CPU (where a call
+returns when its work is done, so there is nothing to overlap), it reads them at once. So on an
+accelerator the outputs, `version` and `on_train_batch_end` of update n come after update n+1
+was queued (and its `on_train_batch_begin` called), never later than that; the thread reads a
+pending update's stats before it waits for data and before it ends, so none is lost or held
+back while the learner starves. Departure from Keras' `fit`, where each batch's end precedes the
+next one's begin. `learner_grad_time_ms` is the thread's own time per update: queueing it
+(on a CPU, running it) plus waiting for its stats. A unit's slot is freed when its last update
+is queued, so the queued update's batch is on the device beside the `num_slots` units. Not
+measured on a GPU (none here): skipping a non-finite update is a `tf.cond`
+(`ImpalaLearner._cross_replica_update`), whose `Switch` kernel keeps its predicate in host
+memory, so queueing an update probably returns only once its gradients are computed, and what
+overlaps is the optimizer step, the stats read and the host's work between updates.
+`tools.bench_gpu --parts thread` measures what the thread reaches against the update alone.
 """
 
 from __future__ import annotations
@@ -95,6 +114,16 @@ class _UnitInfo(NamedTuple):
     generation: int = 0  # Units of an older generation than the thread's are dropped.
 
 
+class _Pending(NamedTuple):
+    """An update queued on the device whose stats are not read yet (module docstring)."""
+
+    packed: tf.Tensor  # Its stats (`_pack`).
+    info: _UnitInfo
+    env_steps: int
+    queue_s: float  # Host seconds queueing the update (on a CPU: running it).
+    grad_s: float  # Microbatches: seconds of their gradients before the update; else 0.
+
+
 class LearnerThread(threading.Thread):
     """Trains `learner` on the batches put on `inqueue`; a daemon thread.
 
@@ -105,8 +134,9 @@ class LearnerThread(threading.Thread):
       callbacks: Keras callbacks called around each update (`on_train_batch_begin/end` with the
         stats as logs, `on_train_begin/end`).
       accelerator: Whether the update runs on an accelerator (two loader slots, units copied
-        onto the device ahead of use); None decides from `strategy` (`devices.on_accelerator`).
-        Tests force True on CPU devices.
+        onto the device ahead of use, the next update queued before the stats of the last are
+        read); None decides from `strategy` (`devices.on_accelerator`). Tests force True on CPU
+        devices.
 
     Raises:
       ValueError: `microbatch_size` does not cut the train batch into whole, evenly sharded
@@ -148,6 +178,13 @@ class LearnerThread(threading.Thread):
         )
         if self.accelerator:  # Loading overlaps the update (module docstring).
             self.num_slots = max(self.num_slots, 2)
+        # Whether the next update is queued before the last one's stats are read (module
+        # docstring: only where the device runs while the host goes on).
+        self.queues_updates = self.accelerator
+        # The update queued and not read yet (`queues_updates`), and the updates read and not
+        # reported yet (reported by this thread, outside `lock`).
+        self._pending: _Pending | None = None
+        self._read: list[tuple[dict[str, Any], _UnitInfo, int, int]] = []
         self._free_slots = threading.Semaphore(self.num_slots)
         #: Set while the loader waits: for a train batch (the inqueue is empty), or for a free
         #: slot (all `num_slots` units are loaded or training).
@@ -368,6 +405,8 @@ class LearnerThread(threading.Thread):
             self._trace()
             self._iterator = iter(self._dataset)
             while not self._stopped.is_set() and self.error is None:
+                if self._pending is not None and not self._unit_at_hand():
+                    self._read_pending()  # Before waiting for data (module docstring).
                 start = time.perf_counter()
                 try:
                     if self.microbatching:
@@ -387,6 +426,7 @@ class LearnerThread(threading.Thread):
                 if released:
                     self._free_slots.release()
             if self.error is None:
+                self._read_pending()
                 self._callbacks.on_train_end()
         except BaseException as e:  # noqa: BLE001 - handed to the driver.
             if self.error is None:
@@ -402,21 +442,20 @@ class LearnerThread(threading.Thread):
             self._iterator = None
 
     def step(self, data, info: _UnitInfo) -> None:
-        """Runs one update on a distributed train batch and reports it."""
+        """Runs one update on a distributed train batch and reports it (on an accelerator maybe
+        after the next update is queued: module docstring)."""
         with self.lock:
             if info.generation != self.generation:
                 self.num_units_dropped += 1
                 return
-        self._callbacks.on_train_batch_begin(self.num_steps)
-        with self.grad_timer, self.lock:
+        self._callbacks.on_train_batch_begin(self.num_steps + (self._pending is not None))
+        start = time.perf_counter()
+        with self.lock:
             if info.generation != self.generation:  # Flushed meanwhile.
                 self.num_units_dropped += 1
                 return
-            updates_before = self.version
-            stats = self._unpack(self._train_fn(data))
-            self._set_version(stats["num_grad_updates_lifetime"])
-            self._publish_if_wanted()
-        self._report(stats, info, info.env_steps, updates_before)
+            self._queue(self._train_fn, info, info.env_steps, start, 0.0, data)
+        self._report_read()
 
     def _accumulate(self, data, info: _UnitInfo) -> None:
         """Adds one microbatch's gradients; after the train batch's last one, updates."""
@@ -428,8 +467,7 @@ class LearnerThread(threading.Thread):
                 self._accumulated = _Accumulation(self.generation)
         acc = self._accumulated
         if acc.microbatches == 0:
-            self._callbacks.on_train_batch_begin(self.num_steps)
-            acc.updates_before = self.version
+            self._callbacks.on_train_batch_begin(self.num_steps + (self._pending is not None))
         start = time.perf_counter()
         with self.lock:
             if info.generation != self.generation:  # Flushed meanwhile.
@@ -448,22 +486,69 @@ class LearnerThread(threading.Thread):
             if info.generation != self.generation:  # Flushed: the sums were zeroed.
                 self.num_units_dropped += 1
                 return
-            stats = self._unpack(self._apply_fn())
-            self._set_version(stats["num_grad_updates_lifetime"])
-            self._publish_if_wanted()
-        seconds = time.perf_counter() - start
-        self.update_timer.push(seconds)
-        self.grad_timer.push(acc.grad_seconds + seconds)
-        stats.update(
-            sample_time_ms=timer_ms(self.sample_timer),
-            grad_time_ms=timer_ms(self.microbatch_grad_timer),
-            update_time_ms=timer_ms(self.update_timer),
-            opt_peak_throughput=round(self.microbatch_grad_timer.mean_throughput, 3),
-            sample_peak_throughput=round(self.sample_timer.mean_throughput, 3),
-            opt_samples=round(self.microbatch_grad_timer.mean_units_processed, 3),
-        )
-        self._report(stats, info, acc.env_steps, acc.updates_before)
+            self._queue(self._apply_fn, info, acc.env_steps, start, acc.grad_seconds)
         self._accumulated = _Accumulation(self.generation)
+        self._report_read()
+
+    def _unit_at_hand(self) -> bool:
+        """Whether the next unit comes without waiting for a batch: it is buffered for another
+        pass, or the loader has handed it to the dataset."""
+        return bool(self._units) or (
+            not self.microbatching and not self.minibatch_buffer.will_fetch()
+        )
+
+    def _queue(
+        self, update: Any, info: _UnitInfo, env_steps: int, start: float, grad_s: float, *args
+    ) -> None:
+        """Under `lock`: queues `update(*args)`, then reads the stats of the update before it;
+        reads this one's too unless it may wait (`queues_updates` and the next unit at hand)."""
+        if self._version is None:  # After a restore: read before this update changes it.
+            self.version  # noqa: B018 - the property reads and keeps it.
+        packed = update(*args)
+        previous = self._pending
+        self._pending = _Pending(packed, info, env_steps, time.perf_counter() - start, grad_s)
+        if previous is not None:
+            self._read_one(previous)
+        if not (self.queues_updates and self._unit_at_hand()):
+            self._take_pending()
+        self._publish_if_wanted()
+
+    def _take_pending(self) -> None:
+        """Under `lock`: reads the pending update's stats, if there is one."""
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            self._read_one(pending)
+
+    def _read_pending(self) -> None:
+        """Reads the pending update's stats, if there is one, and reports what was read."""
+        with self.lock:
+            self._take_pending()
+        self._report_read()
+
+    def _read_one(self, pending: _Pending) -> None:
+        """Under `lock`: the update's one read back to the host; its timers; its version."""
+        start = time.perf_counter()
+        stats = self._unpack(pending.packed)
+        seconds = pending.queue_s + time.perf_counter() - start
+        updates_before = self.version
+        self._set_version(stats["num_grad_updates_lifetime"])
+        self.grad_timer.push(pending.grad_s + seconds)
+        if self.microbatching:
+            self.update_timer.push(seconds)
+            stats.update(
+                sample_time_ms=timer_ms(self.sample_timer),
+                grad_time_ms=timer_ms(self.microbatch_grad_timer),
+                update_time_ms=timer_ms(self.update_timer),
+                opt_peak_throughput=round(self.microbatch_grad_timer.mean_throughput, 3),
+                sample_peak_throughput=round(self.sample_timer.mean_throughput, 3),
+                opt_samples=round(self.microbatch_grad_timer.mean_units_processed, 3),
+            )
+        self._read.append((stats, pending.info, pending.env_steps, updates_before))
+
+    def _report_read(self) -> None:
+        """Reports the updates read so far, in order (this thread, outside `lock`)."""
+        while self._read:
+            self._report(*self._read.pop(0))
 
     def _report(
         self, stats: dict[str, Any], info: _UnitInfo, env_steps: int, updates_before: int
@@ -487,11 +572,12 @@ class LearnerThread(threading.Thread):
         `lock`, so all variables come from the same update.
 
         Args:
-          wait: True: waits for a running update to end, then reads. False: never waits (the
-            driver's broadcasts, which would otherwise wait most of an update each time):
-            reads now when no update is running; else returns what the thread published after
-            its latest update (None before the first) and asks it to publish again when the
-            running update ends.
+          wait: True: waits for a running update to end, then reads. False: never waits for
+            the thread (the driver's broadcasts, which would otherwise wait most of an update
+            each time): reads now when no update is running; else returns what the thread
+            published after its latest update (None before the first) and asks it to publish
+            again when the running update ends. On an accelerator a read waits for the update
+            the thread queued last to finish on the device (module docstring).
 
         Returns:
           `(weights, num_grad_updates)`, or None (only with `wait=False`).
@@ -505,7 +591,10 @@ class LearnerThread(threading.Thread):
             self.lock.release()
 
     def _read_snapshot(self) -> tuple[list[np.ndarray], int]:
-        return self.learner.get_policy_weights(), self.version
+        # The counter is read with the weights (not `version`, which may not count a queued
+        # update yet): both come after every update queued so far.
+        weights = self.learner.get_policy_weights()
+        return weights, int(self.learner.num_grad_updates.numpy())
 
     def _publish_if_wanted(self) -> None:
         """After an update, under `lock`: publishes the weights if the driver asked."""
@@ -524,6 +613,7 @@ class LearnerThread(threading.Thread):
           The number of train batches removed from the inqueue.
         """
         self._published = None  # Weights from before a restore must not be broadcast after it.
+        self._pending = None  # Its stats are dropped with the batches (it has trained).
         self._set_version(None)  # A restore loads the counter next: read it at the next use.
         with self._generation_lock:
             self.generation += 1
@@ -570,7 +660,6 @@ class _Accumulation:
         self.microbatches = 0
         self.env_steps = 0
         self.grad_seconds = 0.0
-        self.updates_before = 0
 
     def add(self, env_steps: int, seconds: float) -> None:
         self.microbatches += 1

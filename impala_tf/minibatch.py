@@ -98,6 +98,10 @@ class MinibatchBuffer:
         self.ttl = [0] * self.size
         self.idx = 0
 
+    def will_fetch(self) -> bool:
+        """Whether the next `get` calls `fetch` (rather than serving a buffered item again)."""
+        return self.ttl[self.idx] <= 0
+
     def get(self) -> tuple[Any, bool]:
         """Returns (item, released): `released` is True when this was the item's last pass."""
         if self.ttl[self.idx] <= 0:

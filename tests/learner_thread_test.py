@@ -9,6 +9,7 @@ every eager tensor reaches numpy (`_EagerTensorBase._numpy`, behind `.numpy()`, 
 from __future__ import annotations
 
 import threading
+import time
 
 import keras
 import numpy as np
@@ -96,11 +97,14 @@ class _HostReads(keras.callbacks.Callback):
 
 @pytest.mark.parametrize("name", STRATEGIES)
 @pytest.mark.parametrize("microbatches", [1, 2], ids=["batch", "microbatches"])
-def test_an_update_reads_one_value_back_to_the_host(monkeypatch, name, microbatches):
+@pytest.mark.parametrize("accelerator", [False, True], ids=["cpu", "accelerator"])
+def test_an_update_reads_one_value_back_to_the_host(monkeypatch, name, microbatches, accelerator):
     strategy = _strategy(name)
     micro = {} if microbatches == 1 else {"microbatch_size": ROWS * T // microbatches}
     reads = _HostReads(monkeypatch)
-    thread = _thread(strategy, _config(strategy, **micro), callbacks=[reads])
+    thread = _thread(
+        strategy, _config(strategy, **micro), callbacks=[reads], accelerator=accelerator
+    )
     assert thread.num_microbatches == microbatches
     updates = 3
     outputs = _train(thread, updates)
@@ -165,6 +169,94 @@ def test_on_an_accelerator_the_loader_loads_the_next_unit_during_an_update(name,
         thread.stop()
     assert thread.error is None, thread.error
     assert [o[2]["num_grad_updates_lifetime"] for o in outputs] == [1, 2, 3, 4]
+
+
+class _Events:
+    """Records, in order, each update queued ("q") and each update's stats read ("r")."""
+
+    def __init__(self, thread: LearnerThread):
+        self.events: list[str] = []
+        queue_update, unpack = thread._queue, thread._unpack
+
+        def queued(*args):
+            self.events.append("q")
+            return queue_update(*args)
+
+        def read(packed):
+            self.events.append("r")
+            return unpack(packed)
+
+        thread._queue, thread._unpack = queued, read
+
+
+class _NextUnitLoaded(keras.callbacks.Callback):
+    """Begins update k (k < `last`) only once the loader has handed unit k+1 to the dataset, so
+    that the next unit is at hand when update k is queued (the loader is not made to wait)."""
+
+    def __init__(self, last: int):
+        super().__init__()
+        self.last = last
+        self.thread: LearnerThread | None = None
+
+    def on_train_batch_begin(self, batch, logs=None):
+        deadline = time.monotonic() + 60
+        while batch < self.last and not self.thread._units and time.monotonic() < deadline:
+            time.sleep(0.002)
+
+
+@pytest.mark.parametrize("name", ["default", "mirrored"])
+@pytest.mark.parametrize("accelerator", [False, True], ids=["cpu", "accelerator"])
+def test_on_an_accelerator_the_next_update_is_queued_before_the_last_is_read(name, accelerator):
+    strategy = _strategy(name)
+    updates = 4
+    loaded = _NextUnitLoaded(last=updates - 1)
+    thread = _thread(strategy, callbacks=[loaded], accelerator=accelerator)
+    loaded.thread = thread
+    assert thread.queues_updates is accelerator
+    events = _Events(thread)
+    outputs = _train(thread, updates)
+    assert [o[2]["num_grad_updates_lifetime"] for o in outputs] == [1, 2, 3, 4]
+    if accelerator:  # Update k's stats are read after update k+1 is queued; the last at once.
+        assert events.events == ["q", "q", "r", "q", "r", "q", "r", "r"]
+    else:
+        assert events.events == ["q", "r"] * updates
+    # Same updates either way: the stats and the weights of a run that reads at once.
+    reference = _thread(strategy, accelerator=False)
+    expected = _train(reference, updates)
+    for got, want in zip(outputs, expected):
+        for key in ("total_loss", "grad_gnorm", "num_agent_steps_trained"):
+            assert got[2][key] == pytest.approx(want[2][key], rel=1e-5, abs=1e-7), key
+        assert got[2]["diff_num_grad_updates_vs_sampler_policy"] == pytest.approx(
+            want[2]["diff_num_grad_updates_vs_sampler_policy"]
+        )
+    for a, b in zip(reference.learner.get_policy_weights(), thread.learner.get_policy_weights()):
+        np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-7)
+    assert thread.version == updates
+    assert thread.policy_snapshot()[1] == updates
+
+
+def test_a_queued_update_is_read_before_the_learner_waits_for_data():
+    # Lockstep, as a deterministic run trains: each batch's output is awaited before the next
+    # batch is put. A queued update whose successor never comes must still be read; with two
+    # passes per batch the first pass's update is queued while the second pass runs.
+    strategy = tf.distribute.get_strategy()
+    config = _config(strategy, num_sgd_iter=2, minibatch_buffer_size=1)
+    thread = _thread(strategy, config, accelerator=True)
+    events = _Events(thread)
+    thread.start()
+    try:
+        for seed in range(2):
+            thread.inqueue.put(TrainBatch(_batch(seed)))
+            outputs = [thread.outqueue.get(timeout=60) for _ in range(2)]
+            assert [o[2]["num_grad_updates_lifetime"] for o in outputs] == [
+                2 * seed + 1,
+                2 * seed + 2,
+            ]
+    finally:
+        thread.stop()
+    assert thread.error is None, thread.error
+    # The second pass was at hand when the first was queued; the next batch was not.
+    assert events.events == ["q", "q", "r", "r"] * 2
 
 
 @pytest.mark.parametrize("name", ["default", "mirrored"])

@@ -16,7 +16,9 @@ the repository root. Parts (together one BENCHMARKS.md section, `bench_gpu`):
 * `thread` - updates/s through the whole learner thread (host batches on the inqueue, the
   loader cutting and copying them onto the GPU in its two slots, one host read per update) at
   batch 500, and the GPU's utilisation meanwhile: what the update alone reaches vs what the
-  loader lets it reach.
+  loader lets it reach; once with the next update queued before the last one's stats are read
+  (the thread's way on an accelerator) and once with the stats read at once, which answers
+  whether queueing gains anything with the update's `tf.cond` (`impala_tf.learner_thread`).
 * `pong` - `impala-train --config=configs/pong-impala-small.yaml --set num_gpus=1` with
   `num_env_runners` = the machine's cores - 2, for `--pong_seconds` each with XLA off and on:
   env steps/s sampled and trained, and the GPU's utilisation (nvidia-smi, every 0.5 s).
@@ -59,7 +61,10 @@ def plan(parts: list[str], repeats: int, pong_seconds: float) -> str:
             for b in (500, 2000)
         ]
     if "thread" in parts:
-        lines.append("thread: 60 train batches of 500 through the learner thread, GPU utilisation")
+        lines += [
+            f"thread: 60 train batches of 500 through the learner thread, {how}, GPU utilisation"
+            for how in ("next update queued before the stats are read", "stats read at once")
+        ]
     if "pong" in parts:
         runners = max(1, (os.cpu_count() or 2) - 2)
         for jit in (False, True):
@@ -173,6 +178,12 @@ def bench_learner(repeats: int) -> list[str]:
 
 
 def bench_thread(batches: int = 60) -> list[str]:
+    """Updates/s through the learner thread, with the next update queued before the last one's
+    stats are read (the thread's way on an accelerator) and with the stats read at once."""
+    return [_bench_thread(queued, batches) for queued in (True, False)]
+
+
+def _bench_thread(queued: bool, batches: int) -> str:
     import numpy as np
     import tensorflow as tf
 
@@ -190,6 +201,7 @@ def bench_thread(batches: int = 60) -> list[str]:
         learner = ImpalaLearner(config, obs_space, act_space)
     signature = pipeline.batch_signature(config, obs_space, act_space, 1)
     thread = LearnerThread(learner, strategy, signature)
+    thread.queues_updates = queued
     host = [SampleBatch(bl._random_batch("cnn", batch // bl.T, seed=i)) for i in range(4)]
     thread.start()
     try:
@@ -208,13 +220,14 @@ def bench_thread(batches: int = 60) -> list[str]:
         raise thread.error
     assert np.isfinite(stats["total_loss"])
     timing = thread.add_learner_metrics({})["info"]["timing_breakdown"]
-    return [
-        f"Learner thread, Nature CNN, batch {batch}, {thread.num_slots} loader slots: "
+    how = "next update queued first" if queued else "stats read at once"
+    return (
+        f"Learner thread, Nature CNN, batch {batch}, {thread.num_slots} loader slots, {how}: "
         f"{batches / seconds:.1f} updates/s ({batch * batches / seconds:,.0f} samples/s); "
         f"GPU utilisation {gpu.summary()}; per update: grad {timing['learner_grad_time_ms']} ms, "
         f"load {timing['learner_load_time_ms']} ms, waiting for a unit "
-        f"{timing['learner_load_wait_time_ms']} ms.",
-    ]
+        f"{timing['learner_load_wait_time_ms']} ms."
+    )
 
 
 def bench_pong(seconds: float) -> list[str]:
