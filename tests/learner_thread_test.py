@@ -190,18 +190,21 @@ class _Events:
 
 
 class _NextUnitLoaded(keras.callbacks.Callback):
-    """Begins update k (k < `last`) only once the loader has handed unit k+1 to the dataset, so
-    that the next unit is at hand when update k is queued (the loader is not made to wait)."""
+    """Begins the first `first` updates only once the loader has handed the next unit to the
+    dataset, so that it is at hand when the update is queued (the loader is not made to wait)."""
 
-    def __init__(self, last: int):
+    def __init__(self, first: int):
         super().__init__()
-        self.last = last
+        self.first = first
+        self.begun = 0
         self.thread: LearnerThread | None = None
 
     def on_train_batch_begin(self, batch, logs=None):
         deadline = time.monotonic() + 60
-        while batch < self.last and not self.thread._units and time.monotonic() < deadline:
+        while self.begun < self.first and not self.thread._units:
+            assert time.monotonic() < deadline, "the loader never handed over the next unit"
             time.sleep(0.002)
+        self.begun += 1
 
 
 @pytest.mark.parametrize("name", ["default", "mirrored"])
@@ -209,7 +212,8 @@ class _NextUnitLoaded(keras.callbacks.Callback):
 def test_on_an_accelerator_the_next_update_is_queued_before_the_last_is_read(name, accelerator):
     strategy = _strategy(name)
     updates = 4
-    loaded = _NextUnitLoaded(last=updates - 1)
+    # With one loader slot (a CPU) the next unit is never loaded during an update.
+    loaded = _NextUnitLoaded(first=updates - 1 if accelerator else 0)
     thread = _thread(strategy, callbacks=[loaded], accelerator=accelerator)
     loaded.thread = thread
     assert thread.queues_updates is accelerator
@@ -257,6 +261,44 @@ def test_a_queued_update_is_read_before_the_learner_waits_for_data():
     assert thread.error is None, thread.error
     # The second pass was at hand when the first was queued; the next batch was not.
     assert events.events == ["q", "q", "r", "r"] * 2
+
+
+def test_a_flush_drops_the_queued_update_and_the_version_is_read_again():
+    # A restore flushes while update 0 is queued and update 1 about to be: neither is reported
+    # (update 0 has trained; the restore loads the weights and counters next), and the next
+    # update's version starts from the counter as the restore left it.
+    strategy = tf.distribute.get_strategy()
+    thread = None
+
+    class _RestoreAtSecondUpdate(_NextUnitLoaded):
+        def on_train_batch_begin(self, batch, logs=None):
+            super().on_train_batch_begin(batch, logs)
+            if batch == 1:
+                assert thread._pending is not None  # Update 0 is queued, not read.
+                with thread.lock:  # What `Impala.restore` does, from the driver.
+                    thread.flush()
+                    thread.learner.num_grad_updates.assign(10)
+
+    loaded = _RestoreAtSecondUpdate(first=1)
+    thread = _thread(strategy, callbacks=[loaded], accelerator=True)
+    loaded.thread = thread
+    events = _Events(thread)
+    thread.start()
+    try:
+        for seed in range(2):
+            thread.inqueue.put(TrainBatch(_batch(seed)))
+        deadline = time.monotonic() + 60
+        while thread.num_units_dropped < 1 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert thread.num_units_dropped == 1 and thread.outqueue.empty()
+        thread.inqueue.put(TrainBatch(_batch(2)))
+        _, _, stats = thread.outqueue.get(timeout=60)
+    finally:
+        thread.stop()
+    assert thread.error is None, thread.error
+    assert events.events == ["q", "q", "r"]  # Update 1 never queued; update 0 never read.
+    assert stats["num_grad_updates_lifetime"] == 11 and thread.version == 11
+    assert thread.outqueue.empty()
 
 
 @pytest.mark.parametrize("name", ["default", "mirrored"])
