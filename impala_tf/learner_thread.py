@@ -448,7 +448,7 @@ class LearnerThread(threading.Thread):
             if info.generation != self.generation:
                 self.num_units_dropped += 1
                 return
-        self._callbacks.on_train_batch_begin(self.num_steps + (self._pending is not None))
+        self._begin_update()
         start = time.perf_counter()
         with self.lock:
             if info.generation != self.generation:  # Flushed meanwhile.
@@ -467,7 +467,7 @@ class LearnerThread(threading.Thread):
                 self._accumulated = _Accumulation(self.generation)
         acc = self._accumulated
         if acc.microbatches == 0:
-            self._callbacks.on_train_batch_begin(self.num_steps + (self._pending is not None))
+            self._begin_update()
         start = time.perf_counter()
         with self.lock:
             if info.generation != self.generation:  # Flushed meanwhile.
@@ -489,6 +489,10 @@ class LearnerThread(threading.Thread):
             self._queue(self._apply_fn, info, acc.env_steps, start, acc.grad_seconds)
         self._accumulated = _Accumulation(self.generation)
         self._report_read()
+
+    def _begin_update(self) -> None:
+        """Keras' `on_train_batch_begin`, numbered after the updates reported and queued."""
+        self._callbacks.on_train_batch_begin(self.num_steps + (self._pending is not None))
 
     def _unit_at_hand(self) -> bool:
         """Whether the next unit comes without waiting for a batch: it is buffered for another
