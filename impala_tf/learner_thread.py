@@ -184,7 +184,9 @@ class LearnerThread(threading.Thread):
         # The update queued and not read yet (`queues_updates`), and the updates read and not
         # reported yet (reported by this thread, outside `lock`).
         self._pending: _Pending | None = None
-        self._read: list[tuple[dict[str, Any], _UnitInfo, int, int]] = []
+        self._read: collections.deque[tuple[dict[str, Any], _UnitInfo, int, int]] = (
+            collections.deque()
+        )
         self._free_slots = threading.Semaphore(self.num_slots)
         #: Set while the loader waits: for a train batch (the inqueue is empty), or for a free
         #: slot (all `num_slots` units are loaded or training).
@@ -552,7 +554,7 @@ class LearnerThread(threading.Thread):
     def _report_read(self) -> None:
         """Reports the updates read so far, in order (this thread, outside `lock`)."""
         while self._read:
-            self._report(*self._read.pop(0))
+            self._report(*self._read.popleft())
 
     def _report(
         self, stats: dict[str, Any], info: _UnitInfo, env_steps: int, updates_before: int
