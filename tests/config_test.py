@@ -502,6 +502,8 @@ INVALID = [
     ({"model": {"conv_filters": [[16, 8]]}}, "conv_filters"),
     ({"model": {"conv_filters": []}}, "conv_filters"),
     ({"model": {"use_lstm": "yes"}}, "use_lstm"),
+    ({"model": {"center_pixels": 1}}, "center_pixels"),
+    ({"model": {"center_pixels": True, "custom_model": "nature_cnn"}}, "center_pixels"),
 ]
 
 
@@ -537,6 +539,7 @@ def test_unknown_env_id_message_passes_on_gymnasium_hint():
         {"lr_schedule": [[0, 1e-3], [0, 5e-4], [1000, 0.0]]},
         {"model": {"custom_model": "impala_resnet", "conv_filters": [[16, [8, 8], 4], [32, 4, 2]]}},
         {"model": {"fcnet_hiddens": [], "fcnet_activation": "linear"}},
+        {"model": {"center_pixels": True}},
         {"evaluation_interval": 0},
         {"evaluation_config": None},
         {"evaluation_config": {"explore": False}},

@@ -580,3 +580,39 @@ def test_image_scaling_and_head_init_follow_each_networks_source():
         np.testing.assert_allclose(
             as_uint8, unscaled(tf.ones((1, *ATARI_OBS.shape))), rtol=1e-5, atol=1e-5
         )
+
+
+@pytest.mark.parametrize("share", [True, False])
+def test_center_pixels_feeds_both_conv_stacks_pixels_minus_128(share):
+    # `center_pixels` (ours): the same layers and variables; uint8 pixels enter as x - 128.
+    space = gym.spaces.Box(0, 255, (42, 42, 4), np.uint8)
+    config = {"vf_share_layers": share}
+    plain = build_model(space, gym.spaces.Discrete(6), config)
+    centered = build_model(space, gym.spaces.Discrete(6), {**config, "center_pixels": True})
+    assert [v.shape for v in centered.weights] == [v.shape for v in plain.weights]
+    centered.set_weights(plain.get_weights())
+    frames = _obs(space, (3,)).astype(np.float32)
+    logits, values = centered(frames)
+    want_logits, want_values = plain(frames - 128.0)
+    np.testing.assert_allclose(logits, want_logits, rtol=1e-5, atol=1e-4)
+    np.testing.assert_allclose(values, want_values, rtol=1e-5, atol=1e-4)
+    assert not np.allclose(logits, plain(frames)[0], atol=1e-4)
+    towers = [centered.torso] + ([] if share else [centered.value_torso])
+    assert [t.input_shift for t in towers] == [128.0] * len(towers)
+
+
+def test_center_pixels_leaves_float_images_and_vectors_as_they_come():
+    floats = build_model(
+        gym.spaces.Box(0.0, 1.0, (42, 42, 4), np.float32),
+        gym.spaces.Discrete(6),
+        {"center_pixels": True},
+    )
+    assert floats.torso.input_shift == 0.0
+    build_model(CARTPOLE_OBS, gym.spaces.Discrete(2), {**SMALL_MLP, "center_pixels": True})
+
+
+def test_center_pixels_with_a_custom_model_is_refused():
+    with pytest.raises(ValueError, match="center_pixels"):
+        build_model(
+            ATARI_OBS, gym.spaces.Discrete(6), {"custom_model": "nature_cnn", "center_pixels": True}
+        )

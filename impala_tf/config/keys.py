@@ -53,7 +53,7 @@ __all__ = [
     "warn_once",
 ]
 
-# RLlib's MODEL_DEFAULTS, restricted to the keys our model catalog understands.
+# RLlib's MODEL_DEFAULTS, restricted to the keys our model catalog understands, and ours.
 MODEL_DEFAULTS: dict[str, Any] = {
     "fcnet_hiddens": [256, 256],
     "fcnet_activation": "tanh",
@@ -72,6 +72,8 @@ MODEL_DEFAULTS: dict[str, Any] = {
     "grayscale": False,
     "framestack": True,
     "free_log_std": False,
+    # Ours: uint8 pixels enter RLlib's vision network as x - 128 (-128..127) instead of 0..255.
+    "center_pixels": False,
 }
 
 ACTIVATIONS = ("relu", "tanh", "elu", "swish", "linear")
@@ -155,7 +157,10 @@ IGNORED_MODEL: dict[str, str] = {
     "_disable_action_flattening": "actions are never flattened",
     "_time_major": "the learner is always time-major",
     "_use_default_native_models": "models come from impala_tf.models",
-    "zero_mean": "observation normalisation is not implemented",
+    "zero_mean": (
+        "[-1, 1] scaling in RLlib's generic pixel preprocessor, not its DeepMind path; see "
+        "`center_pixels`"
+    ),
     "custom_model_config": "the built-in custom models take no options",
 }
 

@@ -357,11 +357,16 @@ def _model(config) -> None:
             raise ValueError(f"`model.{key}` must be a positive int, got {model[key]!r}.")
     for key in (
         "vf_share_layers", "use_lstm", "lstm_use_prev_action", "lstm_use_prev_reward",
-        "grayscale", "framestack", "free_log_std",
+        "grayscale", "framestack", "free_log_std", "center_pixels",
     ):  # fmt: skip
         if not isinstance(model[key], bool):
             raise ValueError(f"`model.{key}` must be a bool, got {model[key]!r}.")
     # What the model catalog refuses, refused here, before any process starts.
+    if model["center_pixels"] and model["custom_model"] is not None:
+        raise ValueError(
+            f"`model.center_pixels` applies to RLlib's vision network; `model.custom_model="
+            f"{model['custom_model']!r}` scales uint8 pixels to [0, 1] itself. Drop one of them."
+        )
     if model["use_lstm"] and (model["lstm_use_prev_action"] or model["lstm_use_prev_reward"]):
         raise ValueError(
             "`model.lstm_use_prev_action` / `model.lstm_use_prev_reward` are not supported "

@@ -30,6 +30,7 @@ from impala_tf.checkpoints.store import (
     write_checkpoint,
 )
 from impala_tf.config.base import AlgorithmConfig
+from impala_tf.config.policies import policy_config
 from impala_tf.driver.aggregation import AggregationStage
 from impala_tf.driver.broadcast import Broadcaster
 from impala_tf.driver.learners import LearnerGroup
@@ -38,7 +39,7 @@ from impala_tf.driver.plan import RuntimePlan, derived_seed
 from impala_tf.driver.sampling import EnvRunnerGroup
 from impala_tf.rollout.fragment import DEFAULT_POLICY_ID
 
-__all__ = ["Progress", "SavedState"]
+__all__ = ["Progress", "SavedState", "check_pixel_centering"]
 
 logger = logging.getLogger(__name__)
 
@@ -130,7 +131,8 @@ class SavedState:
         gradients, and the rows held by the aggregation workers.
 
         Raises:
-          ValueError: the checkpoint lacks a policy of this run.
+          ValueError: the checkpoint lacks a policy of this run, or a policy's
+            `model.center_pixels` differs from the checkpoint's.
         """
         checkpoint_dir = resolve_checkpoint_dir(checkpoint_dir)
         state = read_state(checkpoint_dir)
@@ -139,6 +141,7 @@ class SavedState:
             raise ValueError(
                 f"{checkpoint_dir} has no policies {missing} (it has {state['policy_ids']})."
             )
+        check_pixel_centering(self.config, state.get("config"), self.plan.policy_ids)
         runtime = read_runtime_state(checkpoint_dir)
         with self.learners.locked():
             # No batch taken before the restore trains after it; accumulators start empty.
@@ -173,6 +176,36 @@ class SavedState:
         if held and len(held) == len(states):
             # The actors continue with the weights they held: broadcasts go on from those.
             self.broadcaster.sent = {**weights, **held[0]}
+
+
+def check_pixel_centering(
+    config: AlgorithmConfig, stored: Mapping[str, Any] | None, policy_ids: list[str]
+) -> None:
+    """Raises ValueError when a policy's `model.center_pixels` is not the checkpoint's.
+
+    A vision network's weights trained on 0..255 pixels do not fit -128..127 ones (nor the other
+    way round), and nothing else would tell: the shapes are the same. `stored` is the config the
+    checkpoint holds (None when it was trained on an env callable: nothing to compare); one
+    written before the key existed was trained without it.
+    """
+    if not isinstance(stored, Mapping):
+        return
+    try:
+        saved = type(config).from_dict(stored)
+    except (TypeError, ValueError):  # Specs stored as text: compare the top-level model only.
+        saved = None
+    for pid in policy_ids:
+        now = bool(policy_config(config, pid).model.get("center_pixels"))
+        if saved is not None:
+            then = bool(policy_config(saved, pid).model.get("center_pixels"))
+        else:
+            then = bool((stored.get("model") or {}).get("center_pixels"))
+        if now != then:
+            raise ValueError(
+                f"The checkpoint's policy {pid!r} was trained with model.center_pixels={then}, "
+                f"and this config has {now}: its conv weights do not fit pixels shifted the "
+                f"other way. Set model.center_pixels={then} to continue from it."
+            )
 
 
 def _keyed_weights(snapshot: Mapping[str, Any]) -> dict[str, tuple]:

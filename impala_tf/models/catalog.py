@@ -11,6 +11,9 @@ Torso choice (RLlib's ModelCatalog, with the IMPALA paper's networks added):
   tower ignores `post_fcnet_hiddens`). As RLlib's, this network takes uint8 pixels as 0..255
   and a shared value head starts with normc(0.01); unlike RLlib's (a Glorot 1x1 conv), its
   logits head starts with normc(0.01) too, so that no seed starts nearly deterministic.
+  With `center_pixels=True` (ours; off by default, as in RLlib) uint8 pixels enter both conv
+  stacks as x - 128 (-128..127) instead: the same layers and variables, but Pong's policy
+  leaves its uniform start sooner (docs/models.md).
   By name: `custom_model="nature_cnn"` (Mnih et al. 2015) and `custom_model="impala_resnet"`
   (Espeholt et al. 2018); these always share their torso with the value head, scale uint8
   pixels to [0, 1] as DeepMind's agents do, and have normc(0.01) heads.
@@ -142,6 +145,11 @@ def _assemble(
     num_outputs = logits_size(action_space)
     ObservationPreprocessor(observation_space)  # Rejects unsupported observation spaces early.
     custom = config["custom_model"]
+    if config["center_pixels"] and custom is not None:
+        raise ValueError(
+            f"model_config center_pixels=True applies to RLlib's vision network; custom_model="
+            f"{custom!r} scales uint8 pixels to [0, 1] itself."
+        )
     value_torso = None
     value_init = None  # normc(0.01), RLlib's fully connected heads (the logits head's too).
     if is_image_space(observation_space):
@@ -159,6 +167,8 @@ def _assemble(
             # 100: -21 and entropy ~1e-8 for 420k env steps). Ours starts the logits like
             # RLlib's fully connected heads, normc(0.01): a uniform policy on every seed. A
             # separate value tower's output keeps Glorot, a shared value head normc(0.01).
+            # `center_pixels` (ours, off as in RLlib) shifts uint8 pixels to -128..127 first.
+            shift = 128.0 if config["center_pixels"] and scale != 1.0 else 0.0
             filters = config["conv_filters"] or get_filter_config(observation_space.shape)
             torso = ConvStack(
                 filters,
@@ -166,10 +176,13 @@ def _assemble(
                 config["post_fcnet_hiddens"],
                 config["post_fcnet_activation"],
                 post_conv_1x1=not config["use_lstm"],
+                input_shift=shift,
                 name="conv_stack",
             )
             if not config["vf_share_layers"] and not config["use_lstm"]:
-                value_torso = ConvStack(filters, config["conv_activation"], name="conv_value")
+                value_torso = ConvStack(
+                    filters, config["conv_activation"], input_shift=shift, name="conv_value"
+                )
                 value_init = "glorot_uniform"
     else:
         if custom is not None:

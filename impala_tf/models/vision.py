@@ -10,7 +10,8 @@ float32 [N, F] features for the heads or the LSTM core.
   each conv3x3 + maxpool3x3/2 + two residual blocks (relu-conv-relu-conv + skip), then relu,
   flatten, dense 256 relu; F = 256.
 - `ConvStack`: RLlib's VisionNetwork torso, on pixels as they come (0..255 for uint8, as
-  RLlib casts them without scaling). The `conv_filters` list [[out_channels, kernel,
+  RLlib casts them without scaling), or shifted by `input_shift` (-128..127 for uint8 with the
+  `center_pixels` model key). The `conv_filters` list [[out_channels, kernel,
   stride], ...] ("same" padding for all but the last layer, "valid" for the last), then, with
   `post_fcnet_hiddens` [h0, h1, ...], a 1x1 conv of h0 channels and dense layers h1, ...
   (`post_fcnet_activation`), flattened; F = the flattened size of what comes last. Without
@@ -244,6 +245,9 @@ class ConvStack(keras.layers.Layer):
             net); False flattens first and makes h0 a dense layer (RLlib's vision net inside its
             LSTM wrapper, built with `num_outputs=None`). The two differ only when the last
             conv's output is wider than 1x1.
+        input_shift: subtracted from the input before the first conv (the catalog passes 128
+            for uint8 images with the `center_pixels` model key; 0, RLlib's, leaves the input
+            as it comes).
     """
 
     def __init__(
@@ -254,9 +258,11 @@ class ConvStack(keras.layers.Layer):
         post_fcnet_activation: str | None = "relu",
         *,
         post_conv_1x1: bool = True,
+        input_shift: float = 0.0,
         **kwargs,
     ):
         super().__init__(**kwargs)
+        self.input_shift = float(input_shift)
         act = get_activation(activation, "conv_activation")
         post_act = get_activation(post_fcnet_activation, "post_fcnet_activation")
         filters = parse_conv_filters(conv_filters)
@@ -286,6 +292,8 @@ class ConvStack(keras.layers.Layer):
         track_layers(self, self.post_fc)
 
     def call(self, x: tf.Tensor) -> tf.Tensor:
+        if self.input_shift:
+            x = x - self.input_shift
         for conv in self.convs:
             x = conv(x)
         x = self.flatten(x)
