@@ -168,7 +168,8 @@ def _assemble(
             # RLlib's fully connected heads, normc(0.01): a uniform policy on every seed. A
             # separate value tower's output keeps Glorot, a shared value head normc(0.01).
             # `center_pixels` (ours, off as in RLlib) shifts uint8 pixels to -128..127 first.
-            shift = 128.0 if config["center_pixels"] and scale != 1.0 else 0.0
+            uint8 = observation_space.dtype == np.uint8
+            shift = 128.0 if config["center_pixels"] and uint8 else 0.0
             filters = config["conv_filters"] or get_filter_config(observation_space.shape)
             torso = ConvStack(
                 filters,
