@@ -154,7 +154,8 @@ def _assemble(
     value_init = None  # normc(0.01), RLlib's fully connected heads (the logits head's too).
     if is_image_space(observation_space):
         # DeepMind's torsos scale uint8 pixels to [0, 1]; RLlib's vision net takes 0..255.
-        scale = 1.0 / 255.0 if observation_space.dtype == np.uint8 else 1.0
+        uint8 = observation_space.dtype == np.uint8
+        scale = 1.0 / 255.0 if uint8 else 1.0
         if custom == "impala_resnet":
             torso = ImpalaResNet(input_scale=scale, name="impala_resnet")
         elif custom == "nature_cnn":
@@ -168,7 +169,6 @@ def _assemble(
             # RLlib's fully connected heads, normc(0.01): a uniform policy on every seed. A
             # separate value tower's output keeps Glorot, a shared value head normc(0.01).
             # `center_pixels` (ours, off as in RLlib) shifts uint8 pixels to -128..127 first.
-            uint8 = observation_space.dtype == np.uint8
             shift = 128.0 if config["center_pixels"] and uint8 else 0.0
             filters = config["conv_filters"] or get_filter_config(observation_space.shape)
             torso = ConvStack(
