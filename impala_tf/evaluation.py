@@ -199,7 +199,7 @@ def load_checkpoint_policies(
     weights = {}
     for pid, (obs, act) in spaces.policies.items():
         pconfig = policy_config(config, pid)
-        model = build_model(obs, act, pconfig.model, precision=pconfig.precision)
+        model = build_model(obs, act, pconfig.model, precision=pconfig.acting_precision)
         restore_model(model, checkpoint_dir, pid)
         weights[pid] = (model.get_weights(), 0)
     saved = read_state(checkpoint_dir)["observation_filters"]
@@ -287,7 +287,7 @@ def load_policy_model(
         )
     obs, act = spaces.policies[policy_id]
     pconfig = policy_config(config, policy_id)
-    model = build_model(obs, act, pconfig.model, precision=pconfig.precision)
+    model = build_model(obs, act, pconfig.model, precision=pconfig.acting_precision)
     restore_model(model, checkpoint_dir, policy_id)
     saved = read_state(checkpoint_dir)["observation_filters"].get(policy_id)
     obs_filter = filter_lib.filter_from_state(saved) if saved is not None else None

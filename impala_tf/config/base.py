@@ -208,6 +208,11 @@ class AlgorithmConfig:
     # core, V-trace and the loss stay float32 (`impala_tf.models.precision`). Numpy MLP actors
     # act in float32 either way.
     precision: str = _key("float32", "training")
+    # Not an RLlib key: the dtype policy of the models that act (TF actors, the inference
+    # server, evaluation, export) when it differs from the learner's `precision`; None: the
+    # same as `precision` (`acting_precision`). bfloat16 pays at the learner's batch of
+    # hundreds and can cost at an actor's batch of 16 (BENCHMARKS.md `bench_learner_bf16`).
+    inference_precision: str | None = _key(None, "training")
 
     # resources()
     num_gpus: float = _key(1, "resources")
@@ -508,6 +513,12 @@ class AlgorithmConfig:
         )
 
     # Derived values ---------------------------------------------------------------------------
+
+    @property
+    def acting_precision(self) -> str:
+        """The dtype policy the acting models are built under: `inference_precision`, or
+        `precision` when that is None."""
+        return self.precision if self.inference_precision is None else self.inference_precision
 
     @property
     def num_learner_devices(self) -> int:

@@ -212,6 +212,12 @@ def _runtime(config) -> None:
             f"built under; mixed_bfloat16: bfloat16 compute, float32 variables), got "
             f"{config.precision!r}."
         )
+    if config.inference_precision is not None and config.inference_precision not in PRECISIONS:
+        raise ValueError(
+            f"`inference_precision` must be None (as `precision`) or one of {PRECISIONS} (the "
+            f"Keras dtype policy the acting models are built under), got "
+            f"{config.inference_precision!r}."
+        )
     check_int(config, "minibatch_buffer_size", minimum=1)
     check_int(config, "learner_queue_size", minimum=1)
     check_number(config, "learner_queue_timeout", minimum=0.0, strict=True)

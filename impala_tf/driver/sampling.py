@@ -128,7 +128,7 @@ class EnvRunnerGroup:
                     pid: (obs, act, configs[pid].model)
                     for pid, (obs, act) in plan.spaces.policies.items()
                 },
-                precisions={pid: c.precision for pid, c in configs.items()},
+                precisions={pid: c.acting_precision for pid, c in configs.items()},
                 frame_stacks=plan.spaces.frame_stacks,
             )
         enabled = bool(config.restart_failed_env_runners)

@@ -136,7 +136,7 @@ class EnvRunner(RunnerBase):
             config.model,
             seed,
             remote,
-            config.precision,
+            config.acting_precision,
             frame_stack=self.frame_stack,
         )
         self.policy_version = 0

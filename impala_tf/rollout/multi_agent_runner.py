@@ -156,7 +156,12 @@ class MultiAgentEnvRunner(RunnerBase):
             obs_space, act_space = self.spaces[pid]
             pconfig = policy_specs.policy_config(config, pid)
             policy = self._make_policy(
-                pid, (obs_space, act_space), pconfig.model, seeds[pid], remote, pconfig.precision
+                pid,
+                (obs_space, act_space),
+                pconfig.model,
+                seeds[pid],
+                remote,
+                pconfig.acting_precision,
             )
             self.policies[pid] = policy
             self._obs_dtypes[pid] = np.dtype(obs_space.dtype or np.float32)
