@@ -134,12 +134,16 @@ def _sample_twice_through_the_driver(config: ImpalaConfig, weights: dict) -> lis
         actors.stop()
 
 
-@pytest.mark.parametrize("case", ["cnn", "lstm", "two-policies"])
+@pytest.mark.parametrize("case", ["cnn", "lstm", "two-policies", "bfloat16-learner"])
 def test_central_and_per_actor_inference_sample_the_same_fragments(case):
     """Same weights, same seeds: an actor process acting through the driver's server samples
     the fragments a runner acting itself samples (actions, logits, values, states, versions)."""
     if case == "two-policies":
         config = small_config(policies=2, num_env_runners=1)
+    elif case == "bfloat16-learner":  # The server acts in `inference_precision`, as a runner.
+        config = _image_config(
+            num_env_runners=1, precision="mixed_bfloat16", inference_precision="float32"
+        )
     else:
         config = _image_config(num_env_runners=1, model=CNN if case == "cnn" else LSTM)
     plan = make_plan(config)

@@ -2,7 +2,8 @@
 
 With "mixed_bfloat16" every TensorFlow model of a run (learner, actor policy, inference server,
 evaluation) computes its torso in bfloat16 and keeps float32 variables; heads, LSTM core, V-trace,
-the loss, the broadcast weights and checkpoints stay float32. T is time, B is batch.
+the loss, the broadcast weights and checkpoints stay float32. `inference_precision`, when set,
+decides for the acting models alone. T is time, B is batch.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from impala_tf import checkpoints, losses
+from impala_tf import checkpoints, losses, pipeline, sequences
 from impala_tf.checkpoints.store import learner_checkpoint
 from impala_tf.config import ImpalaConfig
 from impala_tf.envs.spaces import probe_spaces
@@ -87,6 +88,30 @@ def test_a_bad_precision_is_an_error_naming_the_key(value):
 def test_the_precisions_are_valid_and_float32_is_the_default(value):
     assert ImpalaConfig().precision == "float32"
     _config(precision=value).validate()
+
+
+@pytest.mark.parametrize("value", ["bfloat16", "float16", "auto", 32])
+def test_a_bad_inference_precision_is_an_error_naming_the_key(value):
+    with pytest.raises(ValueError, match="`inference_precision`"):
+        _config(inference_precision=value).validate()
+
+
+@pytest.mark.parametrize(
+    "precision, inference, acting",
+    [
+        ("float32", None, "float32"),
+        (BF16, None, BF16),
+        (BF16, "float32", "float32"),
+        ("float32", BF16, BF16),
+    ],
+)
+def test_the_acting_models_follow_precision_unless_inference_precision_is_set(
+    precision, inference, acting
+):
+    assert ImpalaConfig().inference_precision is None
+    config = _config(precision=precision, inference_precision=inference)
+    config.validate()
+    assert config.acting_precision == acting
 
 
 def test_the_dtype_policy_is_scoped_to_the_block_even_when_it_raises():
@@ -236,6 +261,9 @@ def test_a_float32_checkpoint_loads_into_bfloat16_models_for_evaluation_and_expo
     for a, b in zip(f32.get_weights(), bf16.get_weights()):
         assert b.dtype == np.float32
         np.testing.assert_array_equal(a, b)
+    # Evaluation and export act: `inference_precision` decides when it is set.
+    split = bf16_config.copy().update_from_dict({"inference_precision": "float32"})
+    assert load_policy_model(LEGACY, split)[0].torso.compute_dtype == "float32"
     weights, _ = load_checkpoint_policies(LEGACY, bf16_config, probe_spaces(bf16_config))
     for a, b in zip(f32.get_weights(), weights[DEFAULT_POLICY_ID][0]):
         np.testing.assert_array_equal(a, b)
@@ -276,6 +304,40 @@ def test_an_env_runner_builds_its_tensorflow_policy_in_the_configured_precision(
     batch = fragment.batches[DEFAULT_POLICY_ID]
     for column in ("action_dist_inputs", "vf_preds", "action_logp"):
         assert batch[column].dtype == np.float32 and np.all(np.isfinite(batch[column])), column
+
+
+def test_a_bfloat16_learner_with_float32_actors_trains_on_their_fragments():
+    """`precision: mixed_bfloat16` with `inference_precision: float32`: the learner's torso
+    computes in bfloat16, the env runner's in float32, and the runner's fragment (float32
+    behaviour logits) trains the learner to finite stats with the weights round-tripping."""
+    config = _config(precision=BF16, inference_precision="float32", num_envs_per_env_runner=2)
+    config.training(
+        model={"fcnet_hiddens": [8], "use_lstm": True, "lstm_cell_size": 8},
+        train_batch_size=2 * T,  # One fragment of 2 envs.
+    )
+    config.debugging(seed=0)
+    runner = EnvRunner(config, worker_index=1)
+    learner = ImpalaLearner(config, runner.observation_space, runner.action_space)
+    assert learner.model.torso.compute_dtype == "bfloat16"
+    assert runner.policy.model.torso.compute_dtype == "float32"
+    runner.set_weights({DEFAULT_POLICY_ID: (learner.get_policy_weights(), 0)})
+    batch = runner.sample().batches[DEFAULT_POLICY_ID]
+    assert batch["action_dist_inputs"].dtype == np.float32
+    states = sequences.state_column_shapes(
+        T, config.model["max_seq_len"], tuple(s.shape[1:] for s in learner.model.initial_state(1))
+    )
+    signature = pipeline.batch_signature(
+        config, runner.observation_space, runner.action_space, state_shapes=states
+    )
+    (shard,) = pipeline.replica_shards(batch, signature, 1)
+    stats = learner.train_step({k: tf.constant(v) for k, v in shard.items()})
+    assert all(np.isfinite(v.numpy()).all() for v in stats.values())
+    assert int(learner.num_grad_updates.numpy()) == 1
+    weights = learner.get_policy_weights()
+    assert {w.dtype for w in weights} == {np.dtype(np.float32)}
+    runner.set_weights({DEFAULT_POLICY_ID: (weights, 1)})
+    for a, b in zip(weights, runner.get_weights()[DEFAULT_POLICY_ID]):
+        np.testing.assert_array_equal(a, b)
 
 
 def test_the_inference_server_builds_each_policy_in_its_precision():

@@ -202,11 +202,11 @@ class AlgorithmConfig:
     # backward; the all-reduce and the optimizer step stay outside XLA). True, False, or "auto"
     # (`impala_tf.devices.resolve_jit_compile`: off on a CPU, where it measured slower).
     jit_compile_update: bool | str = _key("auto", "training")
-    # Not an RLlib key (RLlib's TF policies have no mixed precision): the Keras dtype policy every
-    # TensorFlow model of the run is built under (learner, TF actors, the inference server,
-    # evaluation, export). "mixed_bfloat16": torsos compute in bfloat16, variables, heads, LSTM
-    # core, V-trace and the loss stay float32 (`impala_tf.models.precision`). Numpy MLP actors
-    # act in float32 either way.
+    # Not an RLlib key (RLlib's TF policies have no mixed precision): the Keras dtype policy the
+    # learner's model is built under, and the acting models' (TF actors, the inference server,
+    # evaluation, export) unless `inference_precision` is set. "mixed_bfloat16": torsos compute
+    # in bfloat16, variables, heads, LSTM core, V-trace and the loss stay float32
+    # (`impala_tf.models.precision`). Numpy MLP actors act in float32 either way.
     precision: str = _key("float32", "training")
     # Not an RLlib key: the dtype policy of the models that act (TF actors, the inference
     # server, evaluation, export) when it differs from the learner's `precision`; None: the

