@@ -19,6 +19,8 @@ import tensorflow as tf
 from impala_tf import checkpoints, losses, pipeline, sequences
 from impala_tf.checkpoints.store import learner_checkpoint
 from impala_tf.config import ImpalaConfig
+from impala_tf.config.policies import PolicySpec
+from impala_tf.driver.plan import make_plan
 from impala_tf.envs.spaces import probe_spaces
 from impala_tf.evaluation import load_checkpoint_policies, load_policy_model
 from impala_tf.inference import InferenceServer, RemotePolicy
@@ -27,10 +29,12 @@ from impala_tf.models import build_model
 from impala_tf.models.precision import dtype_policy
 from impala_tf.numpy_policy import NumpyPolicy, make_policy
 from impala_tf.policy import ActorPolicy
+from impala_tf.rollout import make_env_runner
 from impala_tf.rollout.env_runner import EnvRunner
 from impala_tf.rollout.fragment import DEFAULT_POLICY_ID
 from tests.support import batches as fakes
 from tests.support import strategies
+from tests.support.configs import small_config
 
 VEC = gym.spaces.Box(-1.0, 1.0, (4,), np.float32)
 IMG = gym.spaces.Box(0, 255, (36, 36, 2), np.uint8)  # The Nature CNN's smallest input.
@@ -338,6 +342,22 @@ def test_a_bfloat16_learner_with_float32_actors_trains_on_their_fragments():
     runner.set_weights({DEFAULT_POLICY_ID: (weights, 1)})
     for a, b in zip(weights, runner.get_weights()[DEFAULT_POLICY_ID]):
         np.testing.assert_array_equal(a, b)
+
+
+def test_a_multi_agent_runner_builds_each_policy_in_its_acting_precision():
+    """Per-policy configs may set `inference_precision` too (`policies[pid].config`)."""
+    config = small_config(policies=2, num_envs_per_env_runner=2, precision=BF16)
+    config.training(model={"fcnet_hiddens": [8], "use_lstm": True, "lstm_cell_size": 8})
+    config.multi_agent(
+        policies={"p0": PolicySpec(), "p1": PolicySpec(config={"inference_precision": "float32"})}
+    )
+    config.validate()
+    runner = make_env_runner(config, make_plan(config).multi_agent, worker_index=1)
+    try:
+        dtypes = {pid: p.model.torso.compute_dtype for pid, p in runner.policies.items()}
+    finally:
+        runner.close()
+    assert dtypes == {"p0": "bfloat16", "p1": "float32"}
 
 
 def test_the_inference_server_builds_each_policy_in_its_precision():
