@@ -63,6 +63,7 @@ def test_bench_gpu_prints_its_plan_without_a_gpu_and_refuses_to_measure_on_a_cpu
     dry = subprocess.run([*run, "--dry"], capture_output=True, text=True, cwd=root, env=env)
     assert dry.returncode == 0, dry.stderr
     assert "jit_compile_update=True" in dry.stdout and "batch 2,000" in dry.stdout
+    assert "mixed_bfloat16" in dry.stdout
     refused = subprocess.run(run, capture_output=True, text=True, cwd=root, env=env)
     assert refused.returncode == 2
     assert "sees none" in refused.stderr and "tools.bench_learner" in refused.stderr

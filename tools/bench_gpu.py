@@ -9,10 +9,12 @@ are meant for a GPU, and on a CPU `tools.bench_learner` measures the same update
 the repository root. Parts (together one BENCHMARKS.md section, `bench_gpu`):
 
 * `learner` - one `ImpalaLearner` update of the Nature CNN (84x84x4 uint8 frames) at batch 500
-  and 2,000, with `jit_compile_update` False and True, next to a bare Keras model of the same
-  CNN torso and heads doing forward, backward and Adam on a plain loss; interleaved rounds,
-  batches already on the GPU, results fetched. Answers "how far is the learner from Keras on
-  the GPU" and "should `jit_compile_update: auto` turn XLA on for GPUs".
+  and 2,000, with `jit_compile_update` False and True, and with `precision: mixed_bfloat16`
+  (XLA off), next to a bare Keras model of the same CNN torso and heads doing forward, backward
+  and Adam on a plain loss; interleaved rounds, batches already on the GPU, results fetched.
+  Answers "how far is the learner from Keras on the GPU", "should `jit_compile_update: auto`
+  turn XLA on for GPUs" and "what does a bfloat16 learner gain there" (actors on CPUs would keep
+  `inference_precision: float32`, BENCHMARKS.md `bench_learner_bf16`).
 * `thread` - updates/s through the whole learner thread (host batches on the inqueue, the
   loader cutting and copying them onto the GPU in its two slots, one host read per update) at
   batch 500, and the GPU's utilisation meanwhile: what the update alone reaches vs what the
@@ -56,7 +58,8 @@ def plan(parts: list[str], repeats: int, pong_seconds: float) -> str:
     lines = []
     if "learner" in parts:
         lines += [
-            f"learner: Nature CNN update at batch {b:,}, XLA off / on, vs bare Keras; "
+            f"learner: Nature CNN update at batch {b:,}, XLA off / on, mixed_bfloat16 (XLA "
+            f"off), vs bare Keras; "
             f"5 interleaved rounds of {repeats} updates"
             for b in (500, 2000)
         ]
@@ -163,6 +166,13 @@ def bench_learner(repeats: int) -> list[str]:
             ),
             "learner, XLA on": bl._learner_step(
                 "cnn", batch, tf.distribute.get_strategy(), jit_compile_update=True
+            ),
+            "learner, mixed_bfloat16, XLA off": bl._learner_step(
+                "cnn",
+                batch,
+                tf.distribute.get_strategy(),
+                jit_compile_update=False,
+                precision="mixed_bfloat16",
             ),
             "bare Keras CNN": _keras_cnn_step(batch),
         }
