@@ -307,7 +307,9 @@ class Impala:
         """
         start = time.perf_counter()
         if self._evaluator is None:
-            self._evaluator = Evaluator(self.config.get_evaluation_config(), self.plan.multi_agent)
+            self._evaluator = Evaluator(
+                self.config.get_evaluation_config(), self.plan.multi_agent, models=self.plan.models
+            )
         episodes = self._evaluator.run(
             self.broadcaster.latest(),
             self.actors.filters_to_send(),

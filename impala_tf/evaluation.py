@@ -35,8 +35,10 @@ from impala_tf.checkpoints.store import read_state, resolve_checkpoint_dir, rest
 from impala_tf.config.base import AlgorithmConfig
 from impala_tf.config.policies import policy_config
 from impala_tf.driver.metrics import new_api_episode_stats, summarize_episodes
+from impala_tf.driver.plan import policy_model
 from impala_tf.envs.spaces import EnvSpaces, probe_spaces
-from impala_tf.models import build_model
+from impala_tf.models.catalog import build_model
+from impala_tf.models.spec import ModelSpec
 from impala_tf.rollout import make_env_runner
 from impala_tf.rollout.fragment import Episode
 from impala_tf.video import (
@@ -65,6 +67,8 @@ class Evaluator:
       config: The evaluation config (`AlgorithmConfig.get_evaluation_config()` applied).
       multi_agent: The env is a `MultiAgentEnv`.
       explore: Overrides the config's `explore`.
+      models: {policy_id: the policy's resolved model} (`RuntimePlan.models`); None resolves
+        them from `config`.
 
     Attributes:
       video: What is recorded (`VideoSettings.from_config(config)`); None records nothing.
@@ -73,7 +77,13 @@ class Evaluator:
         fps); empty when it recorded none.
     """
 
-    def __init__(self, config: AlgorithmConfig, multi_agent: bool, explore: bool | None = None):
+    def __init__(
+        self,
+        config: AlgorithmConfig,
+        multi_agent: bool,
+        explore: bool | None = None,
+        models: Mapping[str, ModelSpec] | None = None,
+    ):
         config = config.copy()
         config.env_runners(num_envs_per_env_runner=1)
         self.video = VideoSettings.from_config(config)
@@ -81,7 +91,12 @@ class Evaluator:
             config.env_config = rendering_env_config(config.env_config)
         self.config = config
         self.runner = make_env_runner(
-            config, multi_agent, worker_index=0, explore=explore, update_filter=False
+            config,
+            multi_agent,
+            worker_index=0,
+            explore=explore,
+            update_filter=False,
+            models=models,
         )
         self.recorder: EpisodeRecorder | None = None
         if self.video is not None:
@@ -185,12 +200,15 @@ def policy_episodes(episodes: Sequence[Episode], policy_id: str) -> list[Episode
 
 
 def load_checkpoint_policies(
-    checkpoint_dir: str, config: AlgorithmConfig, spaces: EnvSpaces
+    checkpoint_dir: str,
+    config: AlgorithmConfig,
+    spaces: EnvSpaces,
+    models: Mapping[str, ModelSpec] | None = None,
 ) -> tuple[dict[str, tuple], dict[str, filter_lib.Filter] | None]:
     """Every policy's weights and the run's observation filters, from a checkpoint.
 
-    Each policy's model is rebuilt from its config and spaces and its `model` part restored
-    (`impala_tf.checkpoints.store.restore_model`).
+    Each policy's model is rebuilt from its resolved model (`models`, else its config) and
+    spaces and its `model` part restored (`impala_tf.checkpoints.store.restore_model`).
 
     Returns:
       ({policy_id: (weights, 0)}, {policy_id: Filter} or None without filters).
@@ -199,7 +217,8 @@ def load_checkpoint_policies(
     weights = {}
     for pid, (obs, act) in spaces.policies.items():
         pconfig = policy_config(config, pid)
-        model = build_model(obs, act, pconfig.model, precision=pconfig.acting_precision)
+        spec = models[pid] if models is not None else policy_model(config, pid)
+        model = build_model(obs, act, spec, precision=pconfig.acting_precision)
         restore_model(model, checkpoint_dir, pid)
         weights[pid] = (model.get_weights(), 0)
     saved = read_state(checkpoint_dir)["observation_filters"]
@@ -243,8 +262,9 @@ def evaluate_checkpoint(
             f"--policy_id={policy_id}: no such policy in {checkpoint_dir}; it has "
             f"{spaces.policy_ids}."
         )
-    weights, filters = load_checkpoint_policies(checkpoint_dir, config, spaces)
-    evaluator = Evaluator(config, spaces.multi_agent, explore)
+    models = {pid: policy_model(config, pid) for pid in spaces.policies}
+    weights, filters = load_checkpoint_policies(checkpoint_dir, config, spaces, models)
+    evaluator = Evaluator(config, spaces.multi_agent, explore, models)
     try:
         episodes = evaluator.run(weights, filters, num_episodes, config.seed)
         if recordings is not None:
@@ -287,7 +307,8 @@ def load_policy_model(
         )
     obs, act = spaces.policies[policy_id]
     pconfig = policy_config(config, policy_id)
-    model = build_model(obs, act, pconfig.model, precision=pconfig.acting_precision)
+    spec = policy_model(config, policy_id)
+    model = build_model(obs, act, spec, precision=pconfig.acting_precision)
     restore_model(model, checkpoint_dir, policy_id)
     saved = read_state(checkpoint_dir)["observation_filters"].get(policy_id)
     obs_filter = filter_lib.filter_from_state(saved) if saved is not None else None

@@ -113,8 +113,8 @@ class InferenceServer:
     """Runs the acting models in the driver for every connected actor (a daemon thread).
 
     Args:
-      policies: {policy_id: (observation_space, action_space, model_config)}, the model config
-        holding RLlib model keys (`impala_tf.models.build_model`).
+      policies: {policy_id: (observation_space, action_space, model)}, the model being the
+        policy's resolved `ModelSpec` (or RLlib model keys; `impala_tf.models.build_model`).
       precisions: {policy_id: the policy's `precision` config key}, the Keras dtype policy its
         model is built under; a policy not in it is built in float32.
       frame_stacks: {policy_id: (k, s)} of the policies whose envs stack frames
@@ -124,7 +124,7 @@ class InferenceServer:
 
     def __init__(
         self,
-        policies: Mapping[str, tuple[gym.Space, gym.Space, dict]],
+        policies: Mapping[str, tuple[gym.Space, gym.Space, Any]],
         precisions: Mapping[str, str] | None = None,
         frame_stacks: Mapping[str, tuple[int, int]] | None = None,
     ):
@@ -181,6 +181,12 @@ class InferenceServer:
     def state_shapes(self) -> dict[str, list[tuple[int, ...]]]:
         """{policy_id: per-env shapes of the model's recurrent state ([] if it has none)}."""
         return {pid: list(shapes) for pid, shapes in self._state_shapes.items()}
+
+    @property
+    def initial_states(self) -> dict[str, list[np.ndarray]]:
+        """{policy_id: one env's recurrent state before its first step ([] if it has none)}:
+        what each actor's `RemotePolicy` starts and restarts its envs from."""
+        return {pid: [s[0] for s in p.initial_state(1)] for pid, p in self._policies.items()}
 
     # Weights ----------------------------------------------------------------------------------
 

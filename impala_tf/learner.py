@@ -74,7 +74,8 @@ from impala_tf import devices, distributions, losses, sequences
 from impala_tf import frames as frames_lib
 from impala_tf.config.base import AlgorithmConfig
 from impala_tf.gradients import GradientAccumulators, apply_summed, check_plain_optimizer
-from impala_tf.models import build_model
+from impala_tf.models.catalog import build_model
+from impala_tf.models.spec import ModelSpec, model_spec
 from impala_tf.sample_batch import OBS, OBS_FRAMES, OBS_RESTARTS
 
 __all__ = ["ImpalaLearner", "piecewise_linear", "STATS_KEYS"]
@@ -150,16 +151,17 @@ class ImpalaLearner(keras.Model):
         config: AlgorithmConfig,
         observation_space: gym.Space,
         action_space: gym.Space,
-        model: keras.Model | None = None,
+        model: keras.Model | ModelSpec | None = None,
         name: str = "impala_learner",
     ):
         super().__init__(name=name)
         self.config = config
         self.observation_space = observation_space
         self.action_space = action_space
-        self.model = model or build_model(
-            observation_space, action_space, config.model, precision=config.precision
-        )
+        if model is None or isinstance(model, ModelSpec):
+            spec = model_spec(config.model if model is None else model)
+            model = build_model(observation_space, action_space, spec, precision=config.precision)
+        self.model = model
         self._lr_points = config.lr_schedule_points()
         self._entropy_points = config.entropy_coeff_schedule_points()
         self._separate_vf = bool(config._separate_vf_optimizer)

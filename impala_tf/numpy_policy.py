@@ -18,12 +18,14 @@ and last, with `free_log_std`, the free log-std vector appended to the Gaussian 
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import gymnasium as gym
 import numpy as np
 
 from impala_tf.action_sampler import SUPPORTED_ACTION_SPACES, ActionSampler, SamplerState
 from impala_tf.config.keys import MODEL_DEFAULTS
+from impala_tf.models.spec import ModelSpec
 from impala_tf.policy_step import PolicyStep
 
 __all__ = ["NumpyPolicy", "make_policy", "supports"]
@@ -45,15 +47,17 @@ _OBS_SPACES = (
 )
 
 
-def _resolved(model_config: dict | None) -> dict:
-    """`model_config` over RLlib's defaults (`config.MODEL_DEFAULTS`), as the catalog reads it."""
+def _resolved(model_config: Any) -> dict:
+    """`model_config` (RLlib keys, or a `ModelSpec`) over RLlib's defaults, as the catalog
+    reads it."""
+    if isinstance(model_config, ModelSpec):
+        return dict(model_config.config)
     return {**MODEL_DEFAULTS, **(model_config or {})}
 
 
-def supports(
-    observation_space: gym.Space, action_space: gym.Space, model_config: dict | None
-) -> bool:
-    """True when the model for these spaces and RLlib model keys is a feed-forward MLP."""
+def supports(observation_space: gym.Space, action_space: gym.Space, model_config: Any) -> bool:
+    """True when the model for these spaces and RLlib model keys (or `ModelSpec`) is one of
+    the catalog's feed-forward MLPs (never a custom model)."""
     if not isinstance(observation_space, _OBS_SPACES) or not isinstance(
         action_space, SUPPORTED_ACTION_SPACES
     ):
@@ -74,7 +78,8 @@ class NumpyPolicy(SamplerState):
     Args:
       observation_space: The env's observation space.
       action_space: The env's action space.
-      model_config: RLlib model keys (`fcnet_hiddens`, `fcnet_activation`, `vf_share_layers`).
+      model_config: RLlib model keys (`fcnet_hiddens`, `fcnet_activation`, `vf_share_layers`),
+        or the policy's `ModelSpec`.
       explore: Sample actions when True, take the distribution's mode when False.
       seed: Seed of the action sampling; None draws one at random.
     """
@@ -85,7 +90,7 @@ class NumpyPolicy(SamplerState):
         self,
         observation_space: gym.Space,
         action_space: gym.Space,
-        model_config: dict | None = None,
+        model_config: Any = None,
         explore: bool = True,
         seed: int | None = None,
     ):
@@ -179,12 +184,14 @@ class NumpyPolicy(SamplerState):
 def make_policy(
     observation_space: gym.Space,
     action_space: gym.Space,
-    model_config: dict | None = None,
+    model_config: Any = None,
     explore: bool = True,
     seed: int | None = None,
     precision: str = "float32",
 ):
-    """The acting policy for these spaces: `NumpyPolicy` for MLPs, else `ActorPolicy` (TF).
+    """The acting policy for these spaces: `NumpyPolicy` for the catalog's MLPs, else
+    `ActorPolicy` (TF; custom models among them). `model_config` is RLlib model keys or the
+    policy's `ModelSpec`.
 
     `precision` (the config key) applies to `ActorPolicy`'s Keras model; `NumpyPolicy` computes
     in float32 numpy whatever it says.

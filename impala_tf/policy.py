@@ -75,7 +75,8 @@ class ActorPolicy(SamplerState):
     Args:
       observation_space: The env's observation space.
       action_space: The env's action space.
-      model_config: RLlib model keys (see `impala_tf.models.build_model`).
+      model_config: RLlib model keys, or the policy's `ModelSpec` (see
+        `impala_tf.models.build_model`).
       explore: Sample actions when True, take the distribution's mode when False (RLlib
         `explore`).
       seed: Seed of the stateless action sampling; None draws one at random.
@@ -87,7 +88,7 @@ class ActorPolicy(SamplerState):
         self,
         observation_space: gym.Space,
         action_space: gym.Space,
-        model_config: dict | None = None,
+        model_config: Any = None,
         explore: bool = True,
         seed: int | None = None,
         precision: str = "float32",

@@ -89,8 +89,9 @@ class RemotePolicy(SamplerState):
       conn: The actor's connection to the server (`connect`), shared by all its policies.
       policy_id: The id of the policy on the server ("default_policy" for single-agent).
       action_space: The policy's action space.
-      state_shapes: Shapes of the recurrent state arrays per env ([] if not recurrent), as
-        `InferenceServer.state_shapes[policy_id]`.
+      state_shapes: The recurrent state of one env before its first step ([] if not
+        recurrent): its arrays (`InferenceServer.initial_states[policy_id]`), or their shapes
+        for a state that starts at zeros (`InferenceServer.state_shapes[policy_id]`).
       explore: Sample (True) or take the mode.
       seed: Seed of the action sampler.
       frame_stack: (k, s) when the env stacks frames (`impala_tf.frames`) and the server keeps
@@ -103,7 +104,7 @@ class RemotePolicy(SamplerState):
         conn: connection.Connection,
         policy_id: str,
         action_space: gym.Space,
-        state_shapes: list[tuple[int, ...]],
+        state_shapes: list[tuple[int, ...] | np.ndarray],
         explore: bool = True,
         seed: int | None = None,
         frame_stack: tuple[int, int] | None = None,
@@ -112,14 +113,17 @@ class RemotePolicy(SamplerState):
         self.policy_id = str(policy_id)
         self.action_space = action_space
         self.sampler = ActionSampler(action_space, explore, seed)
-        self._state_shapes = [tuple(s) for s in state_shapes]
-        self.is_recurrent = bool(self._state_shapes)
+        self._initial = [
+            np.asarray(s, np.float32) if isinstance(s, np.ndarray) else np.zeros(s, np.float32)
+            for s in state_shapes
+        ]
+        self.is_recurrent = bool(self._initial)
         self.frame_stack = None if frame_stack is None else tuple(int(d) for d in frame_stack)
         self._stacks_kept = False  # The server holds this policy's stacks of the actor's envs.
 
     def initial_state(self, batch_size: int) -> tuple:
-        """The zero recurrent state for `batch_size` envs (() if none)."""
-        return tuple(np.zeros((batch_size, *s), np.float32) for s in self._state_shapes)
+        """The recurrent state of `batch_size` envs before their first step (() if none)."""
+        return tuple(np.repeat(s[None], batch_size, axis=0) for s in self._initial)
 
     def step(
         self, obs: np.ndarray, state: tuple = (), stack_restarts: np.ndarray | None = None

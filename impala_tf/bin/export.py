@@ -10,9 +10,10 @@ B is batch. The SavedModel's `serving_default` signature takes `obs`, a batch of
 * `logits`: float32 [B, A], the action distribution's inputs (RLlib's `action_dist_inputs`);
 * `values`: float32 [B], V(x).
 
-Recurrent models (`use_lstm`) also take `state_in_0`, `state_in_1` (float32 [B, H]: h and c) and
-return `state_out_0`, `state_out_1`; their `initial_state` signature maps `batch_size` (int32
-scalar) to the zero state `state_in_0`, `state_in_1`. Zero a row's state when its episode ends.
+Recurrent models (`use_lstm`, or a custom recurrent model) also take `state_in_0`, `state_in_1`,
+... (float32 [B, H] each; h and c for `use_lstm`) and return `state_out_0`, `state_out_1`, ...;
+their `initial_state` signature maps `batch_size` (int32 scalar) to the state before the first
+step (zeros for `use_lstm`). Set a row's state back to it when its episode ends.
 
 With `observation_filter: MeanStdFilter` the run's merged filter (saved in the checkpoint) is part
 of the SavedModel: `obs` is the raw observation, standardised inside by the filter's mean and
@@ -96,21 +97,18 @@ def serving_module(model, action_space, obs_filter=None):
         return module, {"serving_default": serve}
 
     zero = model.initial_state(1)
-    if len(zero) != 2:
-        raise ValueError(f"Expected an (h, c) recurrent state, got {len(zero)} tensors.")
     state_specs = [
         tf.TensorSpec([None, *s.shape[1:]], s.dtype, name=f"state_in_{i}")
         for i, s in enumerate(zero)
     ]
 
     @tf.function(input_signature=[obs_spec, *state_specs])
-    def serve_recurrent(obs, state_in_0, state_in_1):
-        return act(obs, (state_in_0, state_in_1))
+    def serve_recurrent(obs, *state):
+        return act(obs, tuple(state))
 
     @tf.function(input_signature=[tf.TensorSpec([], tf.int32, name="batch_size")])
     def initial_state(batch_size):
-        h, c = model.initial_state(batch_size)
-        return {"state_in_0": h, "state_in_1": c}
+        return {f"state_in_{i}": s for i, s in enumerate(model.initial_state(batch_size))}
 
     module.serve = serve_recurrent
     module.initial_state = initial_state

@@ -31,6 +31,7 @@ from impala_tf.checkpoints.store import (
     write_checkpoint,
 )
 from impala_tf.config import ImpalaConfig
+from impala_tf.models.spec import register_stored_models
 
 __all__ = [
     "CHECKPOINTS_DIR",
@@ -61,12 +62,18 @@ __all__ = [
 def load_config(checkpoint_dir: str) -> ImpalaConfig:
     """Rebuilds the `ImpalaConfig` a checkpoint was trained with.
 
+    Custom models the run named by a registered name (`ModelCatalog.register_custom_model`)
+    are registered again here from the import paths the checkpoint keeps
+    (`"custom_models"` of `driver_state.json`), unless this process registered the name.
+
     Args:
       checkpoint_dir: Anything `resolve_checkpoint_dir` accepts.
 
     Raises:
       FileNotFoundError: if there is no checkpoint there.
       ValueError: if the checkpoint holds no config (it was trained on an `env` callable, which
-        JSON cannot store).
+        JSON cannot store), or a registered custom model's path does not import here.
     """
-    return ImpalaConfig.from_dict(read_config_dict(checkpoint_dir))
+    config = read_config_dict(checkpoint_dir)
+    register_stored_models(read_driver_state(checkpoint_dir).get("custom_models") or {})
+    return ImpalaConfig.from_dict(config)

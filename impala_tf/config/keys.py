@@ -74,12 +74,15 @@ MODEL_DEFAULTS: dict[str, Any] = {
     "free_log_std": False,
     # Ours: uint8 pixels enter RLlib's vision network as x - 128 (-128..127) instead of 0..255.
     "center_pixels": False,
+    # Keyword arguments of a custom model's constructor (`custom_model`).
+    "custom_model_config": {},
 }
 
 ACTIVATIONS = ("relu", "tanh", "elu", "swish", "linear")
 ACTOR_BACKENDS = ("local", "ray")
 #: A Ray GCS address, HOST:PORT (a host name, IPv4 address or bracketed IPv6 address).
 RAY_ADDRESS = re.compile(r"^(?:\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_.-]+):(?:[1-9][0-9]{0,4})$")
+#: The catalog's own `custom_model` names (any other string is a registered name or import path).
 CUSTOM_MODELS = (None, "nature_cnn", "impala_resnet")
 OPTIMIZERS = ("adam", "rmsprop")
 #: The `precision` key's values, each the name of the Keras dtype policy it builds models under.
@@ -161,7 +164,6 @@ IGNORED_MODEL: dict[str, str] = {
         "[-1, 1] scaling in RLlib's generic pixel preprocessor, not its DeepMind path; see "
         "`center_pixels`"
     ),
-    "custom_model_config": "the built-in custom models take no options",
 }
 
 # RLlib keys with no faithful equivalent: a non-None value is an error with this explanation.

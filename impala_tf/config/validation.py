@@ -346,10 +346,21 @@ def _model(config) -> None:
     for key in ("fcnet_activation", "conv_activation", "post_fcnet_activation"):
         if model[key] not in ACTIVATIONS:
             raise ValueError(f"`model.{key}` must be one of {ACTIVATIONS}, got {model[key]!r}.")
-    if model["custom_model"] not in CUSTOM_MODELS:
+    custom = model["custom_model"]
+    if not (custom is None or isinstance(custom, str) or callable(custom)):
         raise ValueError(
-            f"`model.custom_model` must be one of {CUSTOM_MODELS}, got {model['custom_model']!r}."
+            f"`model.custom_model` must be None, one of {CUSTOM_MODELS[1:]}, a name registered "
+            "with ModelCatalog.register_custom_model, an import path `package.module:Name` or "
+            f"a model class; got {custom!r}."
         )
+    if not isinstance(model.get("custom_model_config", {}), dict):
+        raise ValueError(
+            "`model.custom_model_config` must be a dict (the custom model's keyword "
+            f"arguments), got {model['custom_model_config']!r}."
+        )
+    from impala_tf.models.spec import resolve_custom_model  # No TensorFlow.
+
+    resolve_custom_model(custom)  # An unknown name or an import path that does not resolve.
     filters = model["conv_filters"]
     if filters is not None and not (
         isinstance(filters, list) and filters and all(is_conv_filter(f) for f in filters)

@@ -77,7 +77,9 @@ class LearnerGroup:
             for pid in self.policy_ids:
                 name = "impala_learner" if single else f"learner_{pid}"
                 obs, act = plan.spaces.policies[pid]
-                self.learners[pid] = ImpalaLearner(self.configs[pid], obs, act, name=name)
+                self.learners[pid] = ImpalaLearner(
+                    self.configs[pid], obs, act, model=plan.models[pid], name=name
+                )
         for pid in self.trained:
             pconfig, learner = self.configs[pid], self.learners[pid]
             state_shapes = sequences.state_column_shapes(

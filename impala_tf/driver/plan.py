@@ -1,7 +1,9 @@
 """`RuntimePlan`: every mode of a run, decided once per build from the config and the env.
 
 The only reader of `actor_backend`, `inference` and deterministic mode. A plan holds the env's
-spaces (probed once, `impala_tf.envs.spaces`), the trained policies, where the actors run
+spaces (probed once, `impala_tf.envs.spaces`), each policy's model resolved once
+(`impala_tf.models.spec.ModelSpec`: what the actors, the inference server, the learners and
+evaluation build), the trained policies, where the actors run
 (`"process"`: local processes, the embedded default; `"ray"`: Ray actors), where they act
 (central inference or each actor), whether their processes need TensorFlow, and the schedule
 (asynchronous, or lockstep for deterministic runs). The driver's collaborators read the plan;
@@ -29,10 +31,11 @@ import numpy as np
 from impala_tf.config.base import AlgorithmConfig
 from impala_tf.config.policies import policy_config, policy_ids_to_train
 from impala_tf.envs.spaces import EnvSpaces, probe_spaces
+from impala_tf.models.spec import ModelSpec, check_transport, model_spec
 from impala_tf.numpy_policy import supports
 from impala_tf.workers.memory import ActorMemoryError, check_actor_memory
 
-__all__ = ["RuntimePlan", "check_deterministic", "derived_seed", "make_plan"]
+__all__ = ["RuntimePlan", "check_deterministic", "derived_seed", "make_plan", "policy_model"]
 
 #: Fork-server preload of actors that act in numpy or through the inference server.
 _NUMPY_PRELOAD = ("impala_tf.rollout.host",)
@@ -46,6 +49,7 @@ class RuntimePlan:
 
     Attributes:
       spaces: The env's policies and spaces, probed once.
+      models: {policy_id: the policy's resolved model}.
       trained: The ids of the policies the learners update (`policies_to_train`).
       backend: Where actors and aggregation workers run: "process" or "ray".
       central_inference: The driver's inference server acts for every actor.
@@ -54,6 +58,7 @@ class RuntimePlan:
     """
 
     spaces: EnvSpaces
+    models: dict[str, ModelSpec]
     trained: tuple[str, ...]
     backend: str
     central_inference: bool
@@ -82,24 +87,35 @@ def make_plan(
     Raises:
       ValueError: `deterministic` with a config that cannot run in lockstep (the message lists
         what to change), or a policy mapping that names an unknown policy.
+      impala_tf.models.spec.ModelError: a `custom_model` that names nothing, or one that
+        cannot be sent to the actor processes (a ValueError).
     """
     if deterministic:
         check_deterministic(config)
     spaces = probe_spaces(config) if spaces is None else spaces
     backend = "ray" if config.actor_backend == "ray" else "process"
+    models = {pid: policy_model(config, pid) for pid in spaces.policies}
+    for pid, spec in models.items():
+        check_transport(spec, pid)
     numpy_actors = all(
-        supports(obs, act, policy_config(config, pid).model)
-        for pid, (obs, act) in spaces.policies.items()
+        supports(obs, act, models[pid]) for pid, (obs, act) in spaces.policies.items()
     )
     central = _central_inference(config, spaces, backend, numpy_actors)
     return RuntimePlan(
         spaces=spaces,
+        models=models,
         trained=tuple(p for p in policy_ids_to_train(config) if p in spaces.policies),
         backend=backend,
         central_inference=central,
         actors_need_tensorflow=not (central or numpy_actors),
         deterministic=bool(deterministic),
     )
+
+
+def policy_model(config: AlgorithmConfig, policy_id: str) -> ModelSpec:
+    """The resolved model of one policy: its `model` config, per-policy overrides applied."""
+    where = "model" if config.policies is None else f"policies[{policy_id!r}].config.model"
+    return model_spec(policy_config(config, policy_id).model, where)
 
 
 def _central_inference(

@@ -92,7 +92,7 @@ class EnvRunnerGroup:
       counters: The driver's counters (failures and restarts are counted here).
       host_factory: What each actor worker hosts (`impala_tf.rollout.host.make_runner_host`;
         `tools.bench_driver` replays recorded fragments instead), called with the actor id and
-        `(config, multi_agent, endpoint, state_shapes)`.
+        `(config, multi_agent, endpoint, initial_states, models)`.
     """
 
     def __init__(
@@ -125,7 +125,7 @@ class EnvRunnerGroup:
             configs = {pid: policy_config(config, pid) for pid in plan.spaces.policies}
             self.server = InferenceServer(
                 {
-                    pid: (obs, act, configs[pid].model)
+                    pid: (obs, act, plan.models[pid])
                     for pid, (obs, act) in plan.spaces.policies.items()
                 },
                 precisions={pid: c.acting_precision for pid, c in configs.items()},
@@ -168,14 +168,14 @@ class EnvRunnerGroup:
     def _factory_args(self, actor_id: int) -> tuple:
         endpoint, shapes = None, None
         if self.server is not None:
-            shapes = self.server.state_shapes
+            shapes = self.server.initial_states
             if self.plan.backend == "process":
                 endpoint = self.server.attach(actor_id)
             else:
                 if self._endpoint is None:
                     self._endpoint = self.server.listen(advertise=self.node_ip)
                 endpoint = self._endpoint
-        return (self.config, self.plan.multi_agent, endpoint, shapes)
+        return (self.config, self.plan.multi_agent, endpoint, shapes, self.plan.models)
 
     @property
     def node_ip(self) -> str:

@@ -37,6 +37,7 @@ from impala_tf.driver.learners import LearnerGroup
 from impala_tf.driver.metrics import Metrics
 from impala_tf.driver.plan import RuntimePlan, derived_seed
 from impala_tf.driver.sampling import EnvRunnerGroup
+from impala_tf.models.spec import registered_paths
 from impala_tf.rollout.fragment import DEFAULT_POLICY_ID
 
 __all__ = ["Progress", "SavedState", "check_pixel_centering"]
@@ -98,6 +99,8 @@ class SavedState:
             "multi_agent": self.plan.multi_agent,
             "policy_ids": self.plan.policy_ids,
             "observation_filters": {p: f.get_state() for p, f in self.actors.filters.items()},
+            # So that another process can build registered custom models (`load_config`).
+            "custom_models": registered_paths(self.plan.models),
         }
         runtime: dict[str, Any] = {"aggregator": self.aggregation.local.get_state(deterministic)}
         if deterministic:

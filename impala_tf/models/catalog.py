@@ -22,6 +22,9 @@ Torso choice (RLlib's ModelCatalog, with the IMPALA paper's networks added):
   same shape feeds the value head.
 - `use_lstm=True`: an LSTM core of `lstm_cell_size` between the torso and both heads, shared by
   policy and value (as RLlib's LSTM wrapper), so no separate value tower is built.
+
+Any other `custom_model` (a registered name, an import path or a class: `impala_tf.models.spec`)
+is the user's model, built and checked by `impala_tf.models.custom.CustomActorCritic`.
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ from impala_tf.models.mlp import MLP, get_activation
 from impala_tf.models.precision import dtype_policy
 from impala_tf.models.preprocessing import ObservationPreprocessor, is_image_space
 from impala_tf.models.recurrent import LSTMCore
+from impala_tf.models.spec import BUILTIN_MODELS, ModelSpec, model_spec, resolve_custom_model
 from impala_tf.models.vision import (
     ConvStack,
     ImpalaResNet,
@@ -51,7 +55,7 @@ __all__ = ["CUSTOM_MODELS", "MODEL_DEFAULTS", "build_model", "resolve_model_conf
 # RLlib's model defaults live in the (TensorFlow-free) config keys; one copy.
 MODEL_DEFAULTS: dict[str, Any] = {**RLLIB_MODEL_DEFAULTS, "use_attention": False}
 
-CUSTOM_MODELS = ("nature_cnn", "impala_resnet")
+CUSTOM_MODELS = BUILTIN_MODELS
 
 
 def resolve_model_config(model_config: dict[str, Any] | None) -> dict[str, Any]:
@@ -61,9 +65,9 @@ def resolve_model_config(model_config: dict[str, Any] | None) -> dict[str, Any]:
 
     Raises:
         ValueError: naming the key, for use_attention=True,
-            lstm_use_prev_action/lstm_use_prev_reward with use_lstm, an unknown custom_model,
-            a non-positive lstm_cell_size, bad activations, a malformed conv_filters or
-            post_fcnet_hiddens.
+            lstm_use_prev_action/lstm_use_prev_reward with use_lstm, a custom_model that names
+            nothing (`impala_tf.models.spec.resolve_custom_model`), a non-positive
+            lstm_cell_size, bad activations, a malformed conv_filters or post_fcnet_hiddens.
     """
     config = dict(MODEL_DEFAULTS)
     config.update(model_config or {})
@@ -74,11 +78,7 @@ def resolve_model_config(model_config: dict[str, Any] | None) -> dict[str, Any]:
             "model_config lstm_use_prev_action / lstm_use_prev_reward are not supported yet: "
             "the models do not take previous actions or rewards as inputs."
         )
-    custom = config["custom_model"]
-    if custom is not None and custom not in CUSTOM_MODELS:
-        raise ValueError(
-            f"model_config custom_model={custom!r} is unknown; use None or one of {CUSTOM_MODELS}."
-        )
+    resolve_custom_model(config["custom_model"])
     if int(config["lstm_cell_size"]) <= 0:
         raise ValueError(
             f"model_config lstm_cell_size must be > 0, got {config['lstm_cell_size']}."
@@ -108,16 +108,17 @@ def resolve_model_config(model_config: dict[str, Any] | None) -> dict[str, Any]:
 def build_model(
     observation_space: gym.Space,
     action_space: gym.Space,
-    model_config: dict[str, Any] | None = None,
+    model_config: dict[str, Any] | ModelSpec | None = None,
     name: str = "impala_model",
     precision: str = "float32",
-) -> ActorCritic:
+) -> Any:
     """Builds the actor-critic for the given spaces from RLlib-style model config keys.
 
     Args:
         observation_space: Box (vector or H x W x C image), Discrete, MultiDiscrete or MultiBinary.
         action_space: Discrete, MultiDiscrete or Box (see `impala_tf.distributions`).
-        model_config: RLlib model keys; missing ones take RLlib's defaults (`MODEL_DEFAULTS`).
+        model_config: RLlib model keys, or a policy's resolved `ModelSpec`; missing keys take
+            RLlib's defaults (`MODEL_DEFAULTS`).
             `lstm_use_prev_action` / `lstm_use_prev_reward` with `use_lstm` raise "not supported
             yet"; `max_seq_len` and `dim` are informational here. `post_fcnet_hiddens` and
             `post_fcnet_activation` apply to the vision network only (as RLlib).
@@ -127,13 +128,28 @@ def build_model(
             `impala_tf.models.precision`).
 
     Returns:
-        An `ActorCritic` with all variables created.
+        An `ActorCritic` with all variables created; for a user's `custom_model`, a
+        `impala_tf.models.custom.CustomActorCritic` (the same interface).
 
     Raises:
         ValueError: for unsupported spaces or config values, an image size with no default
-            filters (naming `conv_filters`), or an image too small for the torso.
+            filters (naming `conv_filters`), or an image too small for the torso;
+            `impala_tf.models.spec.ModelError` (a ValueError) for a custom model that does not
+            fit, naming it.
     """
-    config = resolve_model_config(model_config)
+    spec = model_spec(model_config)
+    if spec.custom is not None:
+        from impala_tf.models.custom import CustomActorCritic
+
+        with dtype_policy(precision):
+            return CustomActorCritic(
+                observation_space,
+                action_space,
+                spec,
+                num_outputs=logits_size(action_space),
+                name=name,
+            )
+    config = resolve_model_config(dict(spec.config))
     with dtype_policy(precision):
         return _assemble(observation_space, action_space, config, name)
 

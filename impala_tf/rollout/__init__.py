@@ -10,10 +10,12 @@ runner. Nothing here imports TensorFlow unless a policy needs it.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from impala_tf.config.base import AlgorithmConfig
 from impala_tf.envs.faults import StepProgress
+from impala_tf.models.spec import ModelSpec
 
 __all__ = ["make_env_runner"]
 
@@ -26,6 +28,7 @@ def make_env_runner(
     update_filter: bool = True,
     progress: StepProgress | None = None,
     remote: Any = None,
+    models: Mapping[str, ModelSpec] | None = None,
 ) -> Any:
     """The env runner of `config` (see the package docstring).
 
@@ -38,6 +41,8 @@ def make_env_runner(
       progress: Shared progress record for hang reports.
       remote: Central inference: (connection to the inference server, {policy_id: recurrent
         state shapes}).
+      models: {policy_id: the policy's resolved model} (`RuntimePlan.models`); None resolves
+        them from `config` here.
     """
     kwargs = dict(
         worker_index=worker_index,
@@ -45,6 +50,7 @@ def make_env_runner(
         update_filter=update_filter,
         progress=progress,
         remote=remote,
+        models=models,
     )
     if multi_agent:
         from impala_tf.rollout.multi_agent_runner import MultiAgentEnvRunner

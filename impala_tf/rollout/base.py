@@ -15,8 +15,10 @@ import gymnasium as gym
 import numpy as np
 
 from impala_tf.config.base import AlgorithmConfig
+from impala_tf.config.policies import policy_config
 from impala_tf.envs.faults import StepProgress
 from impala_tf.filters import Filter, get_filter
+from impala_tf.models.spec import ModelSpec, model_spec
 from impala_tf.numpy_policy import make_policy
 from impala_tf.remote_policy import RemotePolicy
 from impala_tf.rollout.fragment import Episode
@@ -40,6 +42,8 @@ class RunnerBase:
         whose filters stay the driver's).
       progress: Where the runner publishes the step it is in (read by the host to say where a
         hung actor hangs).
+      models: {policy_id: resolved model} from the run's plan; None resolves each policy's
+        `model` config here (a runner built by hand).
     """
 
     def __init__(
@@ -49,6 +53,7 @@ class RunnerBase:
         explore: bool | None,
         update_filter: bool,
         progress: StepProgress | None,
+        models: Mapping[str, ModelSpec] | None = None,
     ):
         self.config = config
         self.worker_index = worker_index
@@ -57,12 +62,19 @@ class RunnerBase:
         self.progress = progress if progress is not None else StepProgress()
         self.explore = config.explore if explore is None else bool(explore)
         self._update_filter = bool(update_filter)
+        self._models = dict(models) if models is not None else None
+
+    def model_of(self, policy_id: str) -> ModelSpec:
+        """The resolved model of `policy_id` (the plan's, or resolved from the config)."""
+        if self._models is not None:
+            return self._models[policy_id]
+        return model_spec(policy_config(self.config, policy_id).model)
 
     def _make_policy(
         self,
         policy_id: str,
         spaces: tuple[gym.Space, gym.Space],
-        model: Mapping[str, Any],
+        model: ModelSpec,
         seed: int | None,
         remote: Remote | None,
         precision: str = "float32",

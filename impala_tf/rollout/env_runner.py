@@ -100,6 +100,8 @@ class EnvRunner(RunnerBase):
       remote: With central inference (`impala_tf.inference`): this actor's connection to the
         driver's inference server and {policy_id: per-env shapes of the model's recurrent
         state}. The runner then acts through a `RemotePolicy` and never imports TensorFlow.
+      models: `{"default_policy": ModelSpec}`, the policy's resolved model (the run's plan);
+        None resolves `config.model` here.
     """
 
     policy_ids = (DEFAULT_POLICY_ID,)
@@ -112,8 +114,9 @@ class EnvRunner(RunnerBase):
         update_filter: bool = True,
         progress: StepProgress | None = None,
         remote: Remote | None = None,
+        models: Mapping[str, Any] | None = None,
     ):
-        super().__init__(config, worker_index, explore, update_filter, progress)
+        super().__init__(config, worker_index, explore, update_filter, progress, models)
         who = f"actor {worker_index - 1}" if worker_index > 0 else "the driver"
         self._guard = EnvGuard(
             env_name(config.env),
@@ -130,10 +133,12 @@ class EnvRunner(RunnerBase):
         # sent once to the driver's inference server, which keeps the stacks.
         self.frame_stack = sent_frame_stack(self.env_batch.frame_stack, config.observation_filter)
         self._server_keeps_stacks = remote is not None and self.frame_stack is not None
+        model = self.model_of(DEFAULT_POLICY_ID)
+        self._seq_len = model.max_seq_len
         self.policy = self._make_policy(
             DEFAULT_POLICY_ID,
             spaces,
-            config.model,
+            model,
             seed,
             remote,
             config.acting_precision,
@@ -153,7 +158,8 @@ class EnvRunner(RunnerBase):
         # Raw until the first policy step filters them (after the driver's filter has arrived).
         self._obs = self._reset_all(config.seed)
         self._obs_filtered = False
-        self._state = self.policy.initial_state(self.num_envs)
+        self._initial_state = self.policy.initial_state(self.num_envs)
+        self._state = self._initial_state
         self._episode_return = np.zeros(self.num_envs, np.float64)
         self._episode_length = np.zeros(self.num_envs, np.int64)
         self._guard.episode_length = self._episode_length  # Updated in place; for messages.
@@ -221,7 +227,7 @@ class EnvRunner(RunnerBase):
         term_buf = np.zeros((horizon, n), bool)
         trunc_buf = np.zeros((horizon, n), bool)
         # The recurrent state at the start of each `max_seq_len` sequence (impala_tf.sequences).
-        seq_len = int(self.config.model["max_seq_len"])
+        seq_len = self._seq_len
         starts: list[tuple[np.ndarray, ...]] = []
         episodes: list[Episode] = []
         num_dropped = 0
@@ -274,8 +280,11 @@ class EnvRunner(RunnerBase):
                     tuple(s[rows] for s in state),
                 )
             dones = term_buf[t] | trunc_buf[t]
-            if state and dones.any():
-                state = tuple(np.where(dones[:, None], 0.0, s).astype(s.dtype) for s in state)
+            if state and dones.any():  # The envs that start an episode start from scratch.
+                state = tuple(
+                    np.where(dones[:, None], s0, s).astype(s.dtype)
+                    for s, s0 in zip(state, self._initial_state)
+                )
             self._obs, self._state = next_obs, state
             self._next = self._act(next_obs, state, stepped.stack_restarts)
             self._next_version = self._version_of(self._next)

@@ -19,6 +19,7 @@ from typing import Any
 
 from impala_tf.config.base import AlgorithmConfig
 from impala_tf.envs.faults import StepProgress
+from impala_tf.models.spec import ModelSpec
 from impala_tf.remote_policy import connect
 from impala_tf.rollout import make_env_runner
 from impala_tf.rollout.fragment import Fragment
@@ -36,7 +37,10 @@ class RunnerHost:
       multi_agent: The env is multi-agent.
       endpoint: Central inference: where the driver's inference server listens (None: the
         actor runs its policies itself).
-      state_shapes: Central inference: {policy_id: per-env recurrent state shapes}.
+      state_shapes: Central inference: {policy_id: one env's initial recurrent state (or its
+        shapes)}, `InferenceServer.initial_states`.
+      models: {policy_id: the policy's resolved model} (`RuntimePlan.models`); None resolves
+        them from `config`.
       progress: Shared progress array for hang reports (local processes only).
     """
 
@@ -47,6 +51,7 @@ class RunnerHost:
         multi_agent: bool,
         endpoint: Any = None,
         state_shapes: Mapping[str, list] | None = None,
+        models: Mapping[str, ModelSpec] | None = None,
         progress: Any = None,
     ):
         remote = None
@@ -59,6 +64,7 @@ class RunnerHost:
             worker_index=actor_id + 1,
             progress=StepProgress(progress),
             remote=remote,
+            models=models,
         )
         self._compress = (
             functools.partial(compress, columns=(OBS, OBS_FRAMES))
@@ -97,7 +103,8 @@ def make_runner_host(
     multi_agent: bool,
     endpoint: Any = None,
     state_shapes: Mapping[str, list] | None = None,
+    models: Mapping[str, ModelSpec] | None = None,
     progress: Any = None,
 ) -> RunnerHost:
     """The worker factory of actors (`impala_tf.workers.WorkerSpec.factory`)."""
-    return RunnerHost(actor_id, config, multi_agent, endpoint, state_shapes, progress)
+    return RunnerHost(actor_id, config, multi_agent, endpoint, state_shapes, models, progress)

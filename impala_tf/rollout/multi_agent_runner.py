@@ -122,6 +122,8 @@ class MultiAgentEnvRunner(RunnerBase):
         driver's inference server and {policy_id: per-env shapes of the model's recurrent
         state}. Every policy then acts through a `RemotePolicy` and TensorFlow is never
         imported.
+      models: {policy_id: the policy's resolved model} (the run's plan); None resolves each
+        policy's `model` config here.
     """
 
     def __init__(
@@ -132,8 +134,9 @@ class MultiAgentEnvRunner(RunnerBase):
         update_filter: bool = True,
         progress: StepProgress | None = None,
         remote: Remote | None = None,
+        models: Mapping[str, Any] | None = None,
     ):
-        super().__init__(config, worker_index, explore, update_filter, progress)
+        super().__init__(config, worker_index, explore, update_filter, progress, models)
         self.envs: list[gym.Env] = [make_env(config, worker_index, j) for j in range(self.num_envs)]
         # Through an env creator's wrappers to the multi-agent env.
         base = self.envs[0].unwrapped
@@ -155,10 +158,11 @@ class MultiAgentEnvRunner(RunnerBase):
         for pid in self.policy_ids:
             obs_space, act_space = self.spaces[pid]
             pconfig = policy_specs.policy_config(config, pid)
+            model = self.model_of(pid)
             policy = self._make_policy(
                 pid,
                 (obs_space, act_space),
-                pconfig.model,
+                model,
                 seeds[pid],
                 remote,
                 pconfig.acting_precision,
@@ -170,7 +174,7 @@ class MultiAgentEnvRunner(RunnerBase):
                 act_space, config.normalize_actions, config.clip_actions
             )
             self._zero_state[pid] = tuple(s[0] for s in policy.initial_state(1))
-            self._chunk[pid] = int(pconfig.model["max_seq_len"])
+            self._chunk[pid] = model.max_seq_len
         self.versions = {pid: 0 for pid in self.policy_ids}
         self._reset_all(config.seed)
 
