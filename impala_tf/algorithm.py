@@ -34,6 +34,7 @@ import contextlib
 import logging
 import time
 import weakref
+from collections.abc import Mapping
 from typing import Any
 
 import keras
@@ -41,7 +42,18 @@ import numpy as np
 import tensorflow as tf
 
 from impala_tf import devices
+from impala_tf import filters as filter_lib
+from impala_tf.actions import ActionAdapter
+from impala_tf.algorithm_callbacks import Callbacks
+from impala_tf.checkpoints.store import (
+    read_config_dict,
+    read_driver_state,
+    read_state,
+    resolve_checkpoint_dir,
+    restore_model,
+)
 from impala_tf.config.base import AlgorithmConfig
+from impala_tf.config.policies import policy_config
 from impala_tf.driver.aggregation import AggregationStage
 from impala_tf.driver.broadcast import Broadcaster
 from impala_tf.driver.learners import LearnerGroup
@@ -53,7 +65,11 @@ from impala_tf.driver.state import Progress, SavedState
 from impala_tf.evaluation import Evaluator, evaluation_media, evaluation_metrics
 from impala_tf.learner import ImpalaLearner
 from impala_tf.learner_thread import LearnerThread
+from impala_tf.models.catalog import build_model
+from impala_tf.models.spec import register_stored_models
+from impala_tf.rollout.base import sampler_seeds
 from impala_tf.rollout.fragment import DEFAULT_POLICY_ID
+from impala_tf.trained_policy import Policy
 
 __all__ = ["Impala", "MultiAgentImpala", "check_deterministic", "make_strategy"]
 
@@ -158,29 +174,45 @@ class Impala:
         if plan is None:
             config.validate(require_env=True)
             plan = make_plan(config, deterministic)
+        self._setup(config, plan, logdir)
+        self._start(callbacks)
+
+    def _setup(self, config: AlgorithmConfig, plan: RuntimePlan, logdir: str | None) -> None:
+        """The algorithm's plain state, before any process or learner exists."""
         self.config = config
         self.plan = plan
         self.deterministic = plan.deterministic
         self.logdir = logdir
         self._stopped = False
+        self._started = False
+        self._checkpoint: str | None = None  # `from_checkpoint`: restored when started.
+        self._policies: dict[str, Policy] = {}
+        self._pending_weights: dict[str, list[np.ndarray]] = {}  # Set before the start.
         self.actors: EnvRunnerGroup | None = None
         self.learners: LearnerGroup | None = None
         self.aggregation: AggregationStage | None = None
         self._evaluator: Evaluator | None = None
-        # TF sets its logical devices on first use: choose them before anything else runs.
-        self.strategy = make_strategy(config)
-        if config.seed is not None:
-            keras.utils.set_random_seed(int(config.seed))
         self.progress = Progress()
         self.metrics = Metrics(
             config.metrics_num_episodes_for_smoothing, plan.trained, plan.multi_agent
         )
+        self.callbacks = Callbacks(plan.callbacks, "the driver")
+
+    def _start(self, callbacks: list[keras.callbacks.Callback] | None = None) -> None:
+        """Starts the actors, the learners and their threads, and the driver loop."""
+        config, plan = self.config, self.plan
+        self._started = True
+        self._policies = {}  # Policies from a checkpoint give way to the learners' own.
+        # TF sets its logical devices on first use: choose them before anything else runs.
+        self.strategy = make_strategy(config)
+        if config.seed is not None:
+            keras.utils.set_random_seed(int(config.seed))
         counters = self.metrics.counters
         _live_algorithms.add(self)
         try:
             # Actors import and build their envs while the learners are built here.
             self.actors = EnvRunnerGroup(config, plan, counters)
-            self.learners = LearnerGroup(config, plan, self.strategy, callbacks, logdir)
+            self.learners = LearnerGroup(config, plan, self.strategy, callbacks, self.logdir)
             self.learners.start()
             workers = int(config.num_aggregation_workers)
             backend = make_backend(config, plan) if workers else None
@@ -206,6 +238,59 @@ class Impala:
         )  # fmt: skip
         self.broadcaster.send(self.actors.healthy_ids())
         self.schedule.start()
+        try:
+            if self._checkpoint is not None:
+                self.saved_state.restore(self._checkpoint)
+            if self._pending_weights:
+                self.set_weights(self._pending_weights)
+            self.callbacks("on_algorithm_init", algorithm=self)
+        except BaseException:
+            self.stop()
+            raise
+
+    def _ensure_started(self) -> None:
+        if self._stopped:
+            raise RuntimeError("this algorithm was stopped")
+        if not self._started:
+            self._start()
+
+    @classmethod
+    def from_checkpoint(
+        cls,
+        checkpoint: str,
+        *,
+        config: AlgorithmConfig | None = None,
+        logdir: str | None = None,
+    ) -> Impala:
+        """Loads a checkpoint (RLlib's `Algorithm.from_checkpoint`); starts no process.
+
+        The returned algorithm's policies are ready at once (`get_policy`,
+        `compute_single_action`, `compute_actions`, `get_weights`), built from the
+        checkpoint's config and weights in this process. Its first `train()`, `evaluate()` or
+        `save()` starts the actors and learners and restores the checkpoint into them, so that
+        training continues from it.
+
+        Args:
+          checkpoint: A checkpoint directory, or a training logdir (its newest checkpoint).
+          config: The config to use instead of the checkpoint's (needed when the run was
+            trained on an `env` callable, which a checkpoint cannot store).
+          logdir: The run's directory once training starts.
+
+        Raises:
+          FileNotFoundError: there is no checkpoint there.
+          ValueError: the checkpoint holds no config and none is given, or the config is
+            invalid.
+        """
+        checkpoint_dir = resolve_checkpoint_dir(checkpoint)
+        if config is None:  # As `impala_tf.checkpoints.load_config`.
+            stored = read_config_dict(checkpoint_dir)
+            register_stored_models(read_driver_state(checkpoint_dir).get("custom_models") or {})
+            config = AlgorithmConfig.from_dict(stored)
+        config.validate(require_env=True)
+        algo = cls.__new__(cls)
+        algo._setup(config, make_plan(config), logdir)
+        algo._checkpoint = checkpoint_dir
+        return algo
 
     # Single-policy views ------------------------------------------------------------------------
 
@@ -225,12 +310,16 @@ class Impala:
         return self.learners.threads[self.learners.first]
 
     @property
+    def _first(self) -> str:
+        return (list(self.plan.trained) or self.plan.policy_ids)[0]
+
+    @property
     def observation_space(self) -> Any:
-        return self.plan.spaces.policies[self.learners.first][0]
+        return self.plan.spaces.policies[self._first][0]
 
     @property
     def action_space(self) -> Any:
-        return self.plan.spaces.policies[self.learners.first][1]
+        return self.plan.spaces.policies[self._first][1]
 
     @property
     def iteration(self) -> int:
@@ -238,20 +327,206 @@ class Impala:
 
     def get_policy_weights(self, policy_id: str = DEFAULT_POLICY_ID) -> list[np.ndarray]:
         """One policy's current weights (numpy arrays, as the actors receive them)."""
-        if policy_id not in self.learners.learners:
+        return self.get_weights([policy_id])[policy_id]
+
+    # Policies you can call ----------------------------------------------------------------------
+
+    def get_policy(self, policy_id: str = DEFAULT_POLICY_ID) -> Policy:
+        """The policy `policy_id` (RLlib's `Algorithm.get_policy`): `.model`, weights, actions.
+
+        Of a built algorithm it follows the learner (`impala_tf.trained_policy`); of one loaded
+        with `from_checkpoint` and not trained since, it holds the checkpoint's weights.
+
+        Raises:
+          KeyError: no such policy (the message lists them).
+        """
+        if policy_id not in self.plan.spaces.policies:
             raise KeyError(f"No policy {policy_id!r}; policies: {self.policy_ids}.")
-        return self.learners.snapshot(policy_id, wait=True)[0]
+        policy = self._policies.get(policy_id)
+        if policy is None:
+            policy = self._policies[policy_id] = self._make_policy(policy_id)
+        return policy
+
+    def _make_policy(self, pid: str) -> Policy:
+        obs_space, act_space = self.plan.spaces.policies[pid]
+        pconfig = policy_config(self.config, pid)
+        spec = self.plan.models[pid]
+        # As the driver's evaluation runner (and so `impala-evaluate`) seeds its samplers.
+        seed = sampler_seeds(self.config.seed, 0, self.plan.policy_ids, self.plan.multi_agent)[pid]
+        if self._started:
+            learner = self.learners.learners[pid]
+
+            def newer(version: int) -> tuple[list[np.ndarray], int] | None:
+                if int(learner.num_grad_updates.numpy()) == version:
+                    return None
+                return self.learners.snapshot(pid, wait=True)
+
+            return Policy(
+                pid, learner.model, spec, obs_space, act_space, pconfig,
+                lambda: self.actors.filters[pid], seed, newer,
+                lambda weights: self.set_weights({pid: weights}),
+            )  # fmt: skip
+        model = build_model(obs_space, act_space, spec, precision=pconfig.acting_precision)
+        restore_model(model, self._checkpoint, pid)
+        saved = read_state(self._checkpoint)["observation_filters"].get(pid)
+        if saved is not None:
+            obs_filter = filter_lib.filter_from_state(saved)
+        else:
+            obs_filter = filter_lib.get_filter(self.config.observation_filter, obs_space.shape)
+        return Policy(pid, model, spec, obs_space, act_space, pconfig, lambda: obs_filter, seed)
+
+    def get_weights(self, policies: list[str] | None = None) -> dict[str, list[np.ndarray]]:
+        """{policy_id: weights} of `policies` (default: all), RLlib's `Algorithm.get_weights`.
+
+        Raises:
+          KeyError: a policy id that is not one of this algorithm's.
+        """
+        ids = self.policy_ids if policies is None else list(policies)
+        unknown = sorted(set(ids) - set(self.policy_ids))
+        if unknown:
+            raise KeyError(f"No policies {unknown}; policies: {self.policy_ids}.")
+        if self._started:
+            return {pid: self.learners.snapshot(pid, wait=True)[0] for pid in ids}
+        return {pid: self.get_policy(pid).get_weights() for pid in ids}
+
+    def set_weights(self, weights: Mapping[str, list[np.ndarray]]) -> None:
+        """Sets policies' weights (RLlib's `Algorithm.set_weights`): the learners' (between two
+        updates), then the actors get them; before the algorithm starts (`from_checkpoint`),
+        the policies', which training then starts from.
+
+        Raises:
+          KeyError: a policy id that is not one of this algorithm's.
+          ValueError: weights that do not fit the policy's model.
+        """
+        unknown = sorted(set(weights) - set(self.policy_ids))
+        if unknown:
+            raise KeyError(f"No policies {unknown}; policies: {self.policy_ids}.")
+        if not self._started:
+            for pid, w in weights.items():
+                self.get_policy(pid).set_weights(w)
+                self._pending_weights[pid] = [np.asarray(a) for a in w]
+            return
+        with self.learners.locked():
+            for pid, w in weights.items():
+                self.learners.learners[pid].set_policy_weights([np.asarray(a) for a in w])
+        self.broadcaster.send(self.actors.healthy_ids())
+
+    def compute_single_action(
+        self,
+        observation: Any = None,
+        state: list[Any] | None = None,
+        *,
+        prev_action: Any = None,
+        prev_reward: Any = None,
+        info: Any = None,
+        input_dict: Mapping[str, Any] | None = None,
+        policy_id: str = DEFAULT_POLICY_ID,
+        full_fetch: bool = False,
+        explore: bool | None = None,
+        timestep: Any = None,
+        episode: Any = None,
+        unsquash_action: bool | None = None,
+        clip_action: bool | None = None,
+    ) -> Any:
+        """The action for one observation, as an env runner computes it (RLlib's
+        `Algorithm.compute_single_action`).
+
+        The observation goes through the policy's observation filter (not updated), the
+        policy acts (sampling when `explore`, default the config's), and the action is
+        unsquashed to the env's bounds (`unsquash_action`, default `normalize_actions`) or
+        clipped (`clip_action`, default `clip_actions`), as the env sees it.
+
+        Args:
+          observation: One observation as the env returns it (or `input_dict["obs"]`).
+          state: The recurrent state (a list of [H] arrays; `get_policy().get_initial_state()`
+            before an episode's first step); None for feed-forward policies.
+          prev_action, prev_reward: Must be None (no model here takes them).
+          info, timestep, episode: Accepted for RLlib's signature; unused.
+          input_dict: `{"obs": observation}` instead of `observation`.
+          policy_id: The policy that acts.
+          full_fetch: Also return the state and extra fetches (as when `state` is given).
+          explore: Sample (True) or take the most likely action (False).
+          unsquash_action, clip_action: See above.
+
+        Returns:
+          The action; `(action, state out, extra fetches)` when `state` is given or
+          `full_fetch`.
+        """
+        del info, timestep, episode
+        if prev_action is not None or prev_reward is not None:
+            raise ValueError(
+                "compute_single_action: prev_action / prev_reward are not supported (no model "
+                "takes previous actions or rewards: lstm_use_prev_action is not supported)."
+            )
+        if input_dict is not None:
+            observation = input_dict["obs"]
+        batch_state = None if state is None else [np.asarray(s)[None] for s in state]
+        actions, state_out, extra = self.compute_actions(
+            np.asarray(observation)[None],
+            batch_state,
+            policy_id=policy_id,
+            full_fetch=True,
+            explore=explore,
+            unsquash_action=unsquash_action,
+            clip_action=clip_action,
+        )
+        action = actions[0]
+        if state is None and not full_fetch:
+            return action
+        return action, [s[0] for s in state_out], {k: v[0] for k, v in extra.items()}
+
+    def compute_actions(
+        self,
+        observations: Any,
+        state: list[Any] | None = None,
+        *,
+        policy_id: str = DEFAULT_POLICY_ID,
+        full_fetch: bool = False,
+        explore: bool | None = None,
+        unsquash_action: bool | None = None,
+        clip_action: bool | None = None,
+    ) -> Any:
+        """Actions for several observations (RLlib's `Algorithm.compute_actions`).
+
+        Args:
+          observations: A batch [B, *obs_shape], or RLlib's `{agent or env id: observation}`.
+          state: The recurrent state: a list of [B, H] arrays (None: the initial state).
+          policy_id, full_fetch, explore, unsquash_action, clip_action: As in
+            `compute_single_action`.
+
+        Returns:
+          The actions, [B, *action_shape] (or a dict with the keys of `observations`); with
+          `state` or `full_fetch`, `(actions, state out, extra fetches)`.
+        """
+        policy = self.get_policy(policy_id)
+        keys = list(observations) if isinstance(observations, Mapping) else None
+        obs = np.stack([observations[k] for k in keys]) if keys is not None else observations
+        actions, state_out, extra = policy.compute_actions(policy.filter(obs), state, explore)
+        config = policy.config
+        adapter = ActionAdapter(
+            policy.action_space,
+            config.normalize_actions if unsquash_action is None else unsquash_action,
+            config.clip_actions if clip_action is None else clip_action,
+        )
+        actions = adapter(actions)
+        if keys is not None:
+            actions = dict(zip(keys, actions))
+        if state is None and not full_fetch:
+            return actions
+        return actions, state_out, extra
 
     # Iterations ---------------------------------------------------------------------------------
 
     def training_step(self) -> None:
         """One pass of the driver loop (`impala_tf.driver.schedule`)."""
+        self._ensure_started()
         self.schedule.step()
 
     def train(self) -> dict[str, Any]:
         """Runs one training iteration and returns RLlib's result dict."""
         if self._stopped:
             raise RuntimeError("train() called on a stopped algorithm")
+        self._ensure_started()
         start = time.perf_counter()
         counters = self.metrics.counters
         before = collections.Counter(counters)
@@ -285,6 +560,7 @@ class Impala:
         self.learners.add_learner_metrics(result)
         if evaluation is not None:
             result["evaluation"] = evaluation
+        self.callbacks("on_train_result", algorithm=self, result=result)
         return result
 
     def evaluate(self) -> dict[str, Any]:
@@ -305,10 +581,15 @@ class Impala:
           plus `episode_media: {"video": [impala_tf.video.Video, ...]}` when episodes were
           recorded.
         """
+        self._ensure_started()
         start = time.perf_counter()
+        self.callbacks("on_evaluate_start", algorithm=self)
         if self._evaluator is None:
             self._evaluator = Evaluator(
-                self.config.get_evaluation_config(), self.plan.multi_agent, models=self.plan.models
+                self.config.get_evaluation_config(),
+                self.plan.multi_agent,
+                models=self.plan.models,
+                callbacks=self.plan.callbacks,
             )
         episodes = self._evaluator.run(
             self.broadcaster.latest(),
@@ -321,6 +602,7 @@ class Impala:
         metrics = evaluation_metrics(episodes, self.plan.multi_agent, time.perf_counter() - start)
         if media is not None:
             metrics["episode_media"] = media
+        self.callbacks("on_evaluate_end", algorithm=self, evaluation_metrics=metrics)
         return metrics
 
     # Checkpoints --------------------------------------------------------------------------------
@@ -331,11 +613,17 @@ class Impala:
         Returns:
           `checkpoint_dir`.
         """
+        self._ensure_started()
         return self.saved_state.save(checkpoint_dir)
 
     def restore(self, checkpoint_dir: str) -> None:
         """Restores a checkpoint of any layout; the run continues from there
         (`SavedState.restore`)."""
+        if not self._started and not self._stopped:
+            self._checkpoint = resolve_checkpoint_dir(checkpoint_dir)  # Restored at the start.
+            self._policies = {}
+            return
+        self._ensure_started()
         self.saved_state.restore(checkpoint_dir)
 
     # Shutdown -----------------------------------------------------------------------------------

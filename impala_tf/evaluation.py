@@ -31,6 +31,7 @@ from typing import Any
 import numpy as np
 
 from impala_tf import filters as filter_lib
+from impala_tf.algorithm_callbacks import resolve_callbacks
 from impala_tf.checkpoints.store import read_state, resolve_checkpoint_dir, restore_model
 from impala_tf.config.base import AlgorithmConfig
 from impala_tf.config.policies import policy_config
@@ -39,6 +40,7 @@ from impala_tf.driver.plan import policy_model
 from impala_tf.envs.spaces import EnvSpaces, probe_spaces
 from impala_tf.models.catalog import build_model
 from impala_tf.models.spec import ModelSpec
+from impala_tf.portable import Portable
 from impala_tf.rollout import make_env_runner
 from impala_tf.rollout.fragment import Episode
 from impala_tf.video import (
@@ -69,6 +71,8 @@ class Evaluator:
       explore: Overrides the config's `explore`.
       models: {policy_id: the policy's resolved model} (`RuntimePlan.models`); None resolves
         them from `config`.
+      callbacks: The run's resolved `callbacks` class, whose episode hooks run in evaluation
+        episodes too (as in RLlib's evaluation workers).
 
     Attributes:
       video: What is recorded (`VideoSettings.from_config(config)`); None records nothing.
@@ -83,6 +87,7 @@ class Evaluator:
         multi_agent: bool,
         explore: bool | None = None,
         models: Mapping[str, ModelSpec] | None = None,
+        callbacks: Portable | None = None,
     ):
         config = config.copy()
         config.env_runners(num_envs_per_env_runner=1)
@@ -97,6 +102,7 @@ class Evaluator:
             explore=explore,
             update_filter=False,
             models=models,
+            callbacks=callbacks,
         )
         self.recorder: EpisodeRecorder | None = None
         if self.video is not None:
@@ -179,6 +185,8 @@ def evaluation_metrics(
         "policy_reward_mean": summary["policy_reward_mean"],
         "policy_reward_min": summary["policy_reward_min"],
         "policy_reward_max": summary["policy_reward_max"],
+        "custom_metrics": summary["custom_metrics"],
+        "hist_stats": summary["hist_stats"],
         "time_this_iter_s": elapsed_s,
     }
     metrics["env_runners"] = new_api_episode_stats(summary)
@@ -264,7 +272,8 @@ def evaluate_checkpoint(
         )
     models = {pid: policy_model(config, pid) for pid in spaces.policies}
     weights, filters = load_checkpoint_policies(checkpoint_dir, config, spaces, models)
-    evaluator = Evaluator(config, spaces.multi_agent, explore, models)
+    callbacks = resolve_callbacks(config.callbacks_class)
+    evaluator = Evaluator(config, spaces.multi_agent, explore, models, callbacks)
     try:
         episodes = evaluator.run(weights, filters, num_episodes, config.seed)
         if recordings is not None:

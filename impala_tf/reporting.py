@@ -22,11 +22,15 @@ scalars stepped by `timesteps_total` (env steps sampled), under readable tags
   `weight_broadcasts`, `env_runner_restarts`, ...), `healthy_env_runners`, `training_iteration`;
 * multi-agent runs (`impala_tf.multi_agent`): `learner/<policy_id>/<stat>` per trained policy
   and `episode/<policy_id>/return_mean|min|max` (RLlib's `policy_reward_*`);
+* `custom_metrics/`: RLlib's `custom_metrics` of the callbacks (`<name>_mean`, `_min`, `_max`;
+  `impala_tf.algorithm_callbacks`), and `evaluation/custom_metrics/` of an evaluation;
 * `raw/`: the whole result flattened with RLlib's keys (`raw/info/learner/default_policy/...`),
   so that any key, also ones added later, can be found by its RLlib name.
 
-Optionally, histograms of the models' weights under `weights/<variable path>` (with several
-policies, `weights/<policy_id>/<variable path>`).
+Histograms: RLlib's `hist_stats` (`episode_reward`, `episode_lengths`, per policy
+`policy_<id>_reward`, and the callbacks' `hist_data`) under `hist_stats/<name>`; optionally the
+models' weights under `weights/<variable path>` (with several policies,
+`weights/<policy_id>/<variable path>`).
 
 Evaluation videos (RLlib's `render_env` / `record_env` in `evaluation_config`,
 `impala_tf.video`): the episodes an evaluation recorded (its result's
@@ -179,6 +183,9 @@ def tensorboard_scalars(result: Mapping[str, Any], raw: bool = True) -> dict[str
     for stat in ("mean", "min", "max"):
         for pid, value in (result.get(f"policy_reward_{stat}") or {}).items():
             put(f"episode/{pid}/return_{stat}", value)
+    for prefix, key in (("", "custom_metrics"), ("evaluation/", "evaluation/custom_metrics")):
+        for name, value in (lookup(result, key) or {}).items():
+            put(f"{prefix}custom_metrics/{name}", value)
     quantiles = lookup(result, "info/learner_queue/size_quantiles") or []
     for q, value in zip(_QUANTILES, quantiles):
         put(f"learner_queue/size_p{q}", value)
@@ -227,6 +234,9 @@ class ResultWriter:
             with self._writer.as_default(step=self.step_of(result)):
                 for tag, value in tensorboard_scalars(result, raw=self.raw).items():
                     self._tf.summary.scalar(tag, value)
+                for name, values in (result.get("hist_stats") or {}).items():
+                    if len(values):
+                        self._tf.summary.histogram(f"hist_stats/{name}", np.asarray(values))
                 videos = lookup(result, "evaluation/episode_media/video")
                 if videos:
                     self._write_gifs("evaluation/video", videos)

@@ -46,6 +46,7 @@ __all__ = [
     "VF_PREDS",
     "CompressedColumn",
     "EncodedColumn",
+    "MultiAgentBatch",
     "SampleBatch",
     "compress",
     "concat_samples",
@@ -279,6 +280,11 @@ class SampleBatch(dict):
         return int(rewards.size)
 
     @property
+    def count(self) -> int:
+        """RLlib's `count`: the steps this batch holds (`env_steps`)."""
+        return self.env_steps
+
+    @property
     def compressed(self) -> bool:
         """Whether any column is an `EncodedColumn` (then `decompress` before using it)."""
         return any(isinstance(column, EncodedColumn) for column in self.values())
@@ -308,6 +314,32 @@ class SampleBatch(dict):
                 for name, column in self.items()
             }
         )
+
+
+class MultiAgentBatch:
+    """RLlib's `MultiAgentBatch`: one `SampleBatch` per policy, from `env_steps` env steps.
+
+    What a multi-agent env runner's `on_sample_end` callback receives
+    (`impala_tf.algorithm_callbacks`).
+
+    Attributes:
+      policy_batches: {policy_id: SampleBatch}.
+      count: The env steps the batches were sampled in.
+    """
+
+    def __init__(self, policy_batches: Mapping[str, SampleBatch], env_steps: int):
+        self.policy_batches = dict(policy_batches)
+        self.count = int(env_steps)
+
+    def env_steps(self) -> int:
+        return self.count
+
+    def agent_steps(self) -> int:
+        """The agent steps of every policy's batch together."""
+        return sum(b.env_steps for b in self.policy_batches.values())
+
+    def __repr__(self) -> str:
+        return f"MultiAgentBatch(env_steps={self.count}, policies={sorted(self.policy_batches)})"
 
 
 def concat_samples(batches: Iterable[SampleBatch]) -> SampleBatch:

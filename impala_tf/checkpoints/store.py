@@ -471,8 +471,9 @@ def _storable_model(model: Any) -> Any:
 def storable_config(config: Any) -> dict[str, Any] | None:
     """`config.to_dict()` as JSON can hold it, or None when `env` is a callable.
 
-    A module-level `policy_mapping_fn` (function or class) and a `custom_model` given as a
-    class (of the config's `model` or of a policy's config) are stored as `module:qualname`,
+    A module-level `policy_mapping_fn` (function or class), a `custom_model` given as a class
+    (of the config's `model` or of a policy's config) and a `callbacks` class are stored as
+    `module:qualname`,
     which the config resolves back on load. Anything else that is not JSON (a lambda,
     `PolicySpec`s holding spaces) is written as text and must be passed again as `config=` when
     loading.
@@ -486,6 +487,11 @@ def storable_config(config: Any) -> dict[str, Any] | None:
         if path is not None:
             out["policy_mapping_fn"] = path
     out["model"] = _storable_model(out.get("model"))
+    callbacks = out.get("callbacks_class")
+    if isinstance(callbacks, (list, tuple)):
+        out["callbacks_class"] = [c if isinstance(c, str) else _import_path(c) for c in callbacks]
+    elif callbacks is not None and not isinstance(callbacks, str):
+        out["callbacks_class"] = _import_path(callbacks) or str(callbacks)
     policies = out.get("policies")
     if isinstance(policies, Mapping):
         stored = {}

@@ -251,6 +251,10 @@ class AlgorithmConfig:
     keep_checkpoints_num: int | None = _key(None, "checkpointing")
     checkpoint_freq: int = _key(1, "checkpointing")
 
+    # callbacks() (YAML and dicts: `callbacks`): RLlib's DefaultCallbacks subclass, an import
+    # path to one, or a list of them (impala_tf.algorithm_callbacks); None: no callbacks.
+    callbacks_class: Any = _key(None, "callbacks")
+
     # multi_agent() (YAML: the `multiagent:` block; see impala_tf.multi_agent)
     policies: dict | list | set | tuple | None = _key(None, "multi_agent")
     policy_mapping_fn: Any = _key(None, "multi_agent")
@@ -310,6 +314,13 @@ class AlgorithmConfig:
         bounds (`video_episodes`, `video_max_frames`, `video_max_width`, `video_interval`);
         returns self."""
         return self._apply(kwargs, group="evaluation")
+
+    def callbacks(self, callbacks_class: Any = _UNSET, **kwargs: Any) -> AlgorithmConfig:
+        """Sets `callbacks_class` (RLlib's `callbacks`: a `DefaultCallbacks` subclass, an import
+        path to one, or a list of them); returns self."""
+        if callbacks_class is not _UNSET:
+            kwargs = {"callbacks_class": callbacks_class, **kwargs}
+        return self._apply(kwargs, group="callbacks")
 
     def checkpointing(self, **kwargs: Any) -> AlgorithmConfig:
         """Sets `keep_checkpoints_num` and `checkpoint_freq` (iterations); returns self."""

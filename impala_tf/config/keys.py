@@ -104,6 +104,7 @@ ALIASES: dict[str, str] = {
     "recreate_failed_workers": "restart_failed_env_runners",
     "recreate_failed_env_runners": "restart_failed_env_runners",
     "sample_batch_size": "rollout_fragment_length",
+    "callbacks": "callbacks_class",
     "evaluation_num_episodes": "evaluation_duration",
     "metrics_smoothing_episodes": "metrics_num_episodes_for_smoothing",
     "min_time_s_per_reporting": "min_time_s_per_iteration",
@@ -111,7 +112,7 @@ ALIASES: dict[str, str] = {
     "min_sample_timesteps_per_reporting": "min_sample_timesteps_per_iteration",
     "timesteps_per_iteration": "min_sample_timesteps_per_iteration",
 }
-SYNONYMS = frozenset({"num_epochs"})
+SYNONYMS = frozenset({"num_epochs", "callbacks"})
 
 # Old model key -> the model keys it sets.
 MODEL_ALIASES: dict[str, tuple[str, ...]] = {
@@ -146,7 +147,6 @@ IGNORED: dict[str, str] = {
     "num_cpus_for_main_process": "there is no resource scheduler",
     "placement_strategy": "there is no resource scheduler",
     "create_env_on_driver": "the driver never steps an environment",
-    "callbacks": "use Keras callbacks on the algorithm instead",
     "exploration_config": "actions are always sampled from the policy (`explore`)",
     "grad_clip_by": "RLlib's old stack, like us, always clips by global norm",
     "evaluation_num_workers": "evaluation runs in the driver process",

@@ -51,6 +51,10 @@ def validate(config: Any, require_env: bool = False) -> None:
     _model(config)
     _multi_device(config)
     _video(config)
+    if config.callbacks_class is not None:
+        from impala_tf.algorithm_callbacks import resolve_callbacks  # numpy only.
+
+        resolve_callbacks(config.callbacks_class)
     if config.policies is not None or config.policy_mapping_fn is not None:
         from impala_tf.config.policies import validate_multi_agent
 

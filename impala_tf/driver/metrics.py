@@ -25,6 +25,7 @@ from typing import Any
 
 import numpy as np
 
+from impala_tf.algorithm_callbacks import custom_metric_stats, hist_stats
 from impala_tf.rollout.fragment import Episode, Fragment
 
 __all__ = ["COUNTERS", "Metrics", "summarize_episodes"]
@@ -59,7 +60,8 @@ def summarize_episodes(episodes: Iterable[Episode], multi_agent: bool = False) -
 
     Returns:
       `episode_reward_mean/min/max`, `episode_len_mean`, `num_episodes`,
-      `num_env_steps` (the episodes' summed lengths) and `policy_reward_mean/min/max`.
+      `num_env_steps` (the episodes' summed lengths), `policy_reward_mean/min/max`, and
+      RLlib's `custom_metrics` and `hist_stats` (`impala_tf.algorithm_callbacks`).
     """
     episodes = list(episodes)
     returns = [e.ret for e in episodes]
@@ -83,6 +85,8 @@ def summarize_episodes(episodes: Iterable[Episode], multi_agent: bool = False) -
     }
     for name, fn in (("mean", np.mean), ("min", np.min), ("max", np.max)):
         out[f"policy_reward_{name}"] = {p: stat(fn, v) for p, v in sorted(per_policy.items())}
+    out["custom_metrics"] = custom_metric_stats(episodes)
+    out["hist_stats"] = hist_stats(episodes, sorted(per_policy))
     return out
 
 
@@ -189,6 +193,8 @@ class Metrics:
             "policy_reward_mean": summary["policy_reward_mean"],
             "policy_reward_min": summary["policy_reward_min"],
             "policy_reward_max": summary["policy_reward_max"],
+            "custom_metrics": summary["custom_metrics"],
+            "hist_stats": summary["hist_stats"],
             "env_runners": env_runners,
             "training_iteration": iteration,
             "timesteps_total": c["num_env_steps_sampled"],
@@ -217,13 +223,17 @@ class Metrics:
         """The counters, the episode window and the trained-step tally, as JSON-able data."""
         return {
             "counters": dict(self.counters),
-            "episodes": [[e.ret, e.length, e.policy_returns] for e in self.episodes],
+            "episodes": [
+                [e.ret, e.length, e.policy_returns, e.custom_metrics, e.hist_data]
+                for e in self.episodes
+            ],
             "episodes_total": self.episodes_total,
             "env_steps_trained": self._env_steps_trained,
         }
 
     def set_state(self, state: Mapping[str, Any]) -> None:
-        """Restores `get_state()` (older checkpoints' episodes are [return, length] pairs).
+        """Restores `get_state()` (older checkpoints' episodes are [return, length] pairs, or
+        triples without the callbacks' custom metrics and hist data).
 
         The counters are updated in place: the driver's collaborators hold the same object.
         """
@@ -232,7 +242,11 @@ class Metrics:
         self.episodes.clear()
         for entry in state["episodes"]:
             returns = entry[2] if len(entry) > 2 else {}
-            self.episodes.append(Episode(float(entry[0]), int(entry[1]), dict(returns)))
+            metrics = entry[3] if len(entry) > 3 else {}
+            hist = entry[4] if len(entry) > 4 else {}
+            self.episodes.append(
+                Episode(float(entry[0]), int(entry[1]), dict(returns), dict(metrics), dict(hist))
+            )
         self.episodes_total = int(state["episodes_total"])
         trained = state.get("env_steps_trained")
         self._env_steps_trained = float(

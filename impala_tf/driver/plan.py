@@ -3,7 +3,7 @@
 The only reader of `actor_backend`, `inference` and deterministic mode. A plan holds the env's
 spaces (probed once, `impala_tf.envs.spaces`), each policy's model resolved once
 (`impala_tf.models.spec.ModelSpec`: what the actors, the inference server, the learners and
-evaluation build), the trained policies, where the actors run
+evaluation build), the `callbacks` class resolved once, the trained policies, where the actors run
 (`"process"`: local processes, the embedded default; `"ray"`: Ray actors), where they act
 (central inference or each actor), whether their processes need TensorFlow, and the schedule
 (asynchronous, or lockstep for deterministic runs). The driver's collaborators read the plan;
@@ -28,11 +28,13 @@ import dataclasses
 import gymnasium as gym
 import numpy as np
 
+from impala_tf.algorithm_callbacks import resolve_callbacks
 from impala_tf.config.base import AlgorithmConfig
 from impala_tf.config.policies import policy_config, policy_ids_to_train
 from impala_tf.envs.spaces import EnvSpaces, probe_spaces
 from impala_tf.models.spec import ModelSpec, check_transport, model_spec
 from impala_tf.numpy_policy import supports
+from impala_tf.portable import Portable
 from impala_tf.workers.memory import ActorMemoryError, check_actor_memory
 
 __all__ = ["RuntimePlan", "check_deterministic", "derived_seed", "make_plan", "policy_model"]
@@ -50,6 +52,7 @@ class RuntimePlan:
     Attributes:
       spaces: The env's policies and spaces, probed once.
       models: {policy_id: the policy's resolved model}.
+      callbacks: The resolved `callbacks` class (None: none), for the runners and the driver.
       trained: The ids of the policies the learners update (`policies_to_train`).
       backend: Where actors and aggregation workers run: "process" or "ray".
       central_inference: The driver's inference server acts for every actor.
@@ -59,6 +62,7 @@ class RuntimePlan:
 
     spaces: EnvSpaces
     models: dict[str, ModelSpec]
+    callbacks: Portable | None
     trained: tuple[str, ...]
     backend: str
     central_inference: bool
@@ -97,6 +101,9 @@ def make_plan(
     models = {pid: policy_model(config, pid) for pid in spaces.policies}
     for pid, spec in models.items():
         check_transport(spec, pid)
+    callbacks = resolve_callbacks(config.callbacks_class)
+    if callbacks is not None:
+        callbacks.check_sendable(f"`callbacks` {callbacks.label}")
     numpy_actors = all(
         supports(obs, act, models[pid]) for pid, (obs, act) in spaces.policies.items()
     )
@@ -104,6 +111,7 @@ def make_plan(
     return RuntimePlan(
         spaces=spaces,
         models=models,
+        callbacks=callbacks,
         trained=tuple(p for p in policy_ids_to_train(config) if p in spaces.policies),
         backend=backend,
         central_inference=central,

@@ -92,7 +92,7 @@ class EnvRunnerGroup:
       counters: The driver's counters (failures and restarts are counted here).
       host_factory: What each actor worker hosts (`impala_tf.rollout.host.make_runner_host`;
         `tools.bench_driver` replays recorded fragments instead), called with the actor id and
-        `(config, multi_agent, endpoint, initial_states, models)`.
+        `(config, multi_agent, endpoint, initial_states, models, callbacks)`.
     """
 
     def __init__(
@@ -175,7 +175,8 @@ class EnvRunnerGroup:
                 if self._endpoint is None:
                     self._endpoint = self.server.listen(advertise=self.node_ip)
                 endpoint = self._endpoint
-        return (self.config, self.plan.multi_agent, endpoint, shapes, self.plan.models)
+        plan = self.plan
+        return (self.config, plan.multi_agent, endpoint, shapes, plan.models, plan.callbacks)
 
     @property
     def node_ip(self) -> str:

@@ -85,6 +85,9 @@ class BatchStep:
       stack_restarts: bool [B] where `obs` is a refilled frame stack (k copies of its newest
         frame: a reset, or a serve after a lost life) rather than the previous stack shifted by
         one frame; None from a batch without a `frame_stack` (`impala_tf.frames`).
+      infos: With `collect_infos` on the batch: each env's info dict of this step; else None.
+      ended_obs: With `collect_infos`: row -> the observation an episode (reported or
+        training) ended on, before its env was reset; else None.
     """
 
     obs: np.ndarray
@@ -95,6 +98,8 @@ class BatchStep:
     episode_ends: np.ndarray
     dropped: np.ndarray
     stack_restarts: np.ndarray | None = None
+    infos: list[dict] | None = None
+    ended_obs: dict[int, np.ndarray] | None = None
 
 
 class EnvBatch(abc.ABC):
@@ -103,12 +108,17 @@ class EnvBatch(abc.ABC):
     `frame_stack` is (k, s) when the observations are stacks of k frames of s channels, newest
     last, that shift by one frame per step and are refilled with copies at a reset (RLlib's
     `framestack`); `step` then reports `stack_restarts`. None otherwise.
+
+    `collect_infos` (off by default, since it costs a little per step): `step` also returns each
+    env's info dict and the observations ended episodes ended on (what RLlib's episode
+    callbacks read, `impala_tf.algorithm_callbacks`).
     """
 
     num_envs: int
     observation_space: gym.Space
     action_space: gym.Space
     frame_stack: tuple[int, int] | None = None
+    collect_infos: bool = False
 
     @abc.abstractmethod
     def reset(self, seeds: Sequence[int | None]) -> np.ndarray:
@@ -171,12 +181,16 @@ class GymEnvBatch(EnvBatch):
         dropped = np.zeros(n, bool)
         restarts = None if self.frame_stack is None else np.zeros(n, bool)
         final_obs: dict[int, np.ndarray] = {}
+        infos = [] if self.collect_infos else None
+        ended_obs = {} if self.collect_infos else None
         next_obs = None
         guard.progress.set(guard.steps, 0, StepProgress.STEP)
         where = guard.progress.buffer
         for j, env in enumerate(self.envs):
             where[1] = j  # One shared-memory write per env step (for hang reports).
             obs, reward, terminated, truncated, info = guard.step(env, actions[j], j)
+            if infos is not None:
+                infos.append(info)
             if reward - reward != 0.0:  # NaN or +-inf, at the cost of one subtraction.
                 guard.nonfinite(j, f"reward ({reward})")
                 reward, dropped[j] = 0.0, True
@@ -195,6 +209,8 @@ class GymEnvBatch(EnvBatch):
                         final_obs[j] = final
                 ends[j] = info.get("game_over", True) and not dropped[j]
             if dropped[j] or terminated or truncated:
+                if ended_obs is not None:
+                    ended_obs[j] = np.asarray(obs, dtype=self._dtype)
                 obs = guard.reset(env, None, j)
                 where[2] = StepProgress.STEP
             if restarts is not None:
@@ -218,7 +234,16 @@ class GymEnvBatch(EnvBatch):
             guard.progress.set(guard.steps, -1, StepProgress.POLICY)
         guard.steps += 1
         return BatchStep(
-            next_obs, rewards, terminateds, truncateds, final_obs, ends, dropped, restarts
+            next_obs,
+            rewards,
+            terminateds,
+            truncateds,
+            final_obs,
+            ends,
+            dropped,
+            restarts,
+            infos,
+            ended_obs,
         )
 
     def close(self) -> None:
@@ -319,6 +344,17 @@ class AtariVectorEnvBatch(EnvBatch):
             last = self._channels_last(info["final_obs"])
             final_obs = {int(j): last[j] for j in np.flatnonzero(truncated)}
         ends = (terminated | truncated) & reset
+        infos = ended_obs = None
+        if self.collect_infos:
+            infos = [
+                {k: v[j] for k, v in info.items() if not k.startswith("_")}
+                for j in range(self.num_envs)
+            ]
+            ended = np.flatnonzero(reset)
+            ended_obs = {}
+            if ended.size and "final_obs" in info:
+                last = self._channels_last(info["final_obs"])
+                ended_obs = {int(j): last[j] for j in ended}
         return BatchStep(
             self._unpad(self._channels_last(obs)),
             np.asarray(rewards, np.float64),
@@ -328,6 +364,8 @@ class AtariVectorEnvBatch(EnvBatch):
             ends,
             np.zeros(self.num_envs, bool),  # ALE's uint8 frames and integer scores are finite.
             reset if self.frame_stack is not None else None,  # A reset stack is refilled.
+            infos,
+            ended_obs,
         )
 
     def close(self) -> None:

@@ -187,7 +187,7 @@ class CustomActorCritic(keras.Model):
     # ----------------------------------------------------------------------------- building
 
     def _construct(self, spec: ModelSpec, num_outputs: int | None) -> Any:
-        factory = spec.custom.factory
+        factory = spec.custom.obj
         input_space = model_input_space(self.observation_space)
         kwargs = spec.custom_model_config
         try:
@@ -398,13 +398,6 @@ class CustomActorCritic(keras.Model):
         logits = tf.reshape(logits, tf.stack([t, b, self.num_outputs]))
         values = tf.reshape(values, tf.stack([t, b]))
         return logits, values, final
-
-    def custom_metrics(self) -> dict[str, tf.Tensor]:
-        """The scalars of the user model's `metrics()` (a `TFModelV2`'s; {} otherwise)."""
-        if not self._is_v2:
-            return {}
-        metrics = self.net.metrics() or {}
-        return {str(k): tf.cast(tf.reduce_mean(v), tf.float32) for k, v in metrics.items()}
 
     @property
     def value_variables(self) -> list[tf.Variable]:

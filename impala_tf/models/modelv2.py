@@ -14,7 +14,6 @@ constructor, and implement the same methods as in RLlib.
 * `value_function() -> [B]`: V of the observations of the last `forward` call.
 * `get_initial_state() -> list of arrays [H]`: the recurrent state of one env before its first
   step (`[]`, the default, for a feed-forward model).
-* `metrics() -> dict`: scalars reported with the learner stats, under `model`.
 
 `RecurrentNetwork` implements `forward` by adding the time dimension and calling
 `forward_rnn(inputs [B, T, F], state, seq_lens) -> (outputs [B, T, num_outputs], new_state)`.
@@ -27,8 +26,9 @@ Variables: as RLlib's `TFModelV2`, every Keras model, layer or variable held in 
 attributes (or in lists, tuples and dicts of them, or in another `ModelV2`) belongs to the model;
 `register_variables` is accepted and not needed.
 
-RLlib's `custom_loss` and `update_ops` are not called here: a model that overrides `custom_loss`
-is refused when it is built (`impala_tf.models.custom`).
+RLlib's `custom_loss`, `metrics` and `update_ops` are not called here: a model that overrides
+`custom_loss` is refused when it is built (`impala_tf.models.custom`), since the learner would
+train another loss than the model's author meant; `metrics()` may stay (it is not reported).
 """
 
 from __future__ import annotations
@@ -128,7 +128,7 @@ class ModelV2:
         return policy_loss
 
     def metrics(self) -> dict[str, Any]:
-        """Scalars reported with the learner stats, under `model` (none by default)."""
+        """RLlib's model metrics; impala_tf does not report them."""
         return {}
 
     def __call__(

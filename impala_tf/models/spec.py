@@ -21,7 +21,8 @@ model); either is called with `(obs_space, action_space, num_outputs, model_conf
 
 A spec pickles its custom model by import path when the path finds it again (a module-level
 class of an importable module), else by value with cloudpickle (a class defined in the main
-script, a notebook or a function); `check_transport` tells at build time when neither works.
+script, a notebook or a function; `impala_tf.portable`); `check_transport` tells at build time
+when neither works.
 A registered name is looked up here, in the driver: worker processes never need the registry.
 
 This module imports neither TensorFlow nor Keras; `impala_tf.models.build_model(obs_space,
@@ -31,12 +32,14 @@ action_space, spec)` builds a spec's model.
 from __future__ import annotations
 
 import dataclasses
-import pickle
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 from impala_tf.config.keys import MODEL_DEFAULTS
-from impala_tf.config.policies import import_object
+from impala_tf.portable import Portable, portable, resolve_path
+
+#: A resolved `custom_model`: `.obj` builds the model, `.label` names it, `.path` is stored.
+CustomModel = Portable
 
 __all__ = [
     "BUILTIN_MODELS",
@@ -106,71 +109,6 @@ class ModelCatalog:
         return dict(ModelCatalog._custom_models)
 
 
-def _path_of(factory: Any) -> str | None:
-    """`module:qualname` of a module-level class or function, else None."""
-    module = getattr(factory, "__module__", None)
-    qualname = getattr(factory, "__qualname__", None)
-    if not module or not qualname or "<" in qualname:
-        return None
-    return f"{module}:{qualname}"
-
-
-def _finds(path: str, factory: Any) -> bool:
-    """Whether importing `path` gives `factory` back (in a fresh process too)."""
-    if path.startswith("__main__:"):
-        return False  # The main script is another module in a worker process.
-    try:
-        module, _, qualname = path.partition(":")
-        obj: Any = import_object(f"{module}:{qualname.split('.')[0]}")
-        for part in qualname.split(".")[1:]:
-            obj = getattr(obj, part)
-    except (ValueError, AttributeError):
-        return False
-    return obj is factory
-
-
-def _import_custom(label: str, path: str) -> CustomModel:
-    """Unpickles a `CustomModel` sent by its import path."""
-    try:
-        module, _, qualname = path.partition(":")
-        obj: Any = import_object(f"{module}:{qualname.split('.')[0]}")
-        for part in qualname.split(".")[1:]:
-            obj = getattr(obj, part)
-    except (ValueError, AttributeError) as e:
-        raise ModelError(
-            f"custom_model {label}: cannot import {path!r} in this process ({e}). The module "
-            "must be importable where the model is built (install it, or run from its "
-            "directory)."
-        ) from e
-    return CustomModel(label, obj, path)
-
-
-def _unpickle_by_value(label: str, path: str | None, payload: bytes) -> CustomModel:
-    return CustomModel(label, pickle.loads(payload), path)
-
-
-@dataclasses.dataclass(frozen=True)
-class CustomModel:
-    """A resolved `custom_model`.
-
-    Attributes:
-      label: How messages name it: the registered name or path as configured, with the class.
-      factory: The class (or function) that builds the model.
-      path: Its `module:qualname` (what checkpoints store), None for one without a name.
-    """
-
-    label: str
-    factory: Callable[..., Any]
-    path: str | None
-
-    def __reduce__(self) -> tuple:
-        if self.path is not None and _finds(self.path, self.factory):
-            return (_import_custom, (self.label, self.path))
-        import cloudpickle  # A dependency of tensorflow-probability.
-
-        return (_unpickle_by_value, (self.label, self.path, cloudpickle.dumps(self.factory)))
-
-
 def resolve_custom_model(value: Any, where: str = "model.custom_model") -> CustomModel | None:
     """What a `custom_model` setting names (None: a built-in network).
 
@@ -180,35 +118,15 @@ def resolve_custom_model(value: Any, where: str = "model.custom_model") -> Custo
     """
     if value is None or (isinstance(value, str) and value in BUILTIN_MODELS):
         return None
-    if isinstance(value, str):
-        registered = ModelCatalog._custom_models.get(value)
-        if registered is not None:
-            path = _path_of(registered)
-            return CustomModel(f"{value!r} ({path or registered!r})", registered, path)
-        if ":" not in value and "." not in value:
-            known = sorted(ModelCatalog._custom_models) + list(BUILTIN_MODELS)
-            raise ModelError(
-                f"`{where}={value!r}` is not a registered custom model (registered and "
-                f"built-in: {known}) nor an import path `package.module:Name`. Register it "
-                "with impala_tf.models.ModelCatalog.register_custom_model before building."
-            )
-        try:
-            factory = import_object(value)
-        except ValueError as e:
-            raise ModelError(f"`{where}={value!r}`: the import path does not resolve: {e}") from e
-        if not callable(factory):
-            raise ModelError(
-                f"`{where}={value!r}` names {factory!r}, which is not a class or function."
-            )
-        path = value if ":" in value else _path_of(factory) or value
-        return CustomModel(repr(value), factory, path)
-    if callable(value):
-        path = _path_of(value)
-        return CustomModel(path or repr(value), value, path)
-    raise ModelError(
-        f"`{where}` must be None, a registered name, an import path or a model class, got "
-        f"{value!r}."
-    )
+    bare_name = isinstance(value, str) and ":" not in value and "." not in value
+    if bare_name and value not in ModelCatalog._custom_models:
+        known = sorted(ModelCatalog._custom_models) + list(BUILTIN_MODELS)
+        raise ModelError(
+            f"`{where}={value!r}` is not a registered custom model (registered and "
+            f"built-in: {known}) nor an import path `package.module:Name`. Register it "
+            "with impala_tf.models.ModelCatalog.register_custom_model before building."
+        )
+    return portable(value, where, ModelError, ModelCatalog._custom_models)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -277,7 +195,7 @@ def registered_paths(specs: Mapping[str, ModelSpec]) -> dict[str, str]:
         name = spec.config.get("custom_model")
         custom = spec.custom
         registered = isinstance(name, str) and ModelCatalog._custom_models.get(name)
-        if custom is not None and custom.path and registered is custom.factory:
+        if custom is not None and custom.path and registered is custom.obj:
             out[name] = custom.path
     return out
 
@@ -292,7 +210,7 @@ def register_stored_models(paths: Mapping[str, str]) -> None:
         if name in ModelCatalog._custom_models:
             continue
         try:
-            factory = import_object(path)
+            factory = resolve_path(path)
         except ValueError as e:
             raise ModelError(
                 f"The checkpoint's custom_model {name!r} was registered as {path!r}, which does "
@@ -309,13 +227,5 @@ def check_transport(spec: ModelSpec, policy_id: str) -> None:
       spec: The policy's spec.
       policy_id: Named in the message.
     """
-    if spec.custom is None:
-        return
-    try:
-        pickle.loads(pickle.dumps(spec))
-    except Exception as e:  # noqa: BLE001 - whatever the pickler says is the reason.
-        raise ModelError(
-            f"{spec.label} of policy {policy_id!r} cannot be sent to the actor processes: "
-            f"{type(e).__name__}: {e}. Define it at module level in an importable module and "
-            "keep unpicklable objects (locks, open files, sessions) out of its class."
-        ) from e
+    if spec.custom is not None:
+        spec.custom.check_sendable(f"{spec.label} of policy {policy_id!r}")

@@ -16,6 +16,7 @@ from typing import Any
 from impala_tf.config.base import AlgorithmConfig
 from impala_tf.envs.faults import StepProgress
 from impala_tf.models.spec import ModelSpec
+from impala_tf.portable import Portable
 
 __all__ = ["make_env_runner"]
 
@@ -29,6 +30,7 @@ def make_env_runner(
     progress: StepProgress | None = None,
     remote: Any = None,
     models: Mapping[str, ModelSpec] | None = None,
+    callbacks: Portable | None = None,
 ) -> Any:
     """The env runner of `config` (see the package docstring).
 
@@ -43,6 +45,7 @@ def make_env_runner(
         state shapes}).
       models: {policy_id: the policy's resolved model} (`RuntimePlan.models`); None resolves
         them from `config` here.
+      callbacks: The run's resolved `callbacks` class (`RuntimePlan.callbacks`).
     """
     kwargs = dict(
         worker_index=worker_index,
@@ -51,6 +54,7 @@ def make_env_runner(
         progress=progress,
         remote=remote,
         models=models,
+        callbacks=callbacks,
     )
     if multi_agent:
         from impala_tf.rollout.multi_agent_runner import MultiAgentEnvRunner

@@ -1,5 +1,5 @@
 """What the two env runners share: their arguments, how a policy and its filter are made, the
-filters' changes sent with a fragment, and `run_episodes`.
+filters' changes sent with a fragment, the episode callbacks' bookkeeping, and `run_episodes`.
 
 `EnvRunner` (one policy, a vector of gymnasium envs) and `MultiAgentEnvRunner` (several policies
 over multi-agent envs) differ in how they step envs and cut sequences; everything here is written
@@ -8,22 +8,48 @@ once so that the two cannot drift.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import gymnasium as gym
 import numpy as np
 
+from impala_tf.algorithm_callbacks import Callbacks
+from impala_tf.algorithm_callbacks import Episode as CallbackEpisode
 from impala_tf.config.base import AlgorithmConfig
 from impala_tf.config.policies import policy_config
 from impala_tf.envs.faults import StepProgress
+from impala_tf.envs.make import env_seed
 from impala_tf.filters import Filter, get_filter
 from impala_tf.models.spec import ModelSpec, model_spec
 from impala_tf.numpy_policy import make_policy
+from impala_tf.portable import Portable
 from impala_tf.remote_policy import RemotePolicy
 from impala_tf.rollout.fragment import Episode
 
-__all__ = ["RunnerBase"]
+__all__ = ["RunnerBase", "sampler_seeds"]
+
+#: Policy k of a multi-agent runner samples from `env_seed(seed, worker_index, 0) + k' * this`.
+_SEED_STRIDE = 7919
+
+
+def sampler_seeds(
+    seed: int | None, worker_index: int, policy_ids: Sequence[str], multi_agent: bool
+) -> dict[str, int | None]:
+    """The action samplers' seeds of a runner's policies (None in an unseeded run).
+
+    A single-agent runner's one policy samples from `env_seed(seed, worker_index, 0)`; policy k
+    (sorted ids) of a multi-agent runner from that plus `7919 * (k + 1)`. Everything that acts
+    as a runner would (`impala_tf.trained_policy`) takes its seeds from here.
+    """
+    base = env_seed(seed, worker_index, 0)
+    if not multi_agent:
+        return {pid: base for pid in policy_ids}
+    return {
+        pid: None if base is None else base + _SEED_STRIDE * (k + 1)
+        for k, pid in enumerate(sorted(policy_ids))
+    }
+
 
 #: With central inference: the actor's connection to the driver's inference server and
 #: {policy_id: per-env shapes of the model's recurrent state}.
@@ -44,6 +70,8 @@ class RunnerBase:
         hung actor hangs).
       models: {policy_id: resolved model} from the run's plan; None resolves each policy's
         `model` config here (a runner built by hand).
+      callbacks: The run's resolved `callbacks` class (`RuntimePlan.callbacks`; None: none).
+        The runner keeps one instance and calls its episode hooks and `on_sample_end`.
     """
 
     def __init__(
@@ -54,6 +82,7 @@ class RunnerBase:
         update_filter: bool,
         progress: StepProgress | None,
         models: Mapping[str, ModelSpec] | None = None,
+        callbacks: Portable | None = None,
     ):
         self.config = config
         self.worker_index = worker_index
@@ -63,6 +92,9 @@ class RunnerBase:
         self.explore = config.explore if explore is None else bool(explore)
         self._update_filter = bool(update_filter)
         self._models = dict(models) if models is not None else None
+        where = f"actor {worker_index - 1}" if worker_index > 0 else "the driver's runner"
+        self.callbacks = Callbacks(callbacks, where)
+        self._episode_count = 0
 
     def model_of(self, policy_id: str) -> ModelSpec:
         """The resolved model of `policy_id` (the plan's, or resolved from the config)."""
@@ -94,6 +126,21 @@ class RunnerBase:
         return make_policy(
             obs_space, act_space, model, explore=self.explore, seed=seed, precision=precision
         )
+
+    @property
+    def policy_map(self) -> dict[str, Any]:
+        """{policy_id: the acting policy} (RLlib's `worker.policy_map`)."""
+        return dict(self.policies)
+
+    def _hook_args(self) -> dict[str, Any]:
+        """The arguments every episode hook gets besides `episode` and `env_index`."""
+        return {"worker": self, "base_env": self.base_env, "policies": self.policy_map}
+
+    def _new_hook_episode(self, env_index: int) -> CallbackEpisode:
+        """A new callbacks `Episode` of env `env_index` (a unique id within the run)."""
+        self._episode_count += 1
+        episode_id = self.worker_index * 1_000_000_000 + self._episode_count
+        return CallbackEpisode(episode_id, env_index, self.worker_index)
 
     def _make_filter(self, policy_id: str, obs_space: gym.Space) -> Filter:
         """`observation_filter` for `policy_id`'s observations (a float space, if it filters)."""

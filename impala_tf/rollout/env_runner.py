@@ -47,6 +47,14 @@ previous step's bootstrap value), so after `set_weights` the first step of the n
 still chosen by the previous weights; this column says so, and the learner's
 `diff_num_grad_updates_vs_sampler_policy` is computed from it.
 
+Callbacks (`callbacks`, `impala_tf.algorithm_callbacks`): with an episode hook overridden the
+runner keeps one callbacks `Episode` per env (its agent is `"agent0"`) and calls
+`on_episode_start` at each env's first step of an episode, `on_episode_step` after each step
+that does not end it and `on_episode_end` after the one that does (the reported episode: a whole
+game with episodic life); the finished episode's `custom_metrics` and `hist_data` travel with
+its record. `on_sample_end` gets each fragment's `SampleBatch` before it is returned. Without
+callbacks none of this runs.
+
 Faults (see `impala_tf.envs.faults`): an env that raises in `reset`/`step`, returns an
 observation of the wrong shape or dtype, or a NaN/infinite observation or reward raises an
 `EnvError` naming the env, the actor, the env index and the step. With
@@ -68,13 +76,15 @@ import gymnasium as gym
 import numpy as np
 
 from impala_tf.actions import ActionAdapter
+from impala_tf.algorithm_callbacks import AGENT_ID
+from impala_tf.algorithm_callbacks import Episode as CallbackEpisode
 from impala_tf.config.base import AlgorithmConfig
 from impala_tf.envs import atari
 from impala_tf.envs.batch import AtariVectorEnvBatch, GymEnvBatch, sent_frame_stack
 from impala_tf.envs.faults import EnvGuard, StepProgress, env_name
 from impala_tf.envs.make import env_seed, make_env_batch
 from impala_tf.filters import Filter, filter_from_state
-from impala_tf.rollout.base import Remote, RunnerBase
+from impala_tf.rollout.base import Remote, RunnerBase, sampler_seeds
 from impala_tf.rollout.fragment import DEFAULT_POLICY_ID, POLICY_VERSION, Episode, Fragment
 from impala_tf.sample_batch import OBS, OBS_FRAMES, OBS_RESTARTS, SampleBatch
 
@@ -102,6 +112,7 @@ class EnvRunner(RunnerBase):
         state}. The runner then acts through a `RemotePolicy` and never imports TensorFlow.
       models: `{"default_policy": ModelSpec}`, the policy's resolved model (the run's plan);
         None resolves `config.model` here.
+      callbacks: The run's resolved `callbacks` class (the run's plan; None: none).
     """
 
     policy_ids = (DEFAULT_POLICY_ID,)
@@ -115,8 +126,9 @@ class EnvRunner(RunnerBase):
         progress: StepProgress | None = None,
         remote: Remote | None = None,
         models: Mapping[str, Any] | None = None,
+        callbacks: Any = None,
     ):
-        super().__init__(config, worker_index, explore, update_filter, progress, models)
+        super().__init__(config, worker_index, explore, update_filter, progress, models, callbacks)
         who = f"actor {worker_index - 1}" if worker_index > 0 else "the driver"
         self._guard = EnvGuard(
             env_name(config.env),
@@ -125,10 +137,11 @@ class EnvRunner(RunnerBase):
             progress=self.progress,
         )
         self.env_batch = make_env_batch(config, worker_index, self.num_envs, self._guard)
+        self.env_batch.collect_infos = self.callbacks.episodes
         self.observation_space = self.env_batch.observation_space
         self.action_space = self.env_batch.action_space
         spaces = (self.observation_space, self.action_space)
-        seed = env_seed(config.seed, worker_index, 0)
+        seed = sampler_seeds(config.seed, worker_index, self.policy_ids, False)[DEFAULT_POLICY_ID]
         # Frame-stacking envs: each frame is stored once (`obs_frames`, impala_tf.frames), and
         # sent once to the driver's inference server, which keeps the stacks.
         self.frame_stack = sent_frame_stack(self.env_batch.frame_stack, config.observation_filter)
@@ -164,11 +177,23 @@ class EnvRunner(RunnerBase):
         self._episode_length = np.zeros(self.num_envs, np.int64)
         self._guard.episode_length = self._episode_length  # Updated in place; for messages.
         self._next = None  # The policy step for self._obs, computed ahead.
+        # The callbacks' episode of each env (episode hooks only); started by `sample`.
+        self._hook_episodes: list[CallbackEpisode] | None = None
 
     @property
     def envs(self) -> list[gym.Env]:
         """The gymnasium envs (empty when a native vector env steps them)."""
         return getattr(self.env_batch, "envs", [])
+
+    @property
+    def policies(self) -> dict[str, Any]:
+        """{"default_policy": the acting policy}."""
+        return {DEFAULT_POLICY_ID: self.policy}
+
+    @property
+    def base_env(self) -> Any:
+        """What episode hooks get as `base_env`: the env batch (`impala_tf.envs.batch`)."""
+        return self.env_batch
 
     def _reset_all(self, seed: int | None) -> np.ndarray:
         seeds = [env_seed(seed, self.worker_index, j) for j in range(self.num_envs)]
@@ -199,12 +224,15 @@ class EnvRunner(RunnerBase):
         """Steps every env `rollout_fragment_length` times and returns the fragment."""
         start = time.perf_counter()
         horizon, n = self.horizon, self.num_envs
+        raw_obs = self._obs
         if self._next is None:
             if not self._obs_filtered:
                 self._obs, self._obs_filtered = self._filter(self._obs), True
             # No step since the envs' resets: every stack is a refill.
             self._next = self._act(self._obs, self._state, np.ones(n, bool))
             self._next_version = self._version_of(self._next)
+        if self.callbacks.episodes and self._hook_episodes is None:
+            self._start_hook_episodes(raw_obs)
         first = self._next
         version_buf = np.empty((horizon, n), np.int64)
         frames = self.frame_stack
@@ -258,10 +286,20 @@ class EnvRunner(RunnerBase):
             trunc_buf[t] = stepped.truncateds
             self._episode_return += stepped.rewards
             self._episode_length += 1
+            hooked = {}
+            if self._hook_episodes is not None:
+                hooked = self._step_hook_episodes(stepped, step.actions, next_obs)
             for j in np.flatnonzero(stepped.episode_ends):
                 ret = float(self._episode_return[j])
+                metrics, hist = hooked.get(int(j), ({}, {}))
                 episodes.append(
-                    Episode(ret, int(self._episode_length[j]), {DEFAULT_POLICY_ID: [ret]})
+                    Episode(
+                        ret,
+                        int(self._episode_length[j]),
+                        {DEFAULT_POLICY_ID: [ret]},
+                        metrics,
+                        hist,
+                    )
                 )
                 self._episode_return[j] = 0.0
                 self._episode_length[j] = 0
@@ -323,8 +361,10 @@ class EnvRunner(RunnerBase):
         for i in range(len(starts[0])):
             columns[f"state_in_{i}"] = np.stack([start[i] for start in starts], axis=1)
         steps = horizon * n
+        batch = SampleBatch(columns)
+        self.callbacks("on_sample_end", worker=self, samples=batch)
         return Fragment(
-            batches={DEFAULT_POLICY_ID: SampleBatch(columns)},
+            batches={DEFAULT_POLICY_ID: batch},
             env_steps=steps,
             agent_steps=steps,
             policy_versions={DEFAULT_POLICY_ID: max(self.policy_version, int(version_buf.max()))},
@@ -334,6 +374,54 @@ class EnvRunner(RunnerBase):
             filter_deltas=self._flush_filter(),
             num_nonfinite_episodes_dropped=num_dropped,
         )
+
+    # Episode callbacks ------------------------------------------------------------------------
+
+    def _start_hook_episodes(self, raw_obs: np.ndarray) -> None:
+        """A callbacks `Episode` for every env, each started (`on_episode_start`)."""
+        self._hook_episodes = []
+        args = self._hook_args()
+        for j in range(self.num_envs):
+            episode = self._new_hook_episode(j)
+            episode.observe(AGENT_ID, raw_obs[j], self._obs[j])
+            self._hook_episodes.append(episode)
+            self.callbacks("on_episode_start", episode=episode, env_index=j, **args)
+
+    def _step_hook_episodes(
+        self, stepped: Any, actions: np.ndarray, obs: np.ndarray
+    ) -> dict[int, tuple[dict, dict]]:
+        """Records one env step in each env's `Episode` and calls the episode hooks.
+
+        Args:
+          stepped: The env batch's `BatchStep`.
+          actions: [B, ...] the actions taken (the policy's).
+          obs: [B, ...] the next observations, filtered.
+
+        Returns:
+          {env index: (custom metrics, hist data)} of the episodes that ended.
+        """
+        args, ended = self._hook_args(), {}
+        infos, last = stepped.infos, stepped.ended_obs or {}
+        for j, episode in enumerate(self._hook_episodes):
+            info = infos[j] if infos is not None else None
+            episode.act(AGENT_ID, actions[j], DEFAULT_POLICY_ID)
+            episode.reward(AGENT_ID, stepped.rewards[j])
+            episode.length += 1
+            if stepped.episode_ends[j] or stepped.dropped[j]:
+                if stepped.episode_ends[j]:
+                    raw = last.get(j)
+                    filtered = None if raw is None else self.obs_filter(raw[None], update=False)[0]
+                    episode.observe(AGENT_ID, raw, filtered, info)
+                    self.callbacks("on_episode_end", episode=episode, env_index=j, **args)
+                    ended[j] = episode.finished()
+                # A dropped episode (non-finite data) is not reported: no end hook.
+                episode = self._hook_episodes[j] = self._new_hook_episode(j)
+                episode.observe(AGENT_ID, stepped.obs[j], obs[j])
+                self.callbacks("on_episode_start", episode=episode, env_index=j, **args)
+            else:
+                episode.observe(AGENT_ID, stepped.obs[j], obs[j], info)
+                self.callbacks("on_episode_step", episode=episode, env_index=j, **args)
+        return ended
 
     def _act(self, obs: np.ndarray, state: tuple, restarts: np.ndarray | None) -> Any:
         """The policy's step on every env's next observation; `restarts` (bool [B], the envs'
@@ -363,11 +451,14 @@ class EnvRunner(RunnerBase):
         self._obs = self._reset_all(seed)
         self._obs_filtered = False
         self._forget_stacks()
-        self.policy.reseed(env_seed(seed, self.worker_index, 0))
+        self.policy.reseed(
+            sampler_seeds(seed, self.worker_index, self.policy_ids, False)[DEFAULT_POLICY_ID]
+        )
         self._state = self.policy.initial_state(self.num_envs)
         self._episode_return[:] = 0.0
         self._episode_length[:] = 0
         self._next = None
+        self._hook_episodes = None
 
     def get_state(self) -> dict[str, Any]:
         """A picklable snapshot of this runner, for an exact resume (`set_state`).
@@ -422,7 +513,9 @@ class EnvRunner(RunnerBase):
                 envs = GymEnvBatch(envs, self._guard)
             else:  # Batches pickle without their guard (it holds the shared progress array).
                 envs.guard = self._guard
+            envs.collect_infos = self.callbacks.episodes
             self.env_batch = envs
+            self._hook_episodes = None  # The callbacks' episodes start again.
             self._forget_stacks()  # The server's copies are of the replaced envs.
             self._obs, self._state, self._next = obs, rnn_state, next_step
             self._episode_return, self._episode_length = returns, lengths

@@ -8,8 +8,9 @@ of each policy's weights loaded when sampling (`policy_versions`; the per-step `
 column of each batch says which weights chose each step) and the episodes that ended in it.
 
 `Episode` is the one record of a finished episode: its return summed over the agents (RLlib's
-`episode_reward`), its length in env steps, and each policy's agents' own returns (RLlib's
-`policy_reward_*` inputs; `{"default_policy": [return]}` for a single-agent env).
+`episode_reward`), its length in env steps, each policy's agents' own returns (RLlib's
+`policy_reward_*` inputs; `{"default_policy": [return]}` for a single-agent env), and what the
+episode callbacks set (`custom_metrics`, `hist_data`; `impala_tf.algorithm_callbacks`).
 
 This module imports numpy only.
 """
@@ -36,11 +37,15 @@ class Episode(NamedTuple):
       ret: Its return, summed over the agents (unclipped rewards).
       length: Its length in env steps.
       policy_returns: {policy_id: [the return of each agent that acted with it]}.
+      custom_metrics: {name: number} the episode callbacks set (RLlib's `custom_metrics`).
+      hist_data: {name: [numbers]} the episode callbacks set (RLlib's `hist_data`).
     """
 
     ret: float
     length: int
     policy_returns: dict[str, list[float]]
+    custom_metrics: dict[str, float] = {}  # noqa: RUF012 - never mutated; a NamedTuple field.
+    hist_data: dict[str, list[float]] = {}  # noqa: RUF012
 
 
 @dataclasses.dataclass

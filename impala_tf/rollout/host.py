@@ -20,6 +20,7 @@ from typing import Any
 from impala_tf.config.base import AlgorithmConfig
 from impala_tf.envs.faults import StepProgress
 from impala_tf.models.spec import ModelSpec
+from impala_tf.portable import Portable
 from impala_tf.remote_policy import connect
 from impala_tf.rollout import make_env_runner
 from impala_tf.rollout.fragment import Fragment
@@ -41,6 +42,7 @@ class RunnerHost:
         shapes)}, `InferenceServer.initial_states`.
       models: {policy_id: the policy's resolved model} (`RuntimePlan.models`); None resolves
         them from `config`.
+      callbacks: The run's resolved `callbacks` class (`RuntimePlan.callbacks`).
       progress: Shared progress array for hang reports (local processes only).
     """
 
@@ -52,6 +54,7 @@ class RunnerHost:
         endpoint: Any = None,
         state_shapes: Mapping[str, list] | None = None,
         models: Mapping[str, ModelSpec] | None = None,
+        callbacks: Portable | None = None,
         progress: Any = None,
     ):
         remote = None
@@ -65,6 +68,7 @@ class RunnerHost:
             progress=StepProgress(progress),
             remote=remote,
             models=models,
+            callbacks=callbacks,
         )
         self._compress = (
             functools.partial(compress, columns=(OBS, OBS_FRAMES))
@@ -104,7 +108,10 @@ def make_runner_host(
     endpoint: Any = None,
     state_shapes: Mapping[str, list] | None = None,
     models: Mapping[str, ModelSpec] | None = None,
+    callbacks: Portable | None = None,
     progress: Any = None,
 ) -> RunnerHost:
     """The worker factory of actors (`impala_tf.workers.WorkerSpec.factory`)."""
-    return RunnerHost(actor_id, config, multi_agent, endpoint, state_shapes, models, progress)
+    return RunnerHost(
+        actor_id, config, multi_agent, endpoint, state_shapes, models, callbacks, progress
+    )

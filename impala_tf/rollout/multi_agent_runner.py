@@ -39,6 +39,13 @@ Episodes: the return of an episode is the sum over its agents (RLlib's `episode_
 length counts env steps, and `Episode.policy_returns[policy_id]` lists the return of each agent
 that acted with that policy (RLlib's `policy_reward_mean` inputs).
 
+Callbacks (`callbacks`, `impala_tf.algorithm_callbacks`): with an episode hook overridden, each
+env's episode has a callbacks `Episode` (per agent: its last raw and filtered observation, info,
+action, reward and policy) and the hooks run as in the single-agent runner, once per env step:
+`on_episode_start` after a reset, `on_episode_step` after a step that does not end the
+episode, `on_episode_end` after the one that does. `on_sample_end` gets a `MultiAgentBatch` of
+the fragment's policy batches.
+
 With central inference (`remote`), each policy acts through an `impala_tf.inference.RemotePolicy`
 on the one connection to the driver's inference server, and this module never imports
 TensorFlow.
@@ -61,6 +68,7 @@ import numpy as np
 
 import impala_tf.config.policies as policy_specs
 from impala_tf.actions import ActionAdapter
+from impala_tf.algorithm_callbacks import Episode as CallbackEpisode
 from impala_tf.config.base import AlgorithmConfig
 from impala_tf.envs.faults import StepProgress
 from impala_tf.envs.make import env_seed, make_env
@@ -76,19 +84,16 @@ from impala_tf.rollout.agent_streams import (
     AgentStream,
     emit_sequences,
 )
-from impala_tf.rollout.base import Remote, RunnerBase
+from impala_tf.rollout.base import Remote, RunnerBase, sampler_seeds
 from impala_tf.rollout.env_runner import Weights
 from impala_tf.rollout.fragment import Episode, Fragment
-from impala_tf.sample_batch import SampleBatch
+from impala_tf.sample_batch import MultiAgentBatch, SampleBatch
 
 __all__ = ["MultiAgentEnvRunner"]
 
 # A computed action (`_act`) is a tuple: (policy id, filtered obs, action, env action, logits,
 # logp, value, version, state in, state out).
 _E_PID, _E_ACT_ENV, _E_STATE_IN, _E_STATE_OUT = 0, 3, 8, 9
-
-#: Policy k's action sampler is seeded `env_seed(seed, worker_index, 0) + _SEED_STRIDE * (k + 1)`.
-_SEED_STRIDE = 7919
 
 #: What `get_state()` pickles into `"envs"`: the envs and everything in flight.
 _IN_FLIGHT = (
@@ -124,6 +129,7 @@ class MultiAgentEnvRunner(RunnerBase):
         imported.
       models: {policy_id: the policy's resolved model} (the run's plan); None resolves each
         policy's `model` config here.
+      callbacks: The run's resolved `callbacks` class (the run's plan; None: none).
     """
 
     def __init__(
@@ -135,8 +141,9 @@ class MultiAgentEnvRunner(RunnerBase):
         progress: StepProgress | None = None,
         remote: Remote | None = None,
         models: Mapping[str, Any] | None = None,
+        callbacks: Any = None,
     ):
-        super().__init__(config, worker_index, explore, update_filter, progress, models)
+        super().__init__(config, worker_index, explore, update_filter, progress, models, callbacks)
         self.envs: list[gym.Env] = [make_env(config, worker_index, j) for j in range(self.num_envs)]
         # Through an env creator's wrappers to the multi-agent env.
         base = self.envs[0].unwrapped
@@ -178,12 +185,13 @@ class MultiAgentEnvRunner(RunnerBase):
         self.versions = {pid: 0 for pid in self.policy_ids}
         self._reset_all(config.seed)
 
+    @property
+    def base_env(self) -> list[gym.Env]:
+        """What episode hooks get as `base_env`: this runner's multi-agent envs."""
+        return self.envs
+
     def _policy_seeds(self, seed: int | None) -> dict[str, int | None]:
-        base = env_seed(seed, self.worker_index, 0)
-        return {
-            pid: None if base is None else base + _SEED_STRIDE * (k + 1)
-            for k, pid in enumerate(self.policy_ids)
-        }
+        return sampler_seeds(seed, self.worker_index, self.policy_ids, multi_agent=True)
 
     # Episodes ---------------------------------------------------------------------------------
 
@@ -209,10 +217,13 @@ class MultiAgentEnvRunner(RunnerBase):
         self._states: list[dict[Any, tuple]] = [{} for _ in range(n)]
         self._streams: dict[tuple, AgentStream] = {}
         self._obs: list[dict] = []
+        self._infos: list[dict] = []  # Each env's last infos (for the callbacks' episodes).
+        self._hook_episodes: list[CallbackEpisode] | None = None
         for j, env in enumerate(self.envs):
             self._new_episode(j)
-            obs, _ = env.reset(seed=env_seed(seed, self.worker_index, j))
+            obs, infos = env.reset(seed=env_seed(seed, self.worker_index, j))
             self._obs.append(dict(obs))
+            self._infos.append(dict(infos or {}))
         self._next: list[dict] | None = None  # Per env: agent -> its action, computed ahead.
         self._next_versions: dict[str, int] = {}  # Per policy: the version that computed them.
 
@@ -323,6 +334,8 @@ class MultiAgentEnvRunner(RunnerBase):
         start = time.perf_counter()
         if self._next is None:
             self._compute_next()
+        if self.callbacks.episodes and self._hook_episodes is None:
+            self._hook_episodes = [self._start_hook_episode(j) for j in range(self.num_envs)]
         episodes: list[Episode] = []
         agent_steps = 0
         versions = dict(self.versions)  # Raised to the versions that acted (central inference).
@@ -339,8 +352,12 @@ class MultiAgentEnvRunner(RunnerBase):
                     step[STEP_VB] = entry[6]
             self._compute_next()
         self.progress.set(0, -1, StepProgress.IDLE)
+        batches = self._emit()
+        if "on_sample_end" in self.callbacks:
+            samples = MultiAgentBatch(batches, self.horizon * self.num_envs)
+            self.callbacks("on_sample_end", worker=self, samples=samples)
         return Fragment(
-            batches=self._emit(),
+            batches=batches,
             env_steps=self.horizon * self.num_envs,
             agent_steps=agent_steps,
             policy_versions=versions,
@@ -359,7 +376,7 @@ class MultiAgentEnvRunner(RunnerBase):
         acting = self._next[j]
         if not acting:  # Every agent waits (cannot happen in a well-formed env).
             raise RuntimeError(f"env {j}: no agent has an observation to act on.")
-        obs, rewards, terms, truncs, _ = env.step({a: e[_E_ACT_ENV] for a, e in acting.items()})
+        obs, rewards, terms, truncs, infos = env.step({a: e[_E_ACT_ENV] for a, e in acting.items()})
         self._episode_length[j] += 1
         returns, awaiting = self._agent_return[j], self._awaiting[j]
         for agent, reward in rewards.items():
@@ -402,17 +419,56 @@ class MultiAgentEnvRunner(RunnerBase):
             states.pop(agent, None)
         if awaiting and (episode_over or len(terms) + len(truncs) > 2 * len(acting) + 2):
             self._close_waiting(j, obs, terms, truncs, finals)
+        hooked = None
+        if self._hook_episodes is not None:
+            hooked = self._step_hook_episode(j, acting, obs, rewards, infos, episode_over)
         if episode_over:
             agent_policy = self._agent_policy[j]
             policy_returns: dict[str, list[float]] = {}
             for agent, pid in agent_policy.items():
                 policy_returns.setdefault(pid, []).append(float(returns.get(agent, 0.0)))
             ret = float(sum(returns.values()))
-            episodes.append(Episode(ret, self._episode_length[j], policy_returns))
+            metrics, hist = hooked or ({}, {})
+            episodes.append(Episode(ret, self._episode_length[j], policy_returns, metrics, hist))
             self._new_episode(j)
-            obs, _ = env.reset()
+            obs, infos = env.reset()
         self._obs[j] = obs
+        self._infos[j] = dict(infos or {})
+        if episode_over and self._hook_episodes is not None:
+            self._hook_episodes[j] = self._start_hook_episode(j)
         return len(acting)
+
+    # Episode callbacks ------------------------------------------------------------------------
+
+    def _observe(self, episode: CallbackEpisode, j: int, obs: dict, infos: dict) -> None:
+        """Records each agent's observation (raw and filtered) and info in `episode`."""
+        for agent, raw in obs.items():
+            pid = self._policy_of(j, agent)
+            filtered = self.filters[pid](np.asarray(raw, self._obs_dtypes[pid])[None], update=False)
+            episode.observe(agent, raw, filtered[0], infos.get(agent), pid)
+
+    def _start_hook_episode(self, j: int) -> CallbackEpisode:
+        """A started callbacks `Episode` for env j's current episode (`on_episode_start`)."""
+        episode = self._new_hook_episode(j)
+        self._observe(episode, j, self._obs[j], self._infos[j])
+        self.callbacks("on_episode_start", episode=episode, env_index=j, **self._hook_args())
+        return episode
+
+    def _step_hook_episode(
+        self, j: int, acting: dict, obs: dict, rewards: dict, infos: dict, over: bool
+    ) -> tuple[dict, dict] | None:
+        """Records env j's step in its `Episode` and calls the episode hooks; the ended
+        episode's (custom metrics, hist data) when `over`, else None."""
+        episode = self._hook_episodes[j]
+        for agent, e in acting.items():
+            episode.act(agent, e[2], e[_E_PID])
+        for agent, reward in rewards.items():
+            episode.reward(agent, reward)
+        episode.length += 1
+        self._observe(episode, j, obs, dict(infos or {}))
+        hook = "on_episode_end" if over else "on_episode_step"
+        self.callbacks(hook, episode=episode, env_index=j, **self._hook_args())
+        return episode.finished() if over else None
 
     def _close_waiting(self, j: int, obs: dict, terms: dict, truncs: dict, finals: list) -> None:
         """Ends the last step of agents done in a step they did not act in (turn-based envs)."""
@@ -498,6 +554,8 @@ class MultiAgentEnvRunner(RunnerBase):
             self.close()
             for name in _IN_FLIGHT:
                 setattr(self, name, in_flight[name])
+            self._infos = [{} for _ in self.envs]
+            self._hook_episodes = None  # The callbacks' episodes start again.
         elif "seed" in state:
             self.reset(state["seed"])
         filters = state.get("obs_filters")
