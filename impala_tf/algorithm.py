@@ -58,7 +58,13 @@ from impala_tf.driver.aggregation import AggregationStage
 from impala_tf.driver.broadcast import Broadcaster
 from impala_tf.driver.learners import LearnerGroup
 from impala_tf.driver.metrics import Metrics
-from impala_tf.driver.plan import RuntimePlan, check_deterministic, derived_seed, make_plan
+from impala_tf.driver.plan import (
+    RuntimePlan,
+    check_deterministic,
+    derived_seed,
+    make_plan,
+    sendable_config,
+)
 from impala_tf.driver.sampling import EnvRunnerGroup, make_backend
 from impala_tf.driver.schedule import make_schedule
 from impala_tf.driver.state import Progress, SavedState
@@ -216,7 +222,9 @@ class Impala:
             self.learners.start()
             workers = int(config.num_aggregation_workers)
             backend = make_backend(config, plan) if workers else None
-            self.aggregation = AggregationStage(config, self.learners.rows, counters, backend)
+            self.aggregation = AggregationStage(
+                sendable_config(config), self.learners.rows, counters, backend
+            )
         except BaseException:
             self.stop()
             raise
@@ -249,9 +257,10 @@ class Impala:
             raise
 
     def _ensure_started(self) -> None:
-        if self._stopped:
-            raise RuntimeError("this algorithm was stopped")
+        """Starts an algorithm loaded with `from_checkpoint` (its first train, save, ...)."""
         if not self._started:
+            if self._stopped:
+                raise RuntimeError("this algorithm was stopped before it started")
             self._start()
 
     @classmethod

@@ -271,29 +271,30 @@ def resolve_callbacks(value: Any) -> Portable | None:
     """The `callbacks` setting as a `Portable` class (None: no callbacks).
 
     Raises:
-      ValueError: naming `callbacks`, for a value that is not a `DefaultCallbacks` subclass
+      ValueError: naming `callbacks_class`, for a value that is not a `DefaultCallbacks` subclass
         (or an import path or list of them), or a class that defines a hook impala_tf does not
         call.
     """
     if value is None or value is DefaultCallbacks:
         return None
     if isinstance(value, (list, tuple)):
-        value = make_multi_callbacks([resolve_callbacks(v).obj for v in value])
-    resolved = portable(value, "callbacks")
+        members = [resolve_callbacks(v) for v in value]
+        value = make_multi_callbacks([m.obj for m in members if m is not None])
+    resolved = portable(value, "callbacks_class")
     cls = resolved.obj
     if not (isinstance(cls, type) and issubclass(cls, DefaultCallbacks)):
         raise ValueError(
-            f"`callbacks` must be a subclass of impala_tf.DefaultCallbacks (RLlib's "
-            f"DefaultCallbacks), or an import path to one; got {cls!r}."
+            f"`callbacks_class` (RLlib's `callbacks`) must be a subclass of "
+            f"impala_tf.DefaultCallbacks, or an import path to one; got {cls!r}."
         )
     members = cls.classes if issubclass(cls, MultiCallbacks) else (cls,)
     for member in members:
         uncalled = [h for h in UNCALLED_HOOKS if hasattr(member, h)]
         if uncalled:
             raise ValueError(
-                f"`callbacks` {member.__name__} defines {', '.join(uncalled)}, which impala_tf "
-                f"does not call (it calls {', '.join(HOOKS)}). Remove them, or do their work "
-                "in one of those."
+                f"`callbacks_class` {member.__name__} defines {', '.join(uncalled)}, which "
+                f"impala_tf does not call (it calls {', '.join(HOOKS)}). Remove them, or do "
+                "their work in one of those."
             )
     return resolved
 

@@ -327,7 +327,6 @@ def test_alias_and_new_name_with_different_values_conflict():
         ("enable_env_runner_and_connector_v2", False),
         ("create_env_on_driver", False),
         ("simple_optimizer", False),
-        ("callbacks", object),
     ],
 )
 def test_ignored_key_warns_once_and_changes_nothing(key, value):

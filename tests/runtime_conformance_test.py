@@ -16,10 +16,11 @@ import signal
 import numpy as np
 import pytest
 
-from impala_tf import checkpoints
+from impala_tf import Impala, checkpoints
 from impala_tf.config import ImpalaConfig
+from impala_tf.config.policies import PolicySpec
 from impala_tf.workers.shared_arrays import SEGMENT_PREFIX
-from tests.support import envs
+from tests.support import envs, models
 from tests.support.configs import BACKENDS, POLICY_COUNTS, small_config
 from tests.support.processes import alive, wait_until
 
@@ -265,3 +266,68 @@ def test_evaluation_during_training_reports_summed_and_per_policy_returns(placem
     assert sorted(per_policy) == ([] if placement[1] == 1 else ["p0", "p1"])
     if placement[1] == 2:  # The summed return is the sum over the agents' own returns.
         assert evaluation["episode_reward_mean"] == pytest.approx(sum(per_policy.values()))
+
+
+def _own_config(placement: tuple[str, int]) -> ImpalaConfig:
+    """A user's models and callbacks: RLlib's TFModelV2 example for the one policy; a Keras
+    functional model for p0 and a subclassed one for p1 (a custom model per policy)."""
+    config = _config(placement).callbacks(models.EpisodeStats)
+    if placement[1] == 1:
+        return config.training(model={"custom_model": "tests.support.models:MyKerasModel"})
+    functional = {
+        "custom_model": "tests.support.models:functional_model",
+        "custom_model_config": {"hidden": 8},
+    }
+    return config.multi_agent(
+        policies={
+            "p0": PolicySpec(config={"model": functional}),
+            "p1": PolicySpec(config={"model": {"custom_model": models.SubclassedModel}}),
+        }
+    )
+
+
+def test_a_users_models_and_callbacks_reach_actors_learners_evaluation_and_checkpoints(
+    placement, tmp_path
+):
+    config = _own_config(placement).evaluation(evaluation_interval=1, evaluation_duration=2)
+    algo = config.build()
+    try:
+        result = _train_until(
+            algo,
+            lambda r: (
+                r["custom_metrics"]
+                and all(i["num_grad_updates_lifetime"] for i in r["info"]["learner"].values())
+            ),
+        )
+        weights = {pid: algo.get_policy_weights(pid) for pid in _policies(placement)}
+        path = algo.save(str(tmp_path / "ckpt"))
+    finally:
+        algo.stop()
+    assert result["callback_ok"] is True  # on_train_result, in the driver.
+    # Episode hooks in the actors: one metric per episode of the window, summarised.
+    metrics = result["custom_metrics"]
+    assert metrics["steps_mean"] == pytest.approx(result["episode_len_mean"])
+    assert 0 <= metrics["obs0_min"] <= metrics["obs0_mean"] <= metrics["obs0_max"]
+    assert len(result["hist_stats"]["obs0"]) >= result["hist_stats"]["episode_lengths"][0]
+    assert result["evaluation"]["custom_metrics"]["steps_mean"] > 0  # And in evaluation.
+    for pid in _policies(placement):
+        assert result["info"]["learner"][pid]["num_grad_updates_lifetime"] >= 1
+    loaded = Impala.from_checkpoint(path)  # No process starts.
+    assert loaded.actors is None and loaded.learners is None
+    for pid in _policies(placement):
+        policy = loaded.get_policy(pid)
+        assert type(policy.model).__name__ == "CustomActorCritic"
+        for a, b in zip(policy.get_weights(), weights[pid]):
+            np.testing.assert_array_equal(a, b)
+        action = loaded.compute_single_action(np.zeros(4, np.float32), policy_id=pid)
+        assert action in (0, 1)
+    loaded.stop()
+
+
+def test_a_raising_callback_stops_the_run_naming_the_hook_and_class(placement):
+    algo = _config(placement).callbacks(models.FailingEpisodeEnd).build()
+    try:
+        with pytest.raises(RuntimeError, match="FailingEpisodeEnd.on_episode_end raised in actor"):
+            _train_until(algo, lambda r: False)
+    finally:
+        algo.stop()

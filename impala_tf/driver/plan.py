@@ -30,14 +30,21 @@ import numpy as np
 
 from impala_tf.algorithm_callbacks import resolve_callbacks
 from impala_tf.config.base import AlgorithmConfig
-from impala_tf.config.policies import policy_config, policy_ids_to_train
+from impala_tf.config.policies import normalize_policies, policy_config, policy_ids_to_train
 from impala_tf.envs.spaces import EnvSpaces, probe_spaces
 from impala_tf.models.spec import ModelSpec, check_transport, model_spec
 from impala_tf.numpy_policy import supports
-from impala_tf.portable import Portable
+from impala_tf.portable import Portable, import_path
 from impala_tf.workers.memory import ActorMemoryError, check_actor_memory
 
-__all__ = ["RuntimePlan", "check_deterministic", "derived_seed", "make_plan", "policy_model"]
+__all__ = [
+    "RuntimePlan",
+    "check_deterministic",
+    "derived_seed",
+    "make_plan",
+    "policy_model",
+    "sendable_config",
+]
 
 #: Fork-server preload of actors that act in numpy or through the inference server.
 _NUMPY_PRELOAD = ("impala_tf.rollout.host",)
@@ -118,6 +125,34 @@ def make_plan(
         actors_need_tensorflow=not (central or numpy_actors),
         deterministic=bool(deterministic),
     )
+
+
+def sendable_config(config: AlgorithmConfig) -> AlgorithmConfig:
+    """`config` as the worker processes receive it: the user objects the plan resolved (custom
+    models, the callbacks class) named by their import paths, so that any config pickles.
+
+    The workers build models and callbacks from the plan's specs, never from these names.
+    """
+    out = config.copy()
+    out.callbacks_class = None
+    out.model = _named_model(out.model)
+    if out.policies is not None:
+        out.policies = {
+            pid: dataclasses.replace(
+                spec, config={**spec.config, "model": _named_model(spec.config["model"])}
+            )
+            if spec.config and "model" in spec.config
+            else spec
+            for pid, spec in normalize_policies(out.policies).items()
+        }
+    return out
+
+
+def _named_model(model: dict) -> dict:
+    custom = model.get("custom_model")
+    if custom is None or isinstance(custom, str):
+        return model
+    return {**model, "custom_model": import_path(custom) or repr(custom)}
 
 
 def policy_model(config: AlgorithmConfig, policy_id: str) -> ModelSpec:

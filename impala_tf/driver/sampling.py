@@ -43,7 +43,12 @@ from typing import Any
 from impala_tf import filters as filter_lib
 from impala_tf.config.base import AlgorithmConfig
 from impala_tf.config.policies import policy_config
-from impala_tf.driver.plan import RuntimePlan, derived_seed, largest_observation_space
+from impala_tf.driver.plan import (
+    RuntimePlan,
+    derived_seed,
+    largest_observation_space,
+    sendable_config,
+)
 from impala_tf.envs.faults import StepProgress, env_name
 from impala_tf.rollout.fragment import Fragment
 from impala_tf.rollout.host import make_runner_host
@@ -105,6 +110,7 @@ class EnvRunnerGroup:
         self.config = config
         self.plan = plan
         self.counters = counters
+        self._sent_config = sendable_config(config)  # What each actor receives.
         self.num_actors = max(1, int(config.num_env_runners))
         if plan.backend == "process":
             check_actor_memory(
@@ -176,7 +182,7 @@ class EnvRunnerGroup:
                     self._endpoint = self.server.listen(advertise=self.node_ip)
                 endpoint = self._endpoint
         plan = self.plan
-        return (self.config, plan.multi_agent, endpoint, shapes, plan.models, plan.callbacks)
+        return (self._sent_config, plan.multi_agent, endpoint, shapes, plan.models, plan.callbacks)
 
     @property
     def node_ip(self) -> str:

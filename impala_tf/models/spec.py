@@ -135,7 +135,8 @@ class ModelSpec:
 
     Attributes:
       config: The model config with RLlib's defaults filled in (what a custom model receives
-        as `model_config`).
+        as `model_config`; plain data: a `custom_model` given as a class is named here by its
+        import path).
       custom: The custom model, or None for the catalog's networks.
     """
 
@@ -162,14 +163,6 @@ class ModelSpec:
         name = self.config.get("custom_model")
         return f"model {name!r}" if name else "the catalog's model"
 
-    def storable_model_config(self) -> dict[str, Any]:
-        """`config` as JSON holds it: a custom model given as a class becomes its path."""
-        out = dict(self.config)
-        value = out.get("custom_model")
-        if self.custom is not None and not isinstance(value, str):
-            out["custom_model"] = self.custom.path
-        return out
-
 
 def model_spec(
     model_config: Mapping[str, Any] | ModelSpec | None, where: str = "model"
@@ -184,6 +177,9 @@ def model_spec(
     config = {**MODEL_DEFAULTS, **dict(model_config or {})}
     config["custom_model_config"] = dict(config.get("custom_model_config") or {})
     custom = resolve_custom_model(config.get("custom_model"), f"{where}.custom_model")
+    if custom is not None and not isinstance(config["custom_model"], str):
+        # The spec carries the class; its config holds plain data (it is sent to workers).
+        config["custom_model"] = custom.path or custom.label
     return ModelSpec(config, custom)
 
 
