@@ -24,12 +24,12 @@ ACT = gym.spaces.Discrete(2)
 
 #: (custom_model setting, extra model keys) of every way to bring a feed-forward model.
 FEED_FORWARD = {
-    "tfmodelv2": ("tests.support.models:MyKerasModel", {}),
+    "tfmodelv2": ("tests.support.models:TwoHeadedModel", {}),
     "functional": ("tests.support.models:functional_model", {"custom_model_config": {"hidden": 8}}),
     "subclassed": (models.SubclassedModel, {}),
 }
 RECURRENT = {
-    "recurrent_network": ("tests.support.models:RNNModel", {}),
+    "recurrent_network": ("tests.support.models:KerasLSTMModel", {}),
     "use_lstm": ("tests.support.models:functional_model", {"use_lstm": True, "lstm_cell_size": 8}),
     "tfmodelv2_use_lstm": ("tests.support.models:WrappableModel", {"use_lstm": True}),
 }
@@ -52,10 +52,10 @@ def test_a_feed_forward_custom_model_steps_and_unrolls_alike(name):
     np.testing.assert_allclose(values[2], step_values, rtol=1e-5, atol=1e-6)
 
 
-def test_the_rllib_example_model_is_the_one_trained():
-    model = _build("tests.support.models:MyKerasModel")
+def test_the_keras_model_inside_a_tfmodelv2_is_the_one_trained():
+    model = _build("tests.support.models:TwoHeadedModel")
     names = sorted(v.path for v in model.trainable_variables)
-    assert any("my_layer1" in n for n in names) and any("value_out" in n for n in names)
+    assert any("hidden" in n for n in names) and any("value_head" in n for n in names)
     assert len(model.get_weights()) == 6  # Three Dense layers: kernels and biases.
 
 
@@ -99,12 +99,13 @@ def test_custom_model_config_reaches_the_constructor():
 
 
 def test_every_way_to_name_a_model_resolves_to_the_same_class():
-    ModelCatalog.register_custom_model("keras_model_for_tests", models.MyKerasModel)
-    for name in ("keras_model_for_tests", "tests.support.models:MyKerasModel", models.MyKerasModel):
-        assert model_spec({"custom_model": name}).custom.obj is models.MyKerasModel
+    ModelCatalog.register_custom_model("keras_model_for_tests", models.TwoHeadedModel)
+    names = ("keras_model_for_tests", "tests.support.models:TwoHeadedModel", models.TwoHeadedModel)
+    for name in names:
+        assert model_spec({"custom_model": name}).custom.obj is models.TwoHeadedModel
     assert model_spec({"custom_model": "nature_cnn"}).custom is None
     with pytest.raises(ValueError, match="built-in"):
-        ModelCatalog.register_custom_model("nature_cnn", models.MyKerasModel)
+        ModelCatalog.register_custom_model("nature_cnn", models.TwoHeadedModel)
 
 
 def test_a_spec_travels_by_import_path_or_by_value():
@@ -120,7 +121,7 @@ def test_a_spec_travels_by_import_path_or_by_value():
 
 
 def test_custom_models_act_in_tensorflow_and_match_the_keras_model():
-    spec = model_spec({"custom_model": "tests.support.models:MyKerasModel"})
+    spec = model_spec({"custom_model": "tests.support.models:TwoHeadedModel"})
     assert not supports(OBS, ACT, spec)
     policy = make_policy(OBS, ACT, spec, explore=False, seed=0)
     model = build_model(OBS, ACT, spec)
@@ -150,9 +151,21 @@ def test_a_custom_model_builds_in_bfloat16_with_float32_outputs():
 
 
 def test_checkpoints_hold_every_variable_of_a_tfmodelv2(tmp_path):
-    model = _build("tests.support.models:RNNModel")
+    model = _build("tests.support.models:KerasLSTMModel")
     path = tf.train.Checkpoint(model=model).write(str(tmp_path / "ckpt"))
-    other = _build("tests.support.models:RNNModel")
+    other = _build("tests.support.models:KerasLSTMModel")
+    tf.train.Checkpoint(model=other).read(path).assert_consumed()
+    for a, b in zip(model.get_weights(), other.get_weights()):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_layers_kept_in_a_list_are_in_the_checkpoint_too(tmp_path):
+    from impala_tf.checkpoints.store import untracked_variables
+
+    model = _build("tests.support.models:ListedLayersModel")
+    assert untracked_variables(model) == [] and len(model.get_weights()) == 8
+    path = tf.train.Checkpoint(model=model).write(str(tmp_path / "ckpt"))
+    other = _build("tests.support.models:ListedLayersModel")
     tf.train.Checkpoint(model=other).read(path).assert_consumed()
     for a, b in zip(model.get_weights(), other.get_weights()):
         np.testing.assert_array_equal(a, b)
@@ -166,7 +179,7 @@ def test_checkpoints_hold_every_variable_of_a_tfmodelv2(tmp_path):
         ("tests.support.models:one_output", {}, r"must return \(logits, values\)"),
         ("tests.support.models:NotAModel", {}, "neither a TFModelV2 .* nor a keras.Model"),
         ("tests.support.models:WithCustomLoss", {}, "custom_loss"),
-        ("tests.support.models:MyKerasModel", {"use_lstm": True}, "num_outputs=None"),
+        ("tests.support.models:TwoHeadedModel", {"use_lstm": True}, "num_outputs=None"),
         ("tests.support.models:no_such_model", {}, "does not resolve"),
         ("no.such.module:Model", {}, "does not resolve"),
         ("unregistered_name", {}, "not a registered custom model"),
@@ -187,7 +200,7 @@ def test_a_model_that_cannot_reach_the_actors_is_refused_before_any_actor_starts
     )
     make_plan(config)  # A module-level class travels by its import path, lock and all.
 
-    class Local(models.MyKerasModel):  # Travels by value: its lock cannot be pickled.
+    class Local(models.TwoHeadedModel):  # Travels by value: its lock cannot be pickled.
         lock = threading.Lock()
 
     config.training(model={"custom_model": Local})

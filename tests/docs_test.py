@@ -85,3 +85,43 @@ def test_the_configs_page_lists_every_key_with_its_default():
 )
 def test_the_configs_page_names_rllibs_other_keys(key):
     assert f"| `{key}` |" in CONFIGS_PAGE
+
+
+#: The complete examples the docs pages include: (page, module, arguments for a short run, a
+#: line of its output).
+EXAMPLES = [
+    (
+        "custom-models.md",
+        "examples.train_custom_model",
+        ["--model=keras_subclassed", "--stop-iters=2"],
+        "custom model KerasMLP trained",
+    ),
+    ("callbacks.md", "examples.custom_metrics", ["--stop-iters=2"], "pole angle mean"),
+    (
+        "using-a-policy.md",
+        "examples.use_trained_policy",
+        ["--train-iters=1", "--episodes=1"],
+        "weight arrays",
+    ),
+]
+
+
+@pytest.mark.parametrize("page, module, args, expected", EXAMPLES, ids=[e[1] for e in EXAMPLES])
+def test_each_bring_your_own_page_includes_an_example_that_runs(page, module, args, expected):
+    import os
+    import subprocess
+    import sys
+
+    text = (ROOT / "docs" / page).read_text(encoding="utf-8")
+    assert f'--8<-- "{module.replace(".", "/")}.py"' in text
+    assert f"docs/{page}" in (ROOT / "README.md").read_text(encoding="utf-8")
+    out = subprocess.run(
+        [sys.executable, "-m", module, *args],
+        cwd=ROOT,
+        env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert expected in out.stdout

@@ -273,7 +273,7 @@ def _own_config(placement: tuple[str, int]) -> ImpalaConfig:
     functional model for p0 and a subclassed one for p1 (a custom model per policy)."""
     config = _config(placement).callbacks(models.EpisodeStats)
     if placement[1] == 1:
-        return config.training(model={"custom_model": "tests.support.models:MyKerasModel"})
+        return config.training(model={"custom_model": "tests.support.models:TwoHeadedModel"})
     functional = {
         "custom_model": "tests.support.models:functional_model",
         "custom_model_config": {"hidden": 8},

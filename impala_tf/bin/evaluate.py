@@ -32,7 +32,7 @@ import numpy as np
 from absl import app, flags
 from absl import logging as absl_logging
 
-from impala_tf.bin import _common  # noqa: F401 - defines --verbose.
+from impala_tf.bin import _common  # Defines --verbose.
 from impala_tf.video import Recording, video_format, write_video
 
 if TYPE_CHECKING:
@@ -112,6 +112,7 @@ def main(argv: list[str]) -> int:
     from impala_tf import checkpoints, evaluation
     from impala_tf.envs.spaces import probe_spaces
 
+    _common.import_from_cwd()  # Custom models and callbacks may live in the user's module.
     try:
         ext = video_format(FLAGS.video) if FLAGS.video else None
         checkpoint_dir = checkpoints.resolve_checkpoint_dir(FLAGS.checkpoint)

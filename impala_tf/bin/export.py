@@ -34,7 +34,7 @@ import sys
 from absl import app, flags
 from absl import logging as absl_logging
 
-from impala_tf.bin import _common  # noqa: F401 - defines --verbose.
+from impala_tf.bin import _common  # Defines --verbose.
 
 __all__ = ["export_saved_model", "serving_module", "run"]
 
@@ -138,6 +138,7 @@ def main(argv: list[str]) -> int:
         absl_logging.set_verbosity(absl_logging.WARNING)
     from impala_tf import checkpoints
 
+    _common.import_from_cwd()  # The checkpoint's custom model may live in the user's module.
     try:
         checkpoint_dir = checkpoints.resolve_checkpoint_dir(FLAGS.checkpoint)
         config = checkpoints.load_config(checkpoint_dir)

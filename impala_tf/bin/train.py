@@ -23,7 +23,10 @@ exactly (see `impala_tf.algorithm`).
 Callbacks: `--callbacks=package.module:factory` (repeatable) adds Keras callbacks to the driver
 loop, one epoch per iteration (`impala_tf.callbacks`); `--learner_callbacks` adds them to the
 learner thread, called around each update. `factory` is a `keras.callbacks.Callback`, or a
-callable (a class) returning one or a list; the current directory is importable.
+callable (a class) returning one or a list. RLlib's callbacks (`DefaultCallbacks`, with episode
+hooks and custom metrics) are the YAML's `callbacks` key instead (`impala_tf.algorithm_callbacks`).
+The current directory is importable: a YAML's import paths (`custom_model`, `callbacks`,
+an env creator) may name the user's own modules.
 """
 
 from __future__ import annotations
@@ -39,7 +42,7 @@ _START = time.time()
 from absl import app, flags  # noqa: E402
 from absl import logging as absl_logging  # noqa: E402
 
-from impala_tf.bin import _common  # noqa: E402, F401 - defines --verbose.
+from impala_tf.bin import _common  # noqa: E402 - defines --verbose.
 
 FLAGS = flags.FLAGS
 
@@ -189,8 +192,7 @@ def load_callbacks(specs: list[str]) -> list:
     """`impala_tf.callbacks.load_callbacks`, with the current directory importable."""
     from impala_tf.callbacks import load_callbacks as load
 
-    if specs and os.getcwd() not in sys.path:
-        sys.path.insert(0, os.getcwd())
+    _common.import_from_cwd()
     try:
         return load(specs)
     except ValueError as e:
@@ -287,6 +289,7 @@ def _train() -> int:
     from impala_tf import checkpoints
     from impala_tf.reporting import stop_reached
 
+    _common.import_from_cwd()  # Before the plan imports a config's custom model or callbacks.
     resume_from = checkpoints.latest_checkpoint(FLAGS.logdir) if FLAGS.logdir else None
     if resume_from and not FLAGS.resume:
         raise TrainError(

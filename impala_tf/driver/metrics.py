@@ -28,7 +28,12 @@ import numpy as np
 from impala_tf.algorithm_callbacks import custom_metric_stats, hist_stats
 from impala_tf.rollout.fragment import Episode, Fragment
 
-__all__ = ["COUNTERS", "Metrics", "summarize_episodes"]
+__all__ = ["COUNTERS", "LEARNER_INFO", "LEARNER_STATS_KEY", "Metrics", "summarize_episodes"]
+
+#: RLlib's names of the result's `info` entries: `result["info"][LEARNER_INFO][policy_id]
+#: [LEARNER_STATS_KEY]` holds a policy's learner stats.
+LEARNER_INFO = "learner"
+LEARNER_STATS_KEY = "learner_stats"
 
 #: The lifetime counters of the result dict (top level, `counters` and `info`), RLlib's names.
 COUNTERS = (

@@ -2,7 +2,9 @@
 
 The catalog's networks (`build_model`: MLPs, RLlib's vision network, the IMPALA paper's
 ResNet, LSTM cores) and what users bring: RLlib's `ModelCatalog.register_custom_model`,
-`TFModelV2` and `RecurrentNetwork` (`impala_tf.models.modelv2`), or any `keras.Model`
+`TFModelV2` and `RecurrentNetwork` (`impala_tf.models.modelv2`; RLlib's
+`FullyConnectedNetwork` and `VisionNetwork` as such, `impala_tf.models.rllib_networks`), or any
+`keras.Model`
 (`impala_tf.models.custom`). A policy's model is resolved once into a `ModelSpec`
 (`impala_tf.models.spec`) that every part builds from.
 
@@ -32,6 +34,8 @@ _EXPORTS = {
     "ObservationPreprocessor": "impala_tf.models.preprocessing",
     "is_image_space": "impala_tf.models.preprocessing",
     "LSTMCore": "impala_tf.models.recurrent",
+    "FullyConnectedNetwork": "impala_tf.models.rllib_networks",
+    "VisionNetwork": "impala_tf.models.rllib_networks",
     "ModelCatalog": "impala_tf.models.spec",
     "ModelError": "impala_tf.models.spec",
     "ModelSpec": "impala_tf.models.spec",

@@ -50,6 +50,8 @@ State = tuple[tf.Tensor, ...]
 
 #: The batch size of the probe call that builds and checks a model.
 _PROBE_BATCH = 2
+#: A recurrent TFModelV2's unroll lays out at most this many steps in the graph (else scans).
+_MAX_LAID_OUT_STEPS = 64
 
 
 def model_input_space(observation_space: gym.Space) -> gym.Space:
@@ -182,6 +184,7 @@ class CustomActorCritic(keras.Model):
             )
         self.is_recurrent = wrapped or bool(self._state_template)
         self._build_and_check()
+        self._track_listed_layers()
         self.built = True
 
     # ----------------------------------------------------------------------------- building
@@ -271,6 +274,40 @@ class CustomActorCritic(keras.Model):
                 f"{self._label}: its {what} have shape {shape} for a batch of {_PROBE_BATCH}; "
                 f"expected {want}"
                 + (f" = {expected} for the action space {self.action_space}." if expected else ".")
+            )
+
+    def _unsaved_weights(self) -> list:
+        """The weights a `tf.train.Checkpoint` of this model would not hold."""
+        root = tf.train.Checkpoint(model=self)
+        reachable = {id(obj) for obj in tf.train.TrackableView(root).descendants()}
+        return [v for v in self.weights if id(v) not in reachable]
+
+    def _track_listed_layers(self) -> None:
+        """Makes TensorFlow checkpoints hold the layers a Keras model keeps in Python lists.
+
+        Keras 3 tracks such layers for its weights but not for `tf.train.Checkpoint`, so a
+        checkpoint would silently leave them out (a resumed run would restart them from
+        scratch). Each layer of the user's model is then also held by an attribute here (the
+        weights and their order do not change); a weight still out of reach is an error.
+        """
+        if not self._unsaved_weights():
+            return
+        parts = [self.net] if isinstance(self.net, keras.layers.Layer) else []
+        parts += [getattr(self, n) for n in sorted(vars(self)) if n.startswith("net_part_")]
+        layers = []
+        for part in parts:
+            if isinstance(part, keras.layers.Layer):
+                layers.extend(part._flatten_layers(include_self=False))  # Keras 3 API.
+        order = [id(v) for v in self.weights]
+        for i, layer in enumerate(layers):
+            setattr(self, f"checkpointed_layer_{i}", layer)
+        if [id(v) for v in self.weights] != order:
+            raise ModelError(f"{self._label}: its weights changed order when tracked.")
+        missing = self._unsaved_weights()
+        if missing:
+            raise ModelError(
+                f"{self._label} holds weights no checkpoint would save "
+                f"({', '.join(v.path for v in missing[:4])}): keep its layers in attributes."
             )
 
     def _check_variables(self) -> None:
@@ -378,26 +415,51 @@ class CustomActorCritic(keras.Model):
             logits = self.logits_head(out)
             values = tf.reshape(self.value_head(out), [-1])
         else:
-            initial = self.initial_state(b)
-
-            def body(carry, inputs):
-                obs_t, reset_t = inputs
-                keep = tf.logical_not(reset_t)[:, None]
-                carry = tuple(tf.where(keep, c, i) for c, i in zip(carry[2], initial))
-                logits_t, values_t, new = self.step(obs_t, carry, training)
-                return logits_t, values_t, tuple(new)
-
-            probe = (
-                tf.zeros(tf.stack([b, self.num_outputs])),
-                tf.zeros(tf.stack([b])),
-                tuple(tf.convert_to_tensor(s, tf.float32) for s in state),
-            )
-            resets = tf.cast(resets, tf.bool)
-            logits, values, states = tf.scan(body, (obs, resets), initializer=probe)
-            final = tuple(s[-1] for s in states)
+            logits, values, final = self._unroll_steps(obs, resets, state, training)
         logits = tf.reshape(logits, tf.stack([t, b, self.num_outputs]))
         values = tf.reshape(values, tf.stack([t, b]))
         return logits, values, final
+
+    def _unroll_steps(
+        self, obs: tf.Tensor, resets: tf.Tensor, state: State, training: bool
+    ) -> tuple[tf.Tensor, tf.Tensor, State]:
+        """A recurrent `TFModelV2` over [T, B] steps, one `step` per time step.
+
+        Where an episode starts (`resets[t]`) the state goes back to the initial state first.
+        With T known when traced (the learner's `max_seq_len` sequences) the steps are laid
+        out one after another in the graph, which runs faster than a `tf.scan` of the same
+        steps; otherwise they are scanned.
+        """
+        b = tf.shape(obs)[1]
+        initial = self.initial_state(b)
+        resets = tf.cast(resets, tf.bool)
+
+        def advance(carry: State, obs_t: tf.Tensor, reset_t: tf.Tensor):
+            keep = tf.logical_not(reset_t)[:, None]
+            carry = tuple(tf.where(keep, c, i) for c, i in zip(carry, initial))
+            logits_t, values_t, new = self.step(obs_t, carry, training)
+            return logits_t, values_t, tuple(new)
+
+        carry = tuple(tf.convert_to_tensor(s, tf.float32) for s in state)
+        steps = obs.shape[0]
+        if steps is not None and steps <= _MAX_LAID_OUT_STEPS:
+            all_logits, all_values = [], []
+            for t in range(steps):
+                logits_t, values_t, carry = advance(carry, obs[t], resets[t])
+                all_logits.append(logits_t)
+                all_values.append(values_t)
+            return tf.stack(all_logits), tf.stack(all_values), carry
+
+        def body(previous, inputs):
+            return advance(previous[2], *inputs)
+
+        probe = (
+            tf.zeros(tf.stack([b, self.num_outputs])),
+            tf.zeros(tf.stack([b])),
+            carry,
+        )
+        logits, values, states = tf.scan(body, (obs, resets), initializer=probe)
+        return logits, values, tuple(s[-1] for s in states)
 
     @property
     def value_variables(self) -> list[tf.Variable]:

@@ -1,6 +1,6 @@
 """Custom models of the tests, in an importable module (actor processes and Ray workers build
-them by import path): RLlib's example `TFModelV2`, Keras-native models (functional and
-subclassed), a `RecurrentNetwork`, a callbacks class, and broken models for the error tests."""
+them by import path): RLlib-style `TFModelV2`s, Keras-native models (functional and
+subclassed), `RecurrentNetwork`s, callbacks classes, and broken models for the error tests."""
 
 from __future__ import annotations
 
@@ -15,29 +15,30 @@ from impala_tf.models import RecurrentNetwork, TFModelV2, normc_initializer, try
 tf1, tf, tfv = try_import_tf()
 
 
-class MyKerasModel(TFModelV2):
-    """RLlib's `rllib/examples/custom_keras_model.py` model, its imports changed."""
+class TwoHeadedModel(TFModelV2):
+    """An RLlib-style `TFModelV2`: a functional Keras model with a policy and a value output,
+    built in the constructor, called in `forward`, its value kept for `value_function`."""
 
     def __init__(self, obs_space, action_space, num_outputs, model_config, name):
         super().__init__(obs_space, action_space, num_outputs, model_config, name)
-        self.inputs = tf.keras.layers.Input(shape=obs_space.shape, name="observations")
-        layer_1 = tf.keras.layers.Dense(
-            128, name="my_layer1", activation=tf.nn.relu, kernel_initializer=normc_initializer(1.0)
-        )(self.inputs)
-        layer_out = tf.keras.layers.Dense(
-            num_outputs, name="my_out", activation=None, kernel_initializer=normc_initializer(0.01)
-        )(layer_1)
-        value_out = tf.keras.layers.Dense(
-            1, name="value_out", activation=None, kernel_initializer=normc_initializer(0.01)
-        )(layer_1)
-        self.base_model = tf.keras.Model(self.inputs, [layer_out, value_out])
+        obs = tf.keras.layers.Input(shape=obs_space.shape, name="obs")
+        hidden = tf.keras.layers.Dense(
+            64, activation=tf.nn.relu, kernel_initializer=normc_initializer(1.0), name="hidden"
+        )(obs)
+        logits = tf.keras.layers.Dense(
+            num_outputs, kernel_initializer=normc_initializer(0.01), name="policy_head"
+        )(hidden)
+        value = tf.keras.layers.Dense(
+            1, kernel_initializer=normc_initializer(0.01), name="value_head"
+        )(hidden)
+        self.net = tf.keras.Model(obs, [logits, value])
 
     def forward(self, input_dict, state, seq_lens):
-        model_out, self._value_out = self.base_model(input_dict["obs"])
-        return model_out, state
+        logits, self._value = self.net(input_dict["obs"])
+        return logits, state
 
     def value_function(self):
-        return tf.reshape(self._value_out, [-1])
+        return tf.reshape(self._value, [-1])
 
 
 def functional_model(obs_space, action_space, num_outputs, model_config, name, hidden=16):
@@ -84,43 +85,52 @@ class SubclassedModel(keras.Model):
         return self.pi(x), self.v(x)[:, 0]
 
 
-class RNNModel(RecurrentNetwork):
-    """RLlib's example `RNNModel` (rllib/examples/models/rnn_model.py), in Keras 3 (Keras 3
-    refuses TensorFlow ops on symbolic inputs, so its `tf.sequence_mask` is left out: the steps
-    it masked are never fed here)."""
+class ListedLayersModel(keras.Model):
+    """Keeps its hidden layers in a Python list, which Keras 3 tracks for its weights but not
+    for TensorFlow checkpoints (impala_tf makes them checkpointed)."""
+
+    def __init__(self, obs_space, action_space, num_outputs, model_config, name):
+        super().__init__(name=name)
+        self.hidden = [keras.layers.Dense(8, activation="tanh") for _ in range(2)]
+        self.pi = keras.layers.Dense(num_outputs)
+        self.v = keras.layers.Dense(1)
+
+    def call(self, obs):
+        x = obs
+        for layer in self.hidden:
+            x = layer(x)
+        return self.pi(x), self.v(x)
+
+
+class KerasLSTMModel(RecurrentNetwork):
+    """A `RecurrentNetwork` around a Keras LSTM layer: `forward_rnn` takes [B, T, F] inputs
+    and the (h, c) state, returns [B, T, num_outputs] logits and the new state."""
 
     def __init__(
-        self, obs_space, action_space, num_outputs, model_config, name, hiddens_size=32,
-        cell_size=16,
+        self, obs_space, action_space, num_outputs, model_config, name, units=16
     ):  # fmt: skip
         super().__init__(obs_space, action_space, num_outputs, model_config, name)
-        self.cell_size = cell_size
-        input_layer = tf.keras.layers.Input(shape=(None, obs_space.shape[0]), name="inputs")
-        state_in_h = tf.keras.layers.Input(shape=(cell_size,), name="h")
-        state_in_c = tf.keras.layers.Input(shape=(cell_size,), name="c")
-        seq_in = tf.keras.layers.Input(shape=(), name="seq_in", dtype=tf.int32)
-        dense1 = tf.keras.layers.Dense(hiddens_size, activation=tf.nn.relu, name="dense1")(
-            input_layer
+        self.units = units
+        inputs = tf.keras.layers.Input(shape=(None, obs_space.shape[0]))
+        h_in = tf.keras.layers.Input(shape=(units,))
+        c_in = tf.keras.layers.Input(shape=(units,))
+        x = tf.keras.layers.Dense(32, activation="relu")(inputs)
+        out, h, c = tf.keras.layers.LSTM(units, return_sequences=True, return_state=True)(
+            x, initial_state=[h_in, c_in]
         )
-        lstm_out, state_h, state_c = tf.keras.layers.LSTM(
-            cell_size, return_sequences=True, return_state=True, name="lstm"
-        )(dense1, initial_state=[state_in_h, state_in_c])
-        logits = tf.keras.layers.Dense(self.num_outputs, name="logits")(lstm_out)
-        values = tf.keras.layers.Dense(1, name="values")(lstm_out)
-        self.rnn_model = tf.keras.Model(
-            inputs=[input_layer, seq_in, state_in_h, state_in_c],
-            outputs=[logits, values, state_h, state_c],
-        )
+        logits = tf.keras.layers.Dense(self.num_outputs)(out)
+        value = tf.keras.layers.Dense(1)(out)
+        self.net = tf.keras.Model([inputs, h_in, c_in], [logits, value, h, c])
 
     def forward_rnn(self, inputs, state, seq_lens):
-        model_out, self._value_out, h, c = self.rnn_model([inputs, seq_lens] + state)
-        return model_out, [h, c]
+        logits, self._value, h, c = self.net([inputs, *state])
+        return logits, [h, c]
 
     def get_initial_state(self):
-        return [np.zeros(self.cell_size, np.float32), np.zeros(self.cell_size, np.float32)]
+        return [np.zeros(self.units, np.float32), np.zeros(self.units, np.float32)]
 
     def value_function(self):
-        return tf.reshape(self._value_out, [-1])
+        return tf.reshape(self._value, [-1])
 
 
 class Counter(RecurrentNetwork):
@@ -175,7 +185,7 @@ class NoKwargs(TFModelV2):
         super().__init__(obs_space, action_space, num_outputs, model_config, name)
 
 
-class WithCustomLoss(MyKerasModel):
+class WithCustomLoss(TwoHeadedModel):
     def custom_loss(self, policy_loss, loss_inputs):
         return policy_loss * 2
 
@@ -185,7 +195,7 @@ class NotAModel:
         pass
 
 
-class Unpicklable(MyKerasModel):
+class Unpicklable(TwoHeadedModel):
     """Holds a lock in its class: it cannot be sent to a worker by value."""
 
     lock = threading.Lock()
