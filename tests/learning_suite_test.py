@@ -73,6 +73,11 @@ def test_the_suite_runs_every_shipped_config_with_pass_criteria_and_quick_leaves
         "pendulum-impala",
         "pong-impala-small",
         "atari-impala",
+        # Custom models (examples/custom_models.py).
+        "cartpole-impala-keras-model",
+        "cartpole-impala-keras-subclassed",
+        "stateless-cartpole-impala-custom-rnn",
+        "multi-agent-cartpole-impala-custom-models",
     }  # Not RLlib's cluster-sized pong-impala.yaml and pong-impala-fast.yaml.
     assert {n for n, c in configs.items() if c.atari} == {"pong-impala-small", "atari-impala"}
     order = list(configs)

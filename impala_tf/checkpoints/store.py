@@ -508,17 +508,19 @@ def storable_config(config: Any) -> dict[str, Any] | None:
 
 
 def untracked_variables(model: Any) -> list:
-    """The variables of `model` that a `tf.train.Checkpoint` of it would not hold.
+    """The weights of `model` that a `tf.train.Checkpoint` of it would not hold.
 
     Keras 3 does not track layers kept in Python lists for TensorFlow checkpoints (only
     attributes), so a torso that keeps its layers in a list saves none of their weights under
-    the `model` part. A model whose list is empty checkpoints completely.
+    the `model` part. A model whose list is empty checkpoints completely. Only weights count:
+    a Keras layer's random-seed state (a recurrent layer's dropout seeds) is not a weight, and
+    no checkpoint needs it.
     """
     import tensorflow as tf
 
     root = tf.train.Checkpoint(model=model)
     reachable = {id(obj) for obj in tf.train.TrackableView(root).descendants()}
-    return [v for v in model.variables if id(v) not in reachable]
+    return [v for v in model.weights if id(v) not in reachable]
 
 
 def restore_model(model: Any, checkpoint_dir: str, policy_id: str = _DEFAULT_POLICY_ID) -> None:

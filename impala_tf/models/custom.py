@@ -276,12 +276,6 @@ class CustomActorCritic(keras.Model):
                 + (f" = {expected} for the action space {self.action_space}." if expected else ".")
             )
 
-    def _unsaved_weights(self) -> list:
-        """The weights a `tf.train.Checkpoint` of this model would not hold."""
-        root = tf.train.Checkpoint(model=self)
-        reachable = {id(obj) for obj in tf.train.TrackableView(root).descendants()}
-        return [v for v in self.weights if id(v) not in reachable]
-
     def _track_listed_layers(self) -> None:
         """Makes TensorFlow checkpoints hold the layers a Keras model keeps in Python lists.
 
@@ -290,7 +284,9 @@ class CustomActorCritic(keras.Model):
         scratch). Each layer of the user's model is then also held by an attribute here (the
         weights and their order do not change); a weight still out of reach is an error.
         """
-        if not self._unsaved_weights():
+        from impala_tf.checkpoints.store import untracked_variables  # No TensorFlow at import.
+
+        if not untracked_variables(self):
             return
         parts = [self.net] if isinstance(self.net, keras.layers.Layer) else []
         parts += [getattr(self, n) for n in sorted(vars(self)) if n.startswith("net_part_")]
@@ -303,7 +299,7 @@ class CustomActorCritic(keras.Model):
             setattr(self, f"checkpointed_layer_{i}", layer)
         if [id(v) for v in self.weights] != order:
             raise ModelError(f"{self._label}: its weights changed order when tracked.")
-        missing = self._unsaved_weights()
+        missing = untracked_variables(self)
         if missing:
             raise ModelError(
                 f"{self._label} holds weights no checkpoint would save "
