@@ -449,13 +449,17 @@ class Impala:
           observation: One observation as the env returns it (or `input_dict["obs"]`).
           state: The recurrent state (a list of [H] arrays; `get_policy().get_initial_state()`
             before an episode's first step); None for feed-forward policies.
-          prev_action, prev_reward: Must be None (no model here takes them).
-          info, timestep, episode: Accepted for RLlib's signature; unused.
+          prev_action: Must be None (no model here takes previous actions).
+          prev_reward: Must be None (nor previous rewards).
+          info: Accepted for RLlib's signature; unused.
           input_dict: `{"obs": observation}` instead of `observation`.
           policy_id: The policy that acts.
           full_fetch: Also return the state and extra fetches (as when `state` is given).
           explore: Sample (True) or take the most likely action (False).
-          unsquash_action, clip_action: See above.
+          timestep: Accepted for RLlib's signature; unused.
+          episode: Accepted for RLlib's signature; unused.
+          unsquash_action: Unsquash a Box action to the env's bounds (None: `normalize_actions`).
+          clip_action: Clip a Box action to the env's bounds (None: `clip_actions`).
 
         Returns:
           The action; `(action, state out, extra fetches)` when `state` is given or
@@ -500,8 +504,11 @@ class Impala:
         Args:
           observations: A batch [B, *obs_shape], or RLlib's `{agent or env id: observation}`.
           state: The recurrent state: a list of [B, H] arrays (None: the initial state).
-          policy_id, full_fetch, explore, unsquash_action, clip_action: As in
-            `compute_single_action`.
+          policy_id: The policy that acts.
+          full_fetch: Also return the state and extra fetches (as when `state` is given).
+          explore: Sample (True) or take the most likely action (False).
+          unsquash_action: As in `compute_single_action`.
+          clip_action: As in `compute_single_action`.
 
         Returns:
           The actions, [B, *action_shape] (or a dict with the keys of `observations`); with
