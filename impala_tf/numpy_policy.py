@@ -189,15 +189,22 @@ def make_policy(
     seed: int | None = None,
     precision: str = "float32",
 ):
-    """The acting policy for these spaces: `NumpyPolicy` for the catalog's MLPs, else
-    `ActorPolicy` (TF; custom models among them). `model_config` is RLlib model keys or the
-    policy's `ModelSpec`.
+    """The acting policy for these spaces: `NumpyPolicy` for the catalog's MLPs; for a custom
+    model whose step numpy can run, its traced step in numpy (`impala_tf.traced_policy`);
+    else `ActorPolicy` (TensorFlow). `model_config` is RLlib model keys or the policy's
+    `ModelSpec`.
 
     `precision` (the config key) applies to `ActorPolicy`'s Keras model; `NumpyPolicy` computes
-    in float32 numpy whatever it says.
+    in float32 numpy whatever it says, and a custom model acts in numpy only in float32.
     """
     if supports(observation_space, action_space, model_config):
         return NumpyPolicy(observation_space, action_space, model_config, explore, seed)
     from impala_tf.policy import ActorPolicy  # imports TensorFlow
 
-    return ActorPolicy(observation_space, action_space, model_config, explore, seed, precision)
+    actor = ActorPolicy(observation_space, action_space, model_config, explore, seed, precision)
+    custom = isinstance(model_config, ModelSpec) and model_config.custom is not None
+    if custom and precision == "float32":
+        from impala_tf.traced_policy import numpy_acting
+
+        return numpy_acting(actor)
+    return actor
