@@ -3,9 +3,10 @@
     .venv/bin/python -m tools.bench_custom_model --rounds 3 --train_s 20
 
 Run from the repository root. Each round runs `configs/cartpole-impala.yaml` (the catalog's MLP,
-which the actors run in numpy) and `configs/cartpole-impala-keras-model.yaml` (the same network
-written as a functional Keras model, `examples.custom_models:keras_mlp`, which the actors run in
-TensorFlow; every other key the same), one after the other, alternating which goes first, with
+which the actors run as a hand-written numpy program, `impala_tf.numpy_policy`) and
+`configs/cartpole-impala-keras-model.yaml` (the same network written as a functional Keras
+model, `examples.custom_models:keras_mlp`, whose traced step the actors run with numpy op by op,
+`impala_tf.traced_policy`; every other key the same), one after the other, alternating which goes first, with
 the same seed, for `--train_s` seconds of training each (the reward stop is lifted so both
 train the whole time). Every run is the real binary (`python -m impala_tf.bin.train`,
 `--checkpoint_freq=0`). The figures are env steps/s sampled and trained between the first and
@@ -32,8 +33,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 #: case -> its YAML under configs/.
 CASES = {
-    "built-in MLP (numpy actors)": "cartpole-impala.yaml",
-    "Keras model (TensorFlow actors)": "cartpole-impala-keras-model.yaml",
+    "built-in MLP (hand-written numpy)": "cartpole-impala.yaml",
+    "Keras model (traced step in numpy)": "cartpole-impala-keras-model.yaml",
 }
 
 
