@@ -107,7 +107,6 @@ def test_a_registered_name_is_rebuilt_in_a_fresh_process(project, tmp_path):
             config.training(model={{"custom_model": "registered_mlp"}})
             algo = config.build()
             try:
-                algo.train()
                 algo.save({str(checkpoint)!r})
             finally:
                 algo.stop()

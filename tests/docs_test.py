@@ -93,10 +93,10 @@ EXAMPLES = [
     (
         "custom-models.md",
         "examples.train_custom_model",
-        ["--model=keras_subclassed", "--stop-iters=2"],
+        ["--model=keras_subclassed", "--stop-iters=1"],
         "custom model KerasMLP trained",
     ),
-    ("callbacks.md", "examples.custom_metrics", ["--stop-iters=2"], "pole angle mean"),
+    ("callbacks.md", "examples.custom_metrics", ["--stop-iters=1"], "pole angle mean"),
     (
         "using-a-policy.md",
         "examples.use_trained_policy",
