@@ -299,8 +299,9 @@ def test_a_users_models_and_callbacks_reach_actors_learners_evaluation_and_check
                 and all(i["num_grad_updates_lifetime"] for i in r["info"]["learner"].values())
             ),
         )
-        weights = {pid: algo.get_policy_weights(pid) for pid in _policies(placement)}
-        path = algo.save(str(tmp_path / "ckpt"))
+        with algo.learners.locked():  # No update between the read and the save.
+            weights = {pid: algo.get_policy_weights(pid) for pid in _policies(placement)}
+            path = algo.save(str(tmp_path / "ckpt"))
     finally:
         algo.stop()
     assert result["callback_ok"] is True  # on_train_result, in the driver.
