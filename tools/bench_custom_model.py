@@ -8,9 +8,10 @@ which the actors run as a hand-written numpy program, `impala_tf.numpy_policy`) 
 model, `examples.custom_models:keras_mlp`, whose traced step the actors run with numpy op by
 op, `impala_tf.traced_policy`; every other key the same), one after the other, alternating
 which goes first, with the same seed, for `--train_s` seconds of training each (the reward stop
-is lifted so both train the whole time). Every run is the real binary (`python -m impala_tf.bin.train`,
-`--checkpoint_freq=0`). The figures are env steps/s sampled and trained between the first and
-the last iteration (start-up excluded), as `tools/bench_compare.py` measures them.
+is lifted so both train the whole time). Every run is the real binary
+(`python -m impala_tf.bin.train`, `--checkpoint_freq=0`). The figures are env steps/s sampled
+and trained between the first and the last iteration (start-up excluded), as
+`tools/bench_compare.py` measures them.
 
 It prints the medians over the rounds with their spread, the ratio custom / built-in, and
 writes them to BENCHMARKS.md (section "bench_custom_model").
