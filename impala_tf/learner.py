@@ -78,7 +78,22 @@ from impala_tf.models.catalog import build_model
 from impala_tf.models.spec import ModelSpec, model_spec
 from impala_tf.sample_batch import OBS, OBS_FRAMES, OBS_RESTARTS
 
-__all__ = ["ImpalaLearner", "piecewise_linear", "STATS_KEYS"]
+__all__ = ["DIAGNOSTIC_KEYS", "ImpalaLearner", "piecewise_linear", "STATS_KEYS"]
+
+#: Diagnostics of each update `train_step` also returns (ours; means over the valid steps):
+#: the importance ratio rho = pi/mu (mean, and the fractions above `vtrace_clip_rho_threshold`
+#: and `vtrace_clip_pg_rho_threshold`), the policy-gradient advantage (mean and standard
+#: deviation), the value error v_s - V(x_s) (mean: negative when V overestimates) and the logit
+#: range (max - min logit per step: how far the policy is from uniform, Discrete actions).
+DIAGNOSTIC_KEYS = (
+    "mean_rho",
+    "rho_clipped_frac",
+    "pg_rho_clipped_frac",
+    "pg_advantage_mean",
+    "pg_advantage_std",
+    "vf_error_mean",
+    "logit_range_mean",
+)
 
 #: Keys of the stats dict `train_step` returns (RLlib's `learner_stats` names).
 STATS_KEYS = (
@@ -401,7 +416,15 @@ class ImpalaLearner(keras.Model):
             group = tape.gradient(loss, variables)
             grads.append([tf.zeros_like(v) if g is None else g for g, v in zip(group, variables)])
         del tape
-        return grads, out.sums, rows
+        # The diagnostic's steps are the loss's (`vtrace_drop_last_ts` leaves out the last).
+        step_mask = tf.ones_like(logits[..., 0]) if mask is None else tf.cast(mask, tf.float32)
+        logit_range = tf.reduce_max(logits, axis=-1) - tf.reduce_min(logits, axis=-1)
+        if config.vtrace_drop_last_ts:
+            step_mask, logit_range = step_mask[:-1], logit_range[:-1]
+        sums = out.sums._replace(
+            logit_range=tf.stop_gradient(tf.reduce_sum(step_mask * logit_range))
+        )
+        return grads, sums, rows
 
     def _apply(
         self,
@@ -459,6 +482,16 @@ class ImpalaLearner(keras.Model):
             / num_valid,
             "num_agent_steps_trained": self.num_agent_steps_trained.read_value(),
             "num_grad_updates_lifetime": self.num_grad_updates.read_value(),
+            # DIAGNOSTIC_KEYS (ours).
+            "mean_rho": sums.rho / num_valid,
+            "rho_clipped_frac": sums.rho_clipped / num_valid,
+            "pg_rho_clipped_frac": sums.pg_rho_clipped / num_valid,
+            "pg_advantage_mean": sums.pg_adv / num_valid,
+            "pg_advantage_std": tf.sqrt(
+                tf.maximum(sums.pg_adv_sq / num_valid - tf.square(sums.pg_adv / num_valid), 0.0)
+            ),
+            "vf_error_mean": sums.err / num_valid,
+            "logit_range_mean": sums.logit_range / num_valid,
             # float32 (1.0: skipped), as Keras' `fit` averages every stat over replicas.
             "update_skipped": 1.0 - tf.cast(finite, tf.float32),
         }

@@ -36,6 +36,13 @@ class LossSums(NamedTuple):
       vs_sq: float32 scalar, sum(m * v_t^2).
       err: float32 scalar, sum(m * (v_t - V(x_t))).
       err_sq: float32 scalar, sum(m * (v_t - V(x_t))^2).
+      rho: float32 scalar, sum(m * rho_t), rho_t = pi(a_t|x_t) / mu(a_t|x_t) (a diagnostic).
+      rho_clipped: float32 scalar, the valid steps whose rho_t exceeds `clip_rho_threshold`.
+      pg_rho_clipped: float32 scalar, those whose rho_t exceeds `clip_pg_rho_threshold`.
+      pg_adv: float32 scalar, sum(m * A_t) of the policy-gradient advantages.
+      pg_adv_sq: float32 scalar, sum(m * A_t^2).
+      logit_range: float32 scalar, sum(m * (max - min) of the logits of x_t); the caller fills
+        it in (`vtrace_loss` does not see the logits).
     """
 
     pi_loss: tf.Tensor
@@ -46,6 +53,12 @@ class LossSums(NamedTuple):
     vs_sq: tf.Tensor
     err: tf.Tensor
     err_sq: tf.Tensor
+    rho: tf.Tensor | float = 0.0
+    rho_clipped: tf.Tensor | float = 0.0
+    pg_rho_clipped: tf.Tensor | float = 0.0
+    pg_adv: tf.Tensor | float = 0.0
+    pg_adv_sq: tf.Tensor | float = 0.0
+    logit_range: tf.Tensor | float = 0.0
 
 
 class LossOutputs(NamedTuple):
@@ -136,8 +149,9 @@ def vtrace_loss(
     else:
         bootstrap_value = values_bootstrapped[-1]
 
+    log_rhos = target_log_probs - behaviour_log_probs
     returns = vtrace.from_importance_weights(
-        log_rhos=target_log_probs - behaviour_log_probs,
+        log_rhos=log_rhos,
         discounts=discounts,
         rewards=rewards,
         values=values,
@@ -147,6 +161,13 @@ def vtrace_loss(
     )
     vs, pg_advantages = returns.vs, returns.pg_advantages
     err = vs - values
+    rhos = tf.exp(tf.stop_gradient(log_rhos))
+
+    def above(threshold: float | None) -> tf.Tensor:
+        if threshold is None:
+            return tf.constant(0.0)
+        return tf.reduce_sum(mask * tf.cast(rhos > threshold, tf.float32))
+
     sums = LossSums(
         pi_loss=-tf.reduce_sum(mask * target_log_probs * pg_advantages),
         vf_loss=0.5 * tf.reduce_sum(mask * tf.square(err)),
@@ -156,6 +177,12 @@ def vtrace_loss(
         vs_sq=tf.reduce_sum(mask * tf.square(vs)),
         err=tf.stop_gradient(tf.reduce_sum(mask * err)),
         err_sq=tf.stop_gradient(tf.reduce_sum(mask * tf.square(err))),
+        rho=tf.reduce_sum(mask * rhos),
+        rho_clipped=above(clip_rho_threshold),
+        pg_rho_clipped=above(clip_pg_rho_threshold),
+        pg_adv=tf.reduce_sum(mask * pg_advantages),
+        pg_adv_sq=tf.reduce_sum(mask * tf.square(pg_advantages)),
+        logit_range=tf.constant(0.0),
     )
     total = sums.pi_loss + vf_loss_coeff * sums.vf_loss - entropy_coeff * sums.entropy
     return LossOutputs(total_loss=total, sums=sums, vs=vs, pg_advantages=pg_advantages)

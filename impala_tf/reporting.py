@@ -9,10 +9,14 @@ scalars stepped by `timesteps_total` (env steps sampled), under readable tags
 * `evaluation/`: `return_mean`, `return_min`, `return_max`, `length_mean`, `episodes`,
   `time_s` (iterations that ran `evaluate()`);
 * `learner/`: every learner stat by its RLlib name (`policy_loss`, `vf_loss`, `entropy`,
-  `total_loss`, `vf_explained_var`, `grad_gnorm`, `var_gnorm`, ...), with `cur_lr` as
+  `total_loss`, `vf_explained_var`, `grad_gnorm`, `var_gnorm`, ...) and the diagnostics
+  (`mean_rho`, `rho_clipped_frac`, `pg_advantage_mean`, `vf_error_mean`, `logit_range_mean`,
+  ...; `impala_tf.learner.DIAGNOSTIC_KEYS`), the last update's, with `cur_lr` as
   `learning_rate`; plus `entropy_coeff`, `num_grad_updates` and `off_policyness` (RLlib's
   `diff_num_grad_updates_vs_sampler_policy`: updates between the weights that sampled a batch
-  and the learner's weights when it trained on it);
+  and the learner's weights when it trained on it); `learner/updates/`: each stat's mean, min
+  and max over every update of the iteration (`update_stats`, e.g. `entropy_min`,
+  `grad_gnorm_unclipped_max`);
 * `learner_queue/`: `size_mean`, `size_std`, `size_p0` ... `size_p100` (over the learner's last
   50 steps), `times_full` (batches dropped on a full queue);
 * `timing/`: `iteration_s`, `learner_grad_time_ms`, `learner_load_time_ms`,
@@ -175,7 +179,12 @@ def tensorboard_scalars(result: Mapping[str, Any], raw: bool = True) -> dict[str
         if name not in _STATS_ELSEWHERE:
             put(f"learner/{name}", value)
     for pid, info in (lookup(result, "info/learner") or {}).items():
-        if pid == "default_policy" or not isinstance(info, Mapping):
+        if not isinstance(info, Mapping):
+            continue
+        group = "learner/updates" if pid == "default_policy" else f"learner/{pid}/updates"
+        for name, value in (info.get("update_stats") or {}).items():
+            put(f"{group}/{name}", value)
+        if pid == "default_policy":
             continue  # Multi-agent: one group per policy (impala_tf.multi_agent).
         for name, value in (info.get("learner_stats") or {}).items():
             put(f"learner/{pid}/{name}", value)

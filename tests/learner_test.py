@@ -14,7 +14,7 @@ import tensorflow as tf
 
 from impala_tf import distributions, gradients, losses
 from impala_tf.config import ImpalaConfig
-from impala_tf.learner import STATS_KEYS, ImpalaLearner, piecewise_linear
+from impala_tf.learner import DIAGNOSTIC_KEYS, STATS_KEYS, ImpalaLearner, piecewise_linear
 from impala_tf.models import build_model
 from tests.support import batches as fakes
 from tests.support import strategies
@@ -86,6 +86,15 @@ def test_train_step_returns_rllib_stats_matching_the_loss():
     assert stats["num_grad_updates_lifetime"] == 1
     assert stats["grad_gnorm"] > 0
     assert not all(np.allclose(a, b) for a, b in zip(before, _weights(learner)))
+    # The diagnostics (ours), from the same loss and logits.
+    assert set(DIAGNOSTIC_KEYS) <= set(stats)
+    sums = expected.sums
+    np.testing.assert_allclose(stats["mean_rho"], sums.rho / n, rtol=1e-4)
+    np.testing.assert_allclose(stats["rho_clipped_frac"], sums.rho_clipped / n, rtol=1e-6)
+    np.testing.assert_allclose(stats["pg_advantage_mean"], sums.pg_adv / n, rtol=1e-4, atol=1e-6)
+    np.testing.assert_allclose(stats["vf_error_mean"], sums.err / n, rtol=1e-4, atol=1e-6)
+    spread = np.ptp(logits.numpy(), axis=-1).mean()
+    np.testing.assert_allclose(stats["logit_range_mean"], spread, rtol=1e-4)
 
 
 def test_flat_and_time_major_layouts_give_the_same_update():

@@ -171,3 +171,37 @@ def test_explained_variance(var_ratio):
     )
     expected = max(-1.0, 1 - np.var(err) / np.var(vs))
     np.testing.assert_allclose(losses.explained_variance(sums).numpy(), expected, atol=1e-3)
+
+
+@pytest.mark.parametrize("rho_bar, pg_rho_bar", [(1.0, 1.0), (2.0, 0.5), (None, None)])
+def test_diagnostic_sums_match_numpy(rho_bar, pg_rho_bar):
+    b = _batch(seed=5)
+    # Ratios above 1, between the two thresholds and above 2, and masked steps.
+    b["target_log_probs"][0] = b["behaviour_log_probs"][0] + np.log([0.5, 1.5, 3.0])
+    mask = np.ones((T, B), bool)
+    mask[5, 2] = False
+    out = losses.vtrace_loss(
+        **b, mask=mask, gamma=GAMMA, clip_rho_threshold=rho_bar, clip_pg_rho_threshold=pg_rho_bar
+    )
+    term = b["terminateds"].astype(np.float32)
+    trunc = b["truncateds"].astype(np.float32)
+    log_rhos = b["target_log_probs"] - b["behaviour_log_probs"]
+    _, pg = _numpy_vtrace(
+        log_rhos,
+        GAMMA * (1 - np.maximum(term, trunc)),
+        b["rewards"] + GAMMA * trunc * b["values_bootstrapped"],
+        b["values"],
+        b["values_bootstrapped"][-1],
+        rho_bar=np.inf if rho_bar is None else rho_bar,
+        pg_rho_bar=np.inf if pg_rho_bar is None else pg_rho_bar,
+    )
+    m = mask.astype(np.float32)
+    rhos = np.exp(log_rhos)
+    sums = out.sums
+    np.testing.assert_allclose(sums.rho.numpy(), np.sum(m * rhos), rtol=1e-5)
+    expected_clipped = 0 if rho_bar is None else np.sum(m * (rhos > rho_bar))
+    assert sums.rho_clipped.numpy() == expected_clipped
+    expected_pg = 0 if pg_rho_bar is None else np.sum(m * (rhos > pg_rho_bar))
+    assert sums.pg_rho_clipped.numpy() == expected_pg
+    np.testing.assert_allclose(sums.pg_adv.numpy(), np.sum(m * pg), rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(sums.pg_adv_sq.numpy(), np.sum(m * pg**2), rtol=1e-4)

@@ -6,6 +6,14 @@
 and builds `train()`'s result dict (`result`). `summarize_episodes` is the one summary of a set of
 episodes, used for that window, for `evaluate()` and by `impala-evaluate`.
 
+Learner stats: RLlib's `learner_stats` are the last update's, as RLlib reports them; every
+update of the iteration is summarised beside them in `update_stats` (ours): for each stat,
+`<name>_mean`, `<name>_min` and `<name>_max` over the iteration's updates (RLlib's stats, the
+diagnostics of `impala_tf.learner.DIAGNOSTIC_KEYS`, and the policy lag
+`diff_num_grad_updates_vs_sampler_policy`), and `num_updates`. A short collapse inside an
+iteration shows there (an entropy minimum, a gradient-norm maximum) when the last update has
+recovered.
+
 Steps trained: a learner thread reports the agent steps of each train batch it trained on (a
 policy's batch is `train_batch_size` of ITS agent steps); `num_agent_steps_trained` sums them,
 and `num_env_steps_trained` adds them scaled by the sampled env-to-agent step ratio (1 for a
@@ -29,6 +37,9 @@ from impala_tf.algorithm_callbacks import custom_metric_stats, hist_stats
 from impala_tf.rollout.fragment import Episode, Fragment
 
 __all__ = ["COUNTERS", "LEARNER_INFO", "LEARNER_STATS_KEY", "Metrics", "summarize_episodes"]
+
+#: Learner stats `update_stats` does not summarise: counters, not per-update measurements.
+_NOT_SUMMARISED = frozenset({"num_agent_steps_trained", "num_grad_updates_lifetime"})
 
 #: RLlib's names of the result's `info` entries: `result["info"][LEARNER_INFO][policy_id]
 #: [LEARNER_STATS_KEY]` holds a policy's learner stats.
@@ -123,6 +134,8 @@ class Metrics:
         self.trained = list(trained)
         self.multi_agent = multi_agent
         self.learner_stats: dict[str, dict[str, Any]] = {}
+        # {policy_id: {stat: [n, sum, min, max]}} over the iteration's updates.
+        self._update_stats: dict[str, dict[str, list[float]]] = {}
         self._env_steps_trained = 0.0
 
     # Recording ----------------------------------------------------------------------------------
@@ -149,6 +162,31 @@ class Metrics:
         self._env_steps_trained += agent_steps * ratio
         c["num_env_steps_trained"] = int(round(self._env_steps_trained))
         self.learner_stats[policy_id] = stats
+        summary = self._update_stats.setdefault(policy_id, {})
+        for key, value in stats.items():
+            if key in _NOT_SUMMARISED or not isinstance(value, (int, float)):
+                continue
+            value = float(value)
+            if not np.isfinite(value):
+                continue
+            entry = summary.get(key)
+            if entry is None:
+                summary[key] = [1, value, value, value]
+            else:
+                entry[0] += 1
+                entry[1] += value
+                entry[2] = min(entry[2], value)
+                entry[3] = max(entry[3], value)
+
+    def _take_update_stats(self, policy_id: str) -> dict[str, float]:
+        """`update_stats` of `policy_id`'s updates since the last result (then forgotten)."""
+        summary = self._update_stats.pop(policy_id, {})
+        out: dict[str, float] = {"num_updates": max((e[0] for e in summary.values()), default=0)}
+        for key, (n, total, low, high) in sorted(summary.items()):
+            out[f"{key}_mean"] = total / n
+            out[f"{key}_min"] = low
+            out[f"{key}_max"] = high
+        return out
 
     # The result dict ----------------------------------------------------------------------------
 
@@ -184,6 +222,7 @@ class Metrics:
                 "num_agent_steps_trained": int(stats.get("num_agent_steps_trained", 0)),
                 "num_grad_updates_lifetime": int(stats.get("num_grad_updates_lifetime", 0)),
                 "diff_num_grad_updates_vs_sampler_policy": diff,
+                "update_stats": self._take_update_stats(pid),
             }
         elapsed = max(elapsed_s, 1e-9)
         env_runners = new_api_episode_stats({**summary, "num_episodes": self.episodes_this_iter})
