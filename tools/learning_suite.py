@@ -760,9 +760,14 @@ def _order(records: Sequence[Mapping[str, Any]], configs: Sequence[SuiteConfig])
 
 
 def summary_table(records: Sequence[Mapping[str, Any]], configs: Sequence[SuiteConfig]) -> str:
-    """Markdown: per config and criterion, seeds that met it, median env steps and times."""
+    """Markdown: per config and criterion, seeds that met it, median env steps and times.
+
+    The medians count every seed: one that missed counts at the point that decided the miss
+    (its limit) or, when the run ended first, at its last result, never dropped.
+    """
     lines = [
-        "| config | criterion | met | median env steps | median training time | seeds |",
+        "| config | criterion | met | median env steps (all seeds) "
+        "| median training time (all seeds) | seeds |",
         "|---|---|:---:|---:|---:|---|",
     ]
     by_config: dict[str, list] = {}
@@ -773,8 +778,10 @@ def summary_table(records: Sequence[Mapping[str, Any]], configs: Sequence[SuiteC
         for label in labels:
             outcomes = [(r, o) for r in group for o in r["outcomes"] if o["label"] == label]
             met = [o["at"] for _, o in outcomes if o["met"]]
-            steps = f"{statistics.median(p['steps'] for p in met):,.0f}" if met else "-"
-            times = _duration(statistics.median(p["time_s"] for p in met)) if met else "-"
+            points = [o["at"] or r.get("last") for r, o in outcomes]
+            points = [p for p in points if p]
+            steps = f"{statistics.median(p['steps'] for p in points):,.0f}" if points else "-"
+            times = _duration(statistics.median(p["time_s"] for p in points)) if points else "-"
             seeds = ", ".join(str(r["seed"]) for r, _ in outcomes)
             lines.append(
                 f"| {name} | {label} | {len(met)}/{len(outcomes)} | {steps} | {times} | {seeds} |"
@@ -839,6 +846,8 @@ def report_markdown(
         "(`time_total_s`) or the iterations are within N. Training time excludes the start-up; "
         "wall time counts from the process start. Peak RSS: the run's processes summed, sampled "
         "every second.",
+        "- The medians count every seed: a seed that missed counts at the point that decided "
+        "the miss (its limit), or at its last result if the run ended first.",
     ]
     if missing:
         lines.append(f"- Not run yet: {', '.join(missing)}.")
