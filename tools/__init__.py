@@ -22,6 +22,8 @@ Benchmarks (each rewrites its own section of BENCHMARKS.md unless `--no-write`):
   per-fragment costs, weight broadcasts per second with 128 actors.
 * `tools.bench_compare` - this checkout against a baseline checkout, alternating runs: CartPole
   to 450, Pong's trained env steps/s, multi-agent CartPole to 600.
+* `tools.bench_robustness` - N fresh, unseeded runs of the README's CartPole command: how many
+  reach 450, lasting collapses and dips, times to 450 and to exit counting every run.
 * `tools.bench_custom_model` - CartPole with the built-in MLP (numpy actors) against the same
   network as a Keras custom model (TensorFlow actors), alternating: env steps/s.
 * `tools.bench_actor_inference` - one actor's CNN inference rate on one TF thread (prints only).

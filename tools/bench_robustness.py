@@ -106,6 +106,19 @@ def collapses(results: list[dict], entropy_floor: float = 0.01, return_floor: fl
     return {"lasting": lasting, "dips": dips, "min_entropy": min(entropies, default=None)}
 
 
+def policy_lag(results: list[dict]) -> float | None:
+    """The median over iterations of the mean policy lag of their updates, in updates
+    (`diff_num_grad_updates_vs_sampler_policy`: how many updates older the weights that
+    sampled a batch were than the weights it trained)."""
+    lags = []
+    for r in results:
+        for stats in r.get("info", {}).get("learner", {}).values():
+            updates = stats.get("update_stats", {}) if isinstance(stats, dict) else {}
+            if "diff_num_grad_updates_vs_sampler_policy_mean" in updates:
+                lags.append(float(updates["diff_num_grad_updates_vs_sampler_policy_mean"]))
+    return statistics.median(lags) if lags else None
+
+
 def _low_entropy(result: dict, floor: float) -> bool:
     h = _entropy(result)
     return h is not None and h < floor
@@ -188,6 +201,7 @@ def outcome(run: dict, target: float, max_steps: int) -> dict:
         "steps": steps,
         "iterations": len(results),
         **collapses(results),
+        "policy_lag": policy_lag(results),
         "first_iter_s": run["first_iter_s"],
         # Failure-inclusive: a run that never reached counts its whole time.
         "to_target_s": run["stop_s"] if reached else run["exit_s"],
@@ -210,6 +224,7 @@ def _percentile(values: list[float], q: float) -> float:
 
 def summarise(rows: list[dict]) -> dict:
     """Failure-inclusive statistics of `outcome` rows."""
+    lags = [r["policy_lag"] for r in rows if r.get("policy_lag") is not None]
 
     def stats(key: str) -> dict:
         values = [r[key] for r in rows if r[key] is not None]
@@ -233,6 +248,7 @@ def summarise(rows: list[dict]) -> dict:
         "first_iter_s": stats("first_iter_s"),
         "shutdown_s": stats("shutdown_s"),
         "steps_median": statistics.median(r["steps"] for r in rows) if rows else None,
+        "policy_lag_median": statistics.median(lags) if lags else None,
     }
 
 
@@ -289,7 +305,8 @@ def report(args, rows: list[dict], install_s: float | None, load: tuple) -> str:
         f"for 5): **{summary['with_lasting_collapse']}**; reached with none: "
         f"**{summary['clean']} of {summary['runs']}**",
         f"- runs with dips (return < 50 after reaching 150): {summary['runs_with_dips']} of "
-        f"{summary['runs']}; median env steps at the stop: {summary['steps_median']:,.0f}",
+        f"{summary['runs']}; median env steps at the stop: {summary['steps_median']:,.0f}; "
+        f"median policy lag: {_fmt(summary['policy_lag_median'], ' updates')}",
         f"- process start to 450 (a run that never reached counts its whole time): median "
         f"**{_fmt(t['median'])}**, 90th percentile **{_fmt(t['p90'])}**, worst "
         f"**{_fmt(t['worst'])}**",

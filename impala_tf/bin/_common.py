@@ -1,5 +1,5 @@
 """What every binary shares (impala-train, impala-evaluate, impala-export): flags defined once,
-and the current directory on the import path.
+the current directory on the import path, and the entry point that makes `--help` whole.
 
 absl refuses a flag defined by two modules, and a process (a test, a notebook) may import
 several binaries.
@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Callable
 
-from absl import flags
+from absl import app, flags
 
-__all__ = ["FLAGS", "import_from_cwd"]
+__all__ = ["FLAGS", "import_from_cwd", "run_binary"]
 
 
 def import_from_cwd() -> None:
@@ -32,3 +33,26 @@ flags.DEFINE_bool(
     "Show TensorFlow's C++ start-up log; impala-train also prints the full result dict "
     "each iteration.",
 )
+
+
+def run_binary(main: Callable[[list[str]], int], module_name: str, doc: str | None) -> None:
+    """Runs a binary's `main` under absl, with a `--help` that lists its flags and docstring.
+
+    absl's `--help` prints the docstring of `__main__` and the flags that module defined. Under
+    a console script (`impala-train`) `__main__` is pip's wrapper, which has neither: the help
+    came out as one usage line. Here the binary's module lends both to whatever `__main__` is,
+    so `impala-train --help` and `python -m impala_tf.bin.train --help` print the same.
+
+    Args:
+      main: the binary's main(argv) -> exit code.
+      module_name: the module that defines the binary's flags (its `__name__`).
+      doc: the text `--help` opens with (the module's docstring).
+    """
+    main_module = sys.modules["__main__"]
+    if doc and not getattr(main_module, "__doc__", None):
+        main_module.__doc__ = doc
+    # absl keys the flags of `__main__` by sys.argv[0]; its key flags are what --help lists.
+    for name in (module_name, __name__):
+        for flag in FLAGS.get_key_flags_for_module(name):
+            FLAGS.register_key_flag_for_module(sys.argv[0], flag)
+    app.run(main)

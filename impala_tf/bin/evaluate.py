@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING
 
 import gymnasium as gym
 import numpy as np
-from absl import app, flags
+from absl import flags
 from absl import logging as absl_logging
 
 from impala_tf.bin import _common  # Defines --verbose.
@@ -175,9 +175,9 @@ def main(argv: list[str]) -> int:
 
 
 def run() -> None:
-    """Console-script entry point."""
+    """Console-script entry point (also `python -m impala_tf.bin.evaluate`)."""
     flags.mark_flag_as_required("checkpoint")
-    app.run(main)
+    _common.run_binary(main, __name__, __doc__)
 
 
 if __name__ == "__main__":

@@ -31,7 +31,7 @@ from __future__ import annotations
 import logging
 import sys
 
-from absl import app, flags
+from absl import flags
 from absl import logging as absl_logging
 
 from impala_tf.bin import _common  # Defines --verbose.
@@ -166,10 +166,10 @@ def main(argv: list[str]) -> int:
 
 
 def run() -> None:
-    """Console-script entry point."""
+    """Console-script entry point (also `python -m impala_tf.bin.export`)."""
     flags.mark_flag_as_required("checkpoint")
     flags.mark_flag_as_required("out")
-    app.run(main)
+    _common.run_binary(main, __name__, __doc__)
 
 
 if __name__ == "__main__":

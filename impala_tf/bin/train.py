@@ -408,8 +408,8 @@ def _train() -> int:
 
 
 def run() -> None:
-    """Console-script entry point."""
-    app.run(main)
+    """Console-script entry point (also `python -m impala_tf.bin.train`)."""
+    _common.run_binary(main, __name__, __doc__)
 
 
 if __name__ == "__main__":
