@@ -7,8 +7,11 @@ several binaries.
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import os
 import sys
+import threading
 from collections.abc import Callable
 
 from absl import app, flags
@@ -43,6 +46,14 @@ def run_binary(main: Callable[[list[str]], int], module_name: str, doc: str | No
     came out as one usage line. Here the binary's module lends both to whatever `__main__` is,
     so `impala-train --help` and `python -m impala_tf.bin.train --help` print the same.
 
+    When `main` returns, the process exits at once with its code: the non-daemon threads are
+    waited for, the atexit handlers run (logging, Ray, multiprocessing), the output is flushed,
+    and the interpreter's teardown is skipped. With TensorFlow loaded that teardown (freeing
+    every graph, kernel and dataset object, one by one) took 1.5-4 s after the run had ended,
+    every child stopped and the last checkpoint written, all of which `main` finishes before it
+    returns. A `main` that raises
+    exits the ordinary way, through absl's error handling.
+
     Args:
       main: the binary's main(argv) -> exit code.
       module_name: the module that defines the binary's flags (its `__name__`).
@@ -55,4 +66,23 @@ def run_binary(main: Callable[[list[str]], int], module_name: str, doc: str | No
     for name in (module_name, __name__):
         for flag in FLAGS.get_key_flags_for_module(name):
             FLAGS.register_key_flag_for_module(sys.argv[0], flag)
-    app.run(main)
+
+    def main_then_exit(argv: list[str]) -> None:
+        code = main(argv)
+        _exit_without_teardown(code)
+
+    app.run(main_then_exit)
+
+
+def _exit_without_teardown(code: int | None) -> None:
+    """Does what the interpreter's exit does before its teardown (waits for the non-daemon
+    threads, a user callback's upload say, then runs the atexit handlers), flushes stdout and
+    stderr, and ends the process with `code`."""
+    for thread in threading.enumerate():
+        if thread is not threading.current_thread() and not thread.daemon:
+            thread.join()
+    atexit._run_exitfuncs()  # What sys.exit would run; the teardown after it is what we skip.
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os._exit(code or 0)
