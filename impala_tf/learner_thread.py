@@ -1,7 +1,7 @@
 """`LearnerThread`: the background thread that trains the `ImpalaLearner` on queued batches.
 
-RLlib's contract (SEMANTICS.md section 3): the driver puts train batches on a bounded `inqueue`
-(`learner_queue_size`); the thread trains on each `num_sgd_iter` times through a
+RLlib's contract (its old-stack `LearnerThread`): the driver puts train batches on a bounded
+`inqueue` (`learner_queue_size`); the thread trains on each `num_sgd_iter` times through a
 `MinibatchBuffer` (`minibatch_buffer_size` slots), and puts `(env_steps, agent_steps, stats)` on
 an unbounded `outqueue`, one entry per update. If no batch arrives for `learner_queue_timeout`
 seconds the thread stops with a `LearnerQueueTimeout` that names the settings to change.

@@ -5,7 +5,7 @@ env sequences). The loss holds no variables; the learner calls it inside its `tr
 
 RLlib trains on the SUMS of the per-step losses (its hyper-parameters, e.g. `grad_clip=40`, are
 tuned for sums) and reports the MEANS as stats; so do we. Two details differ from RLlib, on
-purpose (see SEMANTICS.md section 4):
+purpose (docs/differences.md):
 
 * A time-limit truncation does not cut the return: the step is bootstrapped from the value of the
   episode's final observation (`values_bootstrapped`), and the trace stops there so the next

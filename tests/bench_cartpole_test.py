@@ -99,21 +99,48 @@ def _args(seeds, rllib_seeds):
     )
 
 
+def _ours(rates, times, reached=None):
+    """impala_tf's runs as `run_impala` returns them, as far as `rllib_lines` reads them."""
+    reached = [True] * len(times) if reached is None else reached
+    return [
+        {"steady_sampled_per_s": rate, "to_target_s": t, "reached": ok}
+        for rate, t, ok in zip(rates, times, reached)
+    ]
+
+
 def test_rllib_runs_the_first_seeds_and_the_ratios_are_of_the_medians(tmp_path):
     python = _fake_python_by_seed(tmp_path, {0: 30.0, 1: 60.0, 2: 90.0})
-    ours = [{"steady_sampled_per_s": rate} for rate in (4_000.0, 5_000.0, 9_000.0, 1.0)]
-    lines = bench_cartpole.rllib_lines(_args([0, 1, 2, 3], 3), python, ours, median_wall=20.0)
+    ours = _ours((4_000.0, 5_000.0, 9_000.0, 1.0), (10.0, 20.0, 20.0, 30.0))
+    lines = bench_cartpole.rllib_lines(_args([0, 1, 2, 3], 3), python, ours)
     assert (tmp_path / "seeds").read_text().split() == ["0", "1", "2"]
     text = "\n".join(lines)
     assert "| 1 | yes | 60.0 | 3,000 | 1,000 | 3 |" in text
     # impala_tf's median 4,500 env steps/s against RLlib's 1,000; RLlib's median time 60 s / 20 s.
     assert "**4.5x**" in text and "**3.0x**" in text
+    assert "median 60.0 s (3 of 3 reached) / impala_tf's median 20.0 s (4 of 4" in text
 
 
-def test_no_time_ratio_when_an_rllib_seed_misses_the_target(tmp_path):
+def test_an_rllib_seed_that_misses_counts_its_full_time_and_the_ratio_is_a_lower_bound(tmp_path):
+    # Seed 5 reaches at 30 s; seed 6 never does, its last iteration at 80 s. Dropped, RLlib's
+    # median would be 30 s; counted at its full time it is 55 s, and only a lower bound.
     python = _fake_python_by_seed(tmp_path, {5: 30.0, 6: None})
-    ours = [{"steady_sampled_per_s": 2_000.0}]
-    lines = bench_cartpole.rllib_lines(_args([5, 6, 7], 2), python, ours, median_wall=20.0)
+    (tmp_path / "python").write_text(
+        (tmp_path / "python").read_text().replace("(t or 30.0)", "(t or 80.0)")
+    )
+    ours = _ours((2_000.0,), (20.0,))
+    lines = bench_cartpole.rllib_lines(_args([5, 6, 7], 2), python, ours)
     text = "\n".join(lines)
-    assert "| 6 | no | - |" in text
-    assert "on 1 of 2 seeds, so no ratio of times" in text and "**2.0x**" in text
+    assert "| 6 | no | >= 80.0 | >= 3,000 |" in text
+    assert (
+        "median >= 55.0 s (1 of 2 reached) /" in text
+        and "**>= 2.8x**" in text
+        and "**2.0x**" in text
+    )
+
+
+def test_no_time_ratio_when_both_sides_have_a_seed_that_missed(tmp_path):
+    python = _fake_python_by_seed(tmp_path, {5: 30.0, 6: None})
+    ours = _ours((2_000.0, 2_000.0), (20.0, 300.0), reached=[True, False])
+    text = "\n".join(bench_cartpole.rllib_lines(_args([5, 6], 2), python, ours))
+    assert "impala_tf's median >= 160.0 s (1 of 2 reached)" in text
+    assert "not given (both sides have seeds that missed" in text

@@ -125,3 +125,38 @@ def test_each_bring_your_own_page_includes_an_example_that_runs(page, module, ar
     )
     assert out.returncode == 0, out.stderr[-3000:]
     assert expected in out.stdout
+
+
+#: The pages the MkDocs site publishes (docs/benchmarks.md includes BENCHMARKS.md) and the README.
+PUBLISHED_PAGES = [
+    "README.md",
+    "BENCHMARKS.md",
+    *sorted(p.relative_to(ROOT).as_posix() for p in (ROOT / "docs").rglob("*.md")),
+]
+
+#: What belongs in notes/, not on a published page: {what it is: its pattern}.
+HISTORY = {
+    "a work session": re.compile(r"\bsessions?[ -]\d+", re.I),
+    "an issue number": re.compile(r"\bissues? #?\d+", re.I),
+    "a first-person run": re.compile(r"\bmy (runs?|profiling)\b", re.I),
+}
+
+#: The only /tmp/ paths a published page may show, and only in code: user examples (a checkpoint
+#: a user saves, a logdir a user picks), not our own runs.
+USER_EXAMPLE_TMP_PATHS = {"/tmp/cartpole-ckpt", "/tmp/run"}
+
+
+@pytest.mark.parametrize("page", PUBLISHED_PAGES)
+def test_a_published_page_names_no_session_issue_temporary_path_or_run_of_ours(page):
+    found, fenced = [], False
+    for number, line in enumerate((ROOT / page).read_text(encoding="utf-8").splitlines(), 1):
+        if line.lstrip().startswith("```"):
+            fenced = not fenced
+        for what, pattern in HISTORY.items():
+            found += [f"{page}:{number}: {what}: {m.group()!r}" for m in pattern.finditer(line)]
+        for m in re.finditer(r"/tmp/[\w.\-/]*", line):
+            in_code = fenced or line[: m.start()].count("`") % 2 == 1
+            path = m.group().rstrip(".")
+            if not (in_code and path in USER_EXAMPLE_TMP_PATHS):
+                found.append(f"{page}:{number}: a temporary path: {path!r}")
+    assert not found, "history belongs in notes/, not on a published page:\n" + "\n".join(found)

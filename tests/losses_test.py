@@ -1,4 +1,4 @@
-"""Tests of the V-trace loss against a numpy computation written from SEMANTICS.md section 2."""
+"""Tests of the V-trace loss against a numpy computation written from RLlib's V-trace."""
 
 from __future__ import annotations
 

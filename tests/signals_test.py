@@ -38,7 +38,6 @@ from tests.support.processes import (
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ARGS = [
     "--stop_iters=100000",
-    "--checkpoint_freq=1",
     "--set=num_env_runners=2",
     "--set=rollout_fragment_length=10",
     "--set=train_batch_size=20",
@@ -87,7 +86,7 @@ def _start(tmp_path, *extra: str, ignore_sigint: bool = False):
 
 
 def _wait_for_iterations(process, tmp_path, count: int) -> None:
-    """Waits for the progress line of iteration `count` (checkpoints are saved every one)."""
+    """Waits for the progress line of iteration `count`."""
     wait_for_line(tmp_path / "log.txt", rf"^iter\s+{count}\b", _START_TIMEOUT_S, process)
 
 
@@ -128,7 +127,8 @@ def test_a_signal_saves_a_checkpoint_ends_every_child_and_exits_128_plus_signum(
     name, ignore_sigint, extra, tmp_path
 ):
     signum = getattr(signal, name)
-    process = _start(tmp_path, *extra, ignore_sigint=ignore_sigint)
+    # No periodic checkpoint: the one the run leaves is the one the signal made it save.
+    process = _start(tmp_path, "--checkpoint_freq=0", *extra, ignore_sigint=ignore_sigint)
     try:
         _wait_for_iterations(process, tmp_path, 2)
     except BaseException:
@@ -142,6 +142,8 @@ def test_a_signal_saves_a_checkpoint_ends_every_child_and_exits_128_plus_signum(
     assert "leaked shared_memory" not in output and "has no room" not in output
     saved = wait_for_line(tmp_path / "log.txt", r"^impala-train: saved (\S+)$", 0)
     assert checkpoints.read_driver_state(saved.group(1))["iteration"] >= 2
+    kept = os.listdir(tmp_path / "run" / checkpoints.CHECKPOINTS_DIR)
+    assert kept == [os.path.basename(saved.group(1))], kept
 
 
 @pytest.mark.slow
@@ -149,7 +151,10 @@ def test_a_second_signal_during_shutdown_exits_at_once_keeping_a_checkpoint(tmp_
     """The first SIGTERM's orderly exit would wait for a lingering thread; a SIGINT during it
     ends the run at once, with the second signal's status (130, where the first would give 143)
     and message."""
-    process = _start(tmp_path, "--callbacks=tests.signals_test:LingeringThread")
+    # Checkpoints every iteration: the second signal may cut the interrupt's save short.
+    process = _start(
+        tmp_path, "--checkpoint_freq=1", "--callbacks=tests.signals_test:LingeringThread"
+    )
     log = tmp_path / "log.txt"
     try:
         linger = wait_for_line(log, r"^lingering until ([\d.]+)$", _START_TIMEOUT_S, process)

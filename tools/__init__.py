@@ -47,7 +47,8 @@ Figures and plots:
 
 Libraries the tools share (imported as `from tools import benchlib, proclib`):
 
-* `tools.benchlib` - median timing, the machine line, BENCHMARKS.md sections.
+* `tools.benchlib` - median timing, statistics over runs that count the misses, the machine
+  line, BENCHMARKS.md sections.
 * `tools.proclib` - the process tree and /proc/<pid> readers (stat, CPU, RSS, fds, threads).
 
 Tools that start other tools or `impala-train` run them as `python -m ...` from the repository

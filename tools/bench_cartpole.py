@@ -12,6 +12,9 @@ Run from the repository root.
 Each seed runs the real binary (`python -m impala_tf.bin.train --config=...`) in a fresh process;
 the wall time is measured from launching the process to the moment it prints the iteration whose
 `episode_reward_mean` reaches the target, so it includes Python, TensorFlow and actor start-up.
+A seed that never reaches counts its full time (launch to the process's end, when it stopped or
+timed out) and its full env steps in every median, never dropped, and its figures are printed as
+lower bounds (`>= `); each median says how many of the seeds reached.
 Throughput is `timesteps_total / time_total_s` (sampled) and `num_env_steps_trained /
 time_total_s` (trained) of that last iteration, i.e. while learning, excluding start-up.
 
@@ -20,9 +23,10 @@ one first and uses it), RLlib 2.60's IMPALA (new API stack, torch) runs after th
 same invocation, with the YAML's settings (`rllib_settings`: runners, envs per runner, fragment,
 batch, lr, grad_clip, loss coefficients, the MLP and `vf_share_layers`, iteration length) on the
 first `--rllib-seeds` seeds (3), one at a time, each for at most `--rllib-budget-s` seconds.
-Printed beside the seeds: per RLlib seed its time to the target from process start and its env
-steps/s sampled between its first and last iteration, and the ratios of the medians of the same
-two figures (impala_tf's `sampled/s (steady)`). RLlib's new stack is
+Printed beside the seeds: per RLlib seed its time to the target from process start (a seed that
+missed: its last iteration's, a lower bound) and its env steps/s sampled between its first and
+last iteration, and the ratios of the medians of the same two figures (impala_tf's `sampled/s
+(steady)`; the ratio of times is a bound where a side missed). RLlib's new stack is
 not the old stack impala_tf reproduces: its loss, model code and runtime differ, and the ratio
 says how fast each runs the same settings, not that they compute the same thing. Results go to
 BENCHMARKS.md (section "bench_cartpole").
@@ -46,7 +50,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import statistics
 import subprocess
@@ -142,7 +145,7 @@ def run_impala(
     ]
     if stop_time_s is not None:
         cmd.append(f"--stop_time_s={stop_time_s}")
-    reached_s, results, _ = benchlib.watch_training(cmd, ROOT, logdir, target, timeout)
+    reached_s, results, _, exit_s = benchlib.watch_training(cmd, ROOT, logdir, target, timeout)
     last = results[-1] if results else {}
     total_s = max(last.get("time_total_s", 0.0), 1e-9)
     return {
@@ -150,6 +153,9 @@ def run_impala(
         "backend": backend,
         "reached": reached_s is not None,
         "wall_s": reached_s,
+        # Failure-inclusive: a run that never reached counts its full time, launch to its end.
+        "to_target_s": exit_s if reached_s is None else reached_s,
+        "exit_s": exit_s,
         "steps": last.get("timesteps_total", 0),
         "sampled_per_s": last.get("timesteps_total", 0) / total_s,
         "trained_per_s": last.get("num_env_steps_trained", 0) / total_s,
@@ -180,7 +186,8 @@ def rllib_settings(config_path: str, target: float, budget_s: float, seed: int) 
 def run_rllib(python: str, settings: dict) -> dict:
     """Runs RLlib's IMPALA (new API stack, torch) on CartPole in a side virtualenv with
     `settings` (`rllib_settings`): the first time (from process start) its mean return reached
-    the target, and its env steps/s sampled between its first and its last iteration."""
+    the target (`to_target_s`: that time, or its last iteration's if it never reached), and its
+    env steps/s sampled between its first and its last iteration."""
     proc = subprocess.run(
         [python, "-c", RLLIB_SCRIPT, json.dumps(settings)],
         capture_output=True,
@@ -196,6 +203,7 @@ def run_rllib(python: str, settings: dict) -> dict:
     return {
         "reached": bool(reached),
         "wall_s": reached[0]["t"] if reached else None,
+        "to_target_s": reached[0]["t"] if reached else last["t"],
         "steps": last["steps"],
         "steady_sampled_per_s": (last["steps"] - first["steps"]) / dt,
         "iterations": len(rows),
@@ -233,20 +241,28 @@ def floor_comparison(args) -> None:
         f"`python -m tools.bench_cartpole --floors {' '.join(args.floors)} --seeds "
         f"{' '.join(map(str, args.seeds))}` ({benchlib.machine_line()}; load average before "
         f"{load[0]:.2f}). Env steps and wall time (process start) to a mean return of "
-        f"{args.target:g}, `{os.path.relpath(args.config, ROOT)}`; `-`: not reached within the "
-        "config's 2M env steps.",
+        f"{args.target:g}, `{os.path.relpath(args.config, ROOT)}`; `>= ... (not reached)`: "
+        "not reached within the config's 2M env steps or the timeout, its full env steps and "
+        "time. The medians count every seed, one that never reached at its full env steps and "
+        "time.",
         "",
-        "| floor | " + " | ".join(f"seed {s}" for s in args.seeds) + " | median env steps |",
-        "|---|" + "---:|" * (len(args.seeds) + 1),
+        "| floor | "
+        + " | ".join(f"seed {s}" for s in args.seeds)
+        + " | median env steps | median s |",
+        "|---|" + "---:|" * (len(args.seeds) + 2),
     ]
     for floor in args.floors:
         mine = [r for r in runs if r["floor"] == floor]
+        steps, wall = steps_stats(mine), wall_stats(mine)
         cells = [
-            f"{r['steps']:,} ({r['wall_s']:.0f} s)" if r["reached"] else f"- ({r['steps']:,})"
+            f"{r['steps']:,} ({r['to_target_s']:.0f} s)"
+            if r["reached"]
+            else f">= {r['steps']:,} (>= {r['to_target_s']:.0f} s, not reached)"
             for r in mine
         ]
-        median = statistics.median(r["steps"] for r in mine)
-        lines.append(f"| {floor} | " + " | ".join(cells) + f" | {median:,.0f} |")
+        lines.append(
+            f"| {floor} | " + " | ".join(cells) + f" | {steps.text()} | {wall.text('.0f')} |"
+        )
     if benchlib.other_jobs_running(load):
         lines += ["", "Other jobs loaded the machine when this ran."]
     text = "\n".join(lines)
@@ -298,12 +314,37 @@ def main() -> None:
         run = run_impala(args.config, seed, args.target, args.timeout)
         runs.append(run)
         print(json.dumps(run), flush=True)
-    reached = [r for r in runs if r["reached"]]
-    median_wall = statistics.median(r["wall_s"] for r in reached) if reached else float("nan")
+    text = "\n".join(seeds_lines(args, runs))
+    if args.rllib_python:
+        text += "\n" + "\n".join(rllib_lines(args, args.rllib_python, runs))
+    print(text)
+    if not args.no_write:
+        benchlib.write_section("bench_cartpole", "## CartPole wall clock\n\n" + text)
+
+
+def wall_stats(runs: list[dict]) -> benchlib.RunStats:
+    """Seconds to the target over every run of `runs` (`run_impala`'s or `run_rllib`'s): one
+    that never reached counts its full time, `to_target_s`."""
+    return benchlib.run_stats([r["to_target_s"] for r in runs], [r["reached"] for r in runs])
+
+
+def steps_stats(runs: list[dict]) -> benchlib.RunStats:
+    """Env steps to the target over every run: one that never reached counts all its env steps
+    (those of its last result)."""
+    return benchlib.run_stats([r["steps"] for r in runs], [r["reached"] for r in runs])
+
+
+def _wall_cell(run: dict) -> str:
+    """A run's seconds to the target; `>= ` its full time where it never reached."""
+    return benchlib.bounded(run["to_target_s"], run["reached"], ".1f")
+
+
+def seeds_lines(args: argparse.Namespace, runs: list[dict]) -> list[str]:
+    """The report's lines for impala_tf's seeds (`run_impala`'s dicts): a row per seed and the
+    medians over every seed, a seed that never reached at its full time and env steps."""
+    wall, steps = wall_stats(runs), steps_stats(runs)
     median_sampled = statistics.median(r["sampled_per_s"] for r in runs)
     median_trained = statistics.median(r["trained_per_s"] for r in runs)
-    median_steps = statistics.median(r["steps"] for r in reached) if reached else float("nan")
-
     lines = [
         f"CartPole-v1 to episode_reward_mean >= {args.target:g} with "
         f"`{os.path.relpath(args.config, ROOT)}` ({benchlib.machine_line()}).",
@@ -312,31 +353,27 @@ def main() -> None:
         "|---:|:---:|---:|---:|---:|---:|",
     ]
     for r in runs:
-        wall = f"{r['wall_s']:.1f}" if r["wall_s"] is not None else "-"
         lines.append(
-            f"| {r['seed']} | {'yes' if r['reached'] else 'no'} | {wall} | {r['steps']:,} | "
+            f"| {r['seed']} | {'yes' if r['reached'] else 'no'} | {_wall_cell(r)} | "
+            f"{benchlib.bounded(r['steps'], r['reached'])} | "
             f"{r['sampled_per_s']:,.0f} | {r['trained_per_s']:,.0f} |"
         )
     lines += [
         "",
-        f"**{len(reached)}/{len(runs)} seeds reached {args.target:g}; median wall time "
-        f"{median_wall:.1f} s; median {median_steps:,.0f} env steps; median throughput while "
-        f"learning {median_sampled:,.0f} sampled/s, {median_trained:,.0f} trained/s.**",
+        f"**{wall.reached} of {wall.runs} seeds reached {args.target:g}; median wall time "
+        f"{wall.text('.1f', ' s')}; median {steps.text(unit=' env steps')}; median throughput "
+        f"while learning {median_sampled:,.0f} sampled/s, {median_trained:,.0f} trained/s.**",
+        "",
+        "The medians count every seed: one that never reached counts at its full time (process "
+        "start to its end, when it stopped or timed out) and its full env steps, `>= ` above.",
     ]
-
-    if args.rllib_python:
-        lines += rllib_lines(args, args.rllib_python, runs, median_wall)
-    text = "\n".join(lines)
-    print(text)
-    if not args.no_write:
-        benchlib.write_section("bench_cartpole", "## CartPole wall clock\n\n" + text)
+    return lines
 
 
-def rllib_lines(
-    args: argparse.Namespace, python: str, runs: list[dict], median_wall: float
-) -> list[str]:
-    """Runs RLlib on the first `--rllib-seeds` seeds, one after another after ours; returns the
-    report's lines: a row per seed and the ratios of the medians."""
+def rllib_lines(args: argparse.Namespace, python: str, runs: list[dict]) -> list[str]:
+    """Runs RLlib on the first `--rllib-seeds` seeds, one after another after ours (`runs`);
+    returns the report's lines: a row per seed and the ratios of the medians, the times'
+    counting every seed (a bound where a side has a seed that missed)."""
     seeds = args.seeds[: max(1, args.rllib_seeds)]
     settings = rllib_settings(args.config, args.target, args.rllib_budget_s, seeds[0])
     rows = []
@@ -344,7 +381,6 @@ def rllib_lines(
         rllib = run_rllib(python, {**settings, "seed": int(seed)})
         rows.append({"seed": seed, **rllib})
         print(json.dumps({"rllib": rows[-1]}), flush=True)
-    reached = [r for r in rows if r["reached"]]
     lines = [
         "",
         f"RLlib 2.60 IMPALA (torch, new API stack) with the same YAML's settings "
@@ -361,29 +397,28 @@ def rllib_lines(
         "|---:|:---:|---:|---:|---:|---:|",
     ]
     for r in rows:
-        wall = f"{r['wall_s']:.1f}" if r["reached"] else "-"
         lines.append(
-            f"| {r['seed']} | {'yes' if r['reached'] else 'no'} | {wall} | {r['steps']:,.0f} | "
+            f"| {r['seed']} | {'yes' if r['reached'] else 'no'} | {_wall_cell(r)} | "
+            f"{benchlib.bounded(r['steps'], r['reached'])} | "
             f"{r['steady_sampled_per_s']:,.0f} | {r['iterations']} |"
         )
     ours = statistics.median(r["steady_sampled_per_s"] for r in runs)
     theirs = statistics.median(r["steady_sampled_per_s"] for r in rows)
+    ours_wall, theirs_wall = wall_stats(runs), wall_stats(rows)
+    ratio = benchlib.ratio_text(theirs_wall, ours_wall, ".1f")
     lines += [
         "",
         f"Env steps/s sampled between the first and the last iteration, median of impala_tf's "
         f"seeds / median of RLlib's: **{ours / max(theirs, 1e-9):.1f}x**.",
+        f"Time to {args.target:g} from process start, RLlib's median "
+        f"{theirs_wall.text('.1f', ' s')} / impala_tf's median {ours_wall.text('.1f', ' s')}: "
+        + (
+            f"**{ratio}x**"
+            if ratio != "-"
+            else "not given (both sides have seeds that missed: each median is a lower bound)"
+        )
+        + ". The medians count every seed, one that missed at its full time.",
     ]
-    if len(reached) == len(rows) and not math.isnan(median_wall):
-        theirs_wall = statistics.median(r["wall_s"] for r in rows)
-        lines.append(
-            f"Time to {args.target:g} from process start, RLlib's median / impala_tf's median: "
-            f"**{theirs_wall / median_wall:.1f}x**."
-        )
-    else:
-        lines.append(
-            f"RLlib reached {args.target:g} on {len(reached)} of {len(rows)} seeds, so no ratio "
-            "of times is given."
-        )
     return lines
 
 
@@ -413,17 +448,18 @@ def backend_comparison(args: argparse.Namespace) -> None:
         f"`{os.path.relpath(args.config, ROOT)}`, {args.duration:g} s of training per run "
         f"(`--stop_time_s`; stopped earlier at return {args.target:g}) "
         f"({benchlib.machine_line()}). Load average (1 min) "
-        f"{load_before[0]:.1f} before, {load_after[0]:.1f} after, on {os.cpu_count()} cores.",
+        f"{load_before[0]:.1f} before, {load_after[0]:.1f} after, on {os.cpu_count()} cores. "
+        "`>= `: not reached, the run's full time and env steps.",
         "",
         "| seed | backend | reached | wall s (process start to result) | env steps | "
         "sampled/s (steady) | sampled/s (all iterations) |",
         "|---:|---|:---:|---:|---:|---:|---:|",
     ]
     for r in runs:
-        wall = f"{r['wall_s']:.1f}" if r["wall_s"] is not None else "-"
         lines.append(
-            f"| {r['seed']} | {r['backend']} | {'yes' if r['reached'] else 'no'} | {wall} | "
-            f"{r['steps']:,} | {r['steady_sampled_per_s']:,.0f} | {r['sampled_per_s']:,.0f} |"
+            f"| {r['seed']} | {r['backend']} | {'yes' if r['reached'] else 'no'} | "
+            f"{_wall_cell(r)} | {benchlib.bounded(r['steps'], r['reached'])} | "
+            f"{r['steady_sampled_per_s']:,.0f} | {r['sampled_per_s']:,.0f} |"
         )
     lines += benchlib.backend_ratio_lines(
         runs, "steady_sampled_per_s", "steady env steps/s sampled", TARGET_RAY_RATIO

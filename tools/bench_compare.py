@@ -19,7 +19,10 @@ the two see the same machine. Every run is the real binary (`python -m impala_tf
   criteria (summed return 600 or 200k env steps): the wall time to 600 and the env steps/s.
 
 It prints the medians over the rounds, their spread, and the ratios this / baseline, and writes
-them to BENCHMARKS.md (section "bench_compare").
+them to BENCHMARKS.md (section "bench_compare"). The times to a return count every round: a run
+that never reached it counts its full time (launch to the process's end, when it stopped or timed
+out), so a median with a miss is a lower bound (`>= `), and each says how many rounds reached; a
+ratio with a bound on one side is a bound itself (none with bounds on both).
 """
 
 from __future__ import annotations
@@ -27,13 +30,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import sys
 import tempfile
 
 from tools import benchlib
 
-__all__ = ["CASES", "main", "run_case"]
+__all__ = ["CASES", "FIGURES", "figure_cells", "figure_stats", "main", "run_case"]
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -43,6 +45,16 @@ CASES = {
     "pong": ("pong-impala-small.yaml", None, []),
     "multi_agent": ("multi-agent-cartpole-impala.yaml", 600.0, []),
 }
+
+#: case -> its figures in the report: (key of `run_case`'s dict, label).
+FIGURES = {
+    "cartpole": [("to_target_s", "s to 450 (from launch)"), ("sampled_per_s", "env steps/s")],
+    "pong": [("trained_per_s", "env steps/s trained"), ("sampled_per_s", "env steps/s")],
+    "multi_agent": [("to_target_s", "s to 600 (from launch)"), ("sampled_per_s", "env steps/s")],
+}
+
+#: The figures that have a target: a run that missed it counts at its full value.
+_TO_TARGET = {"to_target_s"}
 
 
 def _rates(results: list[dict]) -> dict[str, float]:
@@ -58,7 +70,11 @@ def _rates(results: list[dict]) -> dict[str, float]:
 
 
 def run_case(python: str, root: str, case: str, seed: int, train_s: float, timeout: float) -> dict:
-    """One run of `case` with the checkout at `root` (its `python`); returns its figures."""
+    """One run of `case` with the checkout at `root` (its `python`); returns its figures.
+
+    With a target, `reached` says whether the run reached it and `to_target_s` is the time to it
+    from launch, or the run's full time (launch to its end) where it never reached.
+    """
     yaml, target, extra = CASES[case]
     logdir = tempfile.mkdtemp(prefix=f"bench-compare-{case}-")
     cmd = [
@@ -73,25 +89,40 @@ def run_case(python: str, root: str, case: str, seed: int, train_s: float, timeo
     ]
     if target is None:
         cmd.append(f"--stop_time_s={train_s}")
-    reached_s, results, tail = benchlib.watch_training(cmd, root, logdir, target, timeout)
+    reached_s, results, tail, exit_s = benchlib.watch_training(cmd, root, logdir, target, timeout)
     if not results:
         raise RuntimeError(f"{case} with {python} wrote no results:\n{''.join(tail)}")
     last = results[-1]
-    return {
+    out = {
         "reached_s": reached_s,
+        "exit_s": exit_s,
         "env_steps": int(last["timesteps_total"]),
         "return": last.get("episode_reward_mean"),
         **_rates(results),
     }
+    if target is not None:
+        out["reached"] = reached_s is not None
+        out["to_target_s"] = exit_s if reached_s is None else reached_s
+    return out
 
 
-def _median(values: list[float | None]) -> float | None:
-    values = [v for v in values if v is not None]
-    return statistics.median(values) if values else None
+def figure_stats(runs: list[dict], key: str) -> benchlib.RunStats:
+    """`key` over every run of `runs` (`run_case`'s dicts, one side of one case); for a time to
+    the target, a run that never reached counts at its full time (`to_target_s`)."""
+    reached = [r["reached"] for r in runs] if key in _TO_TARGET else None
+    return benchlib.run_stats([r[key] for r in runs], reached)
 
 
-def _fmt(value: float | None, spec: str = ",.0f") -> str:
-    return "-" if value is None else format(value, spec)
+def figure_cells(this: list[dict], baseline: list[dict], key: str) -> tuple[str, str, str]:
+    """The report's cells for one figure: each side's median [min, max] (`>= ` where a run
+    missed, and `N of M reached` for a time to the target), and the ratio this / baseline (a
+    bound where one side's median is one, `-` where both are)."""
+    sides = [figure_stats(runs, key) for runs in (this, baseline)]
+    cells = []
+    for s in sides:
+        cell = f"{benchlib.bounded(s.median, s.exact)} {s.range_text()}"
+        cells.append(cell + (f" ({s.reached_text()})" if key in _TO_TARGET else ""))
+    return cells[0], cells[1], benchlib.ratio_text(sides[0], sides[1], ".3f")
 
 
 def main() -> None:
@@ -127,34 +158,17 @@ def main() -> None:
         f"{benchlib.machine_line()}); "
         f"load average before {load_before[0]:.2f}"
         + (" (other jobs were running)" if benchlib.other_jobs_running(load_before) else "")
-        + ". Medians over the rounds [min, max]; ratio = this / baseline.",
+        + ". Medians over the rounds [min, max]; ratio = this / baseline. The medians count "
+        "every round, a run that never reached its target at its full time (`>= `).",
         "",
         "| case | figure | this | baseline | ratio |",
         "|---|---|---|---|---|",
     ]
-    figures = {
-        "cartpole": [("reached_s", "s to 450 (from launch)"), ("sampled_per_s", "env steps/s")],
-        "pong": [("trained_per_s", "env steps/s trained"), ("sampled_per_s", "env steps/s")],
-        "multi_agent": [("reached_s", "s to 600 (from launch)"), ("sampled_per_s", "env steps/s")],
-    }
     for case in args.cases:
-        for key, label in figures[case]:
-            cells = []
-            medians = {}
-            for side in ("this", "baseline"):
-                values = [run[key] for run in runs[(case, side)]]
-                medians[side] = _median(values)
-                known = [v for v in values if v is not None]
-                spread = f" [{_fmt(min(known))}, {_fmt(max(known))}]" if known else ""
-                missed = sum(v is None for v in values)
-                note = f" ({missed} not reached)" if missed else ""
-                cells.append(f"{_fmt(medians[side])}{spread}{note}")
-            ratio = (
-                medians["this"] / medians["baseline"]
-                if medians["this"] is not None and medians["baseline"]
-                else None
-            )
-            lines.append(f"| {case} | {label} | {cells[0]} | {cells[1]} | {_fmt(ratio, '.3f')} |")
+        for key, label in FIGURES[case]:
+            sides = runs[(case, "this")], runs[(case, "baseline")]
+            this, baseline, ratio = figure_cells(*sides, key)
+            lines.append(f"| {case} | {label} | {this} | {baseline} | {ratio} |")
     text = "\n".join(lines)
     print(text)
     if not args.no_write:

@@ -63,7 +63,7 @@ def run_case(yaml: str, seed: int, train_s: float, timeout: float) -> dict:
         "--stop_reward=1e9",
         "--stop_timesteps=1000000000",
     ]
-    _, results, tail = benchlib.watch_training(cmd, ROOT, logdir, None, timeout)
+    _, results, tail, _ = benchlib.watch_training(cmd, ROOT, logdir, None, timeout)
     if len(results) < 2:
         raise RuntimeError(f"{yaml} wrote {len(results)} results:\n{''.join(tail)}")
     return {"env_steps": int(results[-1]["timesteps_total"]), **_rates(results)}

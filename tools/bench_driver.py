@@ -482,7 +482,7 @@ def report(records: dict[str, Any], intake: list[dict], weights: dict | None, lo
         f"`python -m tools.bench_driver` ({benchlib.machine_line()}); load average before "
         f"{load[0]:.2f}. Env steps/s per driver core: env steps taken per second of the driver "
         "process's CPU time (all its threads); the stub learner takes every batch at once. "
-        "Targets (issue 18): Pong-42 >= 200,000 and CartPole >= 1,000,000 on local processes, "
+        "Targets: Pong-42 >= 200,000 and CartPole >= 1,000,000 on local processes, "
         "on Ray at least half of that; <= 10 weight puts/s with 128 actors and a learner at "
         "1,000 updates/s.",
         "",

@@ -256,7 +256,7 @@ def bench_pong(seconds: float) -> list[str]:
         cmd += ["--set=num_gpus=1", f"--set=num_env_runners={runners}"]
         cmd += [f"--set=jit_compile_update={jit}"]
         with GpuSampler() as gpu:
-            _, results, tail = benchlib.watch_training(cmd, ROOT, logdir, None, seconds + 300)
+            _, results, tail, _ = benchlib.watch_training(cmd, ROOT, logdir, None, seconds + 300)
         if not results:
             raise RuntimeError("impala-train wrote no results:\n" + "".join(tail))
         rate = bench_atari.throughput(results)

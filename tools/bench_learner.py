@@ -485,7 +485,7 @@ def bench_bf16(repeats: int, rounds: int = 5) -> str:
         "thread, as actor processes do, at the batch an actor of `configs/pong-impala-small.yaml` "
         f"acts on (`num_envs_per_env_runner` = {envs}), the call including the action sampling "
         "in numpy. Under mixed_bfloat16 the torsos compute in bfloat16; variables, heads, "
-        "V-trace and the optimizer stay float32. The issue's rule adopts it as the default only "
+        "V-trace and the optimizer stay float32. The rule for a new default adopts it only "
         "if the learner and inference rows gain at least 1.2x and Pong reaches 0 in no more env "
         "steps (2 seeds). "
         + (

@@ -211,17 +211,6 @@ def outcome(run: dict, target: float, max_steps: int) -> dict:
     }
 
 
-def _percentile(values: list[float], q: float) -> float:
-    """The q-th percentile (0-100) by linear interpolation between order statistics."""
-    xs = sorted(values)
-    if len(xs) == 1:
-        return xs[0]
-    pos = (len(xs) - 1) * q / 100.0
-    lo = int(pos)
-    hi = min(lo + 1, len(xs) - 1)
-    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
-
-
 def summarise(rows: list[dict]) -> dict:
     """Failure-inclusive statistics of `outcome` rows."""
     lags = [r["policy_lag"] for r in rows if r.get("policy_lag") is not None]
@@ -230,11 +219,8 @@ def summarise(rows: list[dict]) -> dict:
         values = [r[key] for r in rows if r[key] is not None]
         if not values:
             return {"median": None, "p90": None, "worst": None}
-        return {
-            "median": statistics.median(values),
-            "p90": _percentile(values, 90),
-            "worst": max(values),
-        }
+        s = benchlib.run_stats(values)  # `to_target_s` already counts a miss at its whole time.
+        return {"median": s.median, "p90": s.p90, "worst": s.high}
 
     return {
         "runs": len(rows),

@@ -1,5 +1,5 @@
-"""Helpers shared by the benchmarks in tools/: timing by median, running the train binary, and
-writing BENCHMARKS.md.
+"""Helpers shared by the benchmarks in tools/: timing by median, statistics over runs that count
+the runs that missed their target, running the train binary, and writing BENCHMARKS.md.
 
 Each benchmark owns one section of BENCHMARKS.md, delimited by HTML comments, and rewrites only
 that section, so benchmarks can be re-run one at a time.
@@ -19,14 +19,20 @@ from typing import NamedTuple, TypeVar
 
 __all__ = [
     "BENCHMARKS_MD",
+    "RunStats",
     "Spread",
+    "Watched",
     "backend_ratio_lines",
     "bare_keras_step",
+    "bounded",
     "interleaved",
     "machine_line",
     "median_seconds",
     "other_jobs_running",
+    "percentile",
+    "ratio_text",
     "rllib_training_settings",
+    "run_stats",
     "spread",
     "watch_training",
     "write_section",
@@ -89,6 +95,101 @@ def spread(values: Sequence[float]) -> Spread:
     if not values:
         raise ValueError("spread of no values")
     return Spread(statistics.median(values), min(values), max(values))
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """The q-th percentile (0-100) of `values` by linear interpolation between order statistics."""
+    xs = sorted(values)
+    if not xs:
+        raise ValueError("percentile of no values")
+    if len(xs) == 1:
+        return xs[0]
+    pos = (len(xs) - 1) * q / 100.0
+    lo = int(pos)
+    hi = min(lo + 1, len(xs) - 1)
+    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
+
+
+class RunStats(NamedTuple):
+    """One figure over every run of a benchmark, the runs that missed their target included.
+
+    A run that never reached the target counts at its full value (its time or env steps when it
+    stopped or timed out), a lower bound of what it would have taken; so while any run missed,
+    the median, the 90th percentile and the maximum are lower bounds too (`exact` is False). The
+    minimum is one only where a run that missed holds it (`low_exact`).
+    """
+
+    median: float
+    p90: float
+    low: float
+    high: float
+    reached: int
+    runs: int
+    low_exact: bool = True
+
+    @property
+    def exact(self) -> bool:
+        """Whether every run reached, so that no statistic is a bound."""
+        return self.reached == self.runs
+
+    def reached_text(self) -> str:
+        """`N of M reached`."""
+        return f"{self.reached} of {self.runs} reached"
+
+    def text(self, fmt: str = ",.0f", unit: str = "") -> str:
+        """The median (`>= ` before it while a run missed) and `(N of M reached)`."""
+        return f"{bounded(self.median, self.exact, fmt)}{unit} ({self.reached_text()})"
+
+    def range_text(self, fmt: str = ",.0f") -> str:
+        """`[low, high]`, each with `>= ` before it where it is a lower bound."""
+        low = bounded(self.low, self.low_exact, fmt)
+        return f"[{low}, {bounded(self.high, self.exact, fmt)}]"
+
+
+def run_stats(values: Sequence[float], reached: Sequence[bool] | None = None) -> RunStats:
+    """The failure-inclusive statistics of a figure, one value per run.
+
+    Args:
+        values: Every run's value; a run that missed counts at its full value (its time or env
+            steps when it ended), never dropped.
+        reached: Whether each run reached its target; None: all did (a figure, like a rate,
+            that has no target).
+    """
+    if not values:
+        raise ValueError("statistics of no runs")
+    reached = [True] * len(values) if reached is None else list(reached)
+    if len(reached) != len(values):
+        raise ValueError(f"{len(values)} values but {len(reached)} reached flags")
+    low = min(values)
+    return RunStats(
+        median=statistics.median(values),
+        p90=percentile(values, 90),
+        low=low,
+        high=max(values),
+        reached=sum(bool(r) for r in reached),
+        runs=len(values),
+        low_exact=any(r for v, r in zip(values, reached) if v == low),
+    )
+
+
+def bounded(value: float, exact: bool, fmt: str = ",.0f") -> str:
+    """`value` formatted with `fmt`, `>= ` before it when it is a lower bound (not `exact`)."""
+    return f"{'' if exact else '>= '}{value:{fmt}}"
+
+
+def ratio_text(num: RunStats, den: RunStats, fmt: str = ".3f") -> str:
+    """`num.median / den.median`, or the bound it is when a side's median is one.
+
+    `>= r` when only `num` has runs that missed (its median is a lower bound), `<= r` when only
+    `den` has, and `-` when both have (the ratio of two lower bounds bounds nothing) or when
+    `den`'s median is 0.
+    """
+    if not den.median or not (num.exact or den.exact):
+        return "-"
+    ratio = format(num.median / den.median, fmt)
+    if num.exact and den.exact:
+        return ratio
+    return f">= {ratio}" if den.exact else f"<= {ratio}"
 
 
 def bare_keras_step(model, optimizer, obs, actions, targets, grad_clip: float = 40.0):
@@ -219,15 +320,29 @@ def other_jobs_running(load_before: tuple[float, ...]) -> bool:
 ITER_LINE = re.compile(r"^iter\s+\d+.*return\s+([-\d.]+|nan)")
 
 
+class Watched(NamedTuple):
+    """What `watch_training` saw of one run."""
+
+    #: Seconds from launch to the first iteration whose mean return reached the target (None:
+    #: never, or no target).
+    reached_s: float | None
+    #: The results of `logdir/result.json` ([] if none).
+    results: list[dict]
+    #: The output's last 30 lines.
+    tail: list[str]
+    #: Seconds from launch until the process had ended (by itself, or stopped at the timeout):
+    #: a run that missed its target counts this as its time to it.
+    exit_s: float
+
+
 def watch_training(
     cmd: Sequence[str], cwd: str, logdir: str, target: float | None, timeout: float
-) -> tuple[float | None, list[dict], list[str]]:
+) -> Watched:
     """Runs an impala-train command line (writing to `logdir`) until it ends or `timeout`
     seconds have passed, watching its iteration lines.
 
-    Returns the seconds from launch to the first iteration whose mean return reached `target`
-    (None: never, or no target), the results of `logdir/result.json` ([] if none) and the
-    output's last 30 lines.
+    Returns the time to `target`, the results, the output's last lines and the time to the
+    process's end (`Watched`).
     """
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", PYTHONUNBUFFERED="1")
     start = time.perf_counter()
@@ -254,9 +369,10 @@ def watch_training(
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait(30)
+    exit_s = time.perf_counter() - start
     path = os.path.join(logdir, "result.json")
     results = []
     if os.path.isfile(path):
         with open(path, encoding="utf-8") as f:
             results = [json.loads(line) for line in f if line.strip()]
-    return reached_s, results, tail
+    return Watched(reached_s, results, tail, exit_s)

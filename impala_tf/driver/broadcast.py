@@ -1,4 +1,4 @@
-"""`Broadcaster`: when and which weights go to the actors (SEMANTICS.md section 3, step 8).
+"""`Broadcaster`: when and which weights go to the actors (RLlib's `training_step`, its step 8).
 
 Every `broadcast_interval` training steps in which some trained policy has a new update, the
 actors that sampled since their last weights get `{policy_id: (weights, num_grad_updates)}` of

@@ -1,6 +1,7 @@
 """The training step: asynchronous (RLlib's IMPALA) or lockstep (deterministic runs).
 
-`AsyncSchedule.step` is RLlib's old-stack `training_step` (SEMANTICS.md section 3):
+`AsyncSchedule.step` is RLlib's old-stack `training_step` (docs/architecture.md, "From an env
+step to a weight broadcast"):
 
 1. a dead learner thread raises "The learner thread died while training!";
 2. collect the fragments that are ready (asynchronous sampling, at most
