@@ -81,6 +81,10 @@ def apply_summed(
     optimizer.iterations.assign_add(1)
 
 
+#: Which entries of the stacked `LossSums` accumulate by maximum (`losses.MAX_FIELDS`).
+_MAX_MASK = [name in losses.MAX_FIELDS for name in losses.LossSums._fields]
+
+
 class GradientAccumulators:
     """Per-replica sums of microbatch gradients, loss sums and env steps (gradient accumulation).
 
@@ -112,7 +116,8 @@ class GradientAccumulators:
         for accumulators, group in zip(self.grads, grads):
             for accumulator, grad in zip(accumulators, group):
                 accumulator.assign_add(grad)
-        self.sums.assign_add(tf.stack(list(sums)))
+        current, new = self.sums.read_value(), tf.stack(list(sums))
+        self.sums.assign(tf.where(_MAX_MASK, tf.maximum(current, new), current + new))
         self.rows.assign_add(rows)
 
     def read(self) -> tuple[list[list[tf.Tensor]], losses.LossSums, tf.Tensor]:

@@ -80,13 +80,14 @@ from impala_tf.sample_batch import OBS, OBS_FRAMES, OBS_RESTARTS
 
 __all__ = ["DIAGNOSTIC_KEYS", "ImpalaLearner", "piecewise_linear", "STATS_KEYS"]
 
-#: Diagnostics of each update `train_step` also returns (ours; means over the valid steps):
-#: the importance ratio rho = pi/mu (mean, and the fractions above `vtrace_clip_rho_threshold`
+#: Diagnostics of each update `train_step` also returns (ours; over the valid steps): the
+#: importance ratio rho = pi/mu (mean, max, and the fractions above `vtrace_clip_rho_threshold`
 #: and `vtrace_clip_pg_rho_threshold`), the policy-gradient advantage (mean and standard
 #: deviation), the value error v_s - V(x_s) (mean: negative when V overestimates) and the logit
 #: range (max - min logit per step: how far the policy is from uniform, Discrete actions).
 DIAGNOSTIC_KEYS = (
     "mean_rho",
+    "max_rho",
     "rho_clipped_frac",
     "pg_rho_clipped_frac",
     "pg_advantage_mean",
@@ -142,6 +143,23 @@ def piecewise_linear(points: list[list[float]] | None, t: tf.Tensor, default: fl
             segment = tf.constant(float(v1), tf.float32)
         value = tf.where(t < float(t1), segment, value)
     return value
+
+
+def _all_reduce_sums(ctx: tf.distribute.ReplicaContext, sums: losses.LossSums) -> losses.LossSums:
+    """The batch's `LossSums` from every replica's, in one all-reduce: summed, and the
+    `losses.MAX_FIELDS` by maximum. `ReduceOp` has no MAX, so each replica puts its value in its
+    own slot of a vector of one slot per replica (zeros elsewhere; the values are >= 0), and
+    the max of the summed vector is the batch's."""
+    summed = [name for name in losses.LossSums._fields if name not in losses.MAX_FIELDS]
+    slot = tf.one_hot(ctx.replica_id_in_sync_group, ctx.num_replicas_in_sync)
+    parts = [getattr(sums, name) for name in summed]
+    parts += [slot * getattr(sums, name) for name in losses.MAX_FIELDS]
+    reduced = ctx.all_reduce(tf.distribute.ReduceOp.SUM, parts)
+    values = dict(zip(summed, reduced[: len(summed)]))
+    values.update(
+        (name, tf.reduce_max(v)) for name, v in zip(losses.MAX_FIELDS, reduced[len(summed) :])
+    )
+    return losses.LossSums(**values)
 
 
 class ImpalaLearner(keras.Model):
@@ -443,7 +461,7 @@ class ImpalaLearner(keras.Model):
         all_grads = ctx.all_reduce(
             tf.distribute.ReduceOp.SUM, [g for group in grads for g in group]
         )
-        sums = losses.LossSums(*ctx.all_reduce(tf.distribute.ReduceOp.SUM, list(sums)))
+        sums = _all_reduce_sums(ctx, sums)
         num_valid = tf.maximum(sums.num_valid, 1.0)
         rows = ctx.all_reduce(tf.distribute.ReduceOp.SUM, rows)
         grad_gnorm_unclipped = tf.linalg.global_norm(all_grads)
@@ -484,6 +502,7 @@ class ImpalaLearner(keras.Model):
             "num_grad_updates_lifetime": self.num_grad_updates.read_value(),
             # DIAGNOSTIC_KEYS (ours).
             "mean_rho": sums.rho / num_valid,
+            "max_rho": sums.rho_max,
             "rho_clipped_frac": sums.rho_clipped / num_valid,
             "pg_rho_clipped_frac": sums.pg_rho_clipped / num_valid,
             "pg_advantage_mean": sums.pg_adv / num_valid,

@@ -43,6 +43,8 @@ class LossSums(NamedTuple):
       pg_adv_sq: float32 scalar, sum(m * A_t^2).
       logit_range: float32 scalar, sum(m * (max - min) of the logits of x_t); the caller fills
         it in (`vtrace_loss` does not see the logits).
+      rho_max: float32 scalar, the largest rho_t of the valid steps (0 without one). The one
+        field that is not a sum: accumulating and all-reducing take its maximum (`MAX_FIELDS`).
     """
 
     pi_loss: tf.Tensor
@@ -59,6 +61,11 @@ class LossSums(NamedTuple):
     pg_adv: tf.Tensor | float = 0.0
     pg_adv_sq: tf.Tensor | float = 0.0
     logit_range: tf.Tensor | float = 0.0
+    rho_max: tf.Tensor | float = 0.0
+
+
+#: The `LossSums` fields combined by maximum, not by sum, across microbatches and replicas.
+MAX_FIELDS = ("rho_max",)
 
 
 class LossOutputs(NamedTuple):
@@ -183,6 +190,7 @@ def vtrace_loss(
         pg_adv=tf.reduce_sum(mask * pg_advantages),
         pg_adv_sq=tf.reduce_sum(mask * tf.square(pg_advantages)),
         logit_range=tf.constant(0.0),
+        rho_max=tf.reduce_max(tf.where(mask > 0, rhos, tf.zeros_like(rhos))),
     )
     total = sums.pi_loss + vf_loss_coeff * sums.vf_loss - entropy_coeff * sums.entropy
     return LossOutputs(total_loss=total, sums=sums, vs=vs, pg_advantages=pg_advantages)

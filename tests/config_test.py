@@ -12,6 +12,7 @@ import json
 import os
 import pathlib
 import pickle
+import re
 import subprocess
 import sys
 import warnings
@@ -1053,3 +1054,15 @@ def test_build_and_impala_train_go_through_one_factory_that_honours_actor_backen
     finally:
         for process, _ in runs.values():
             kill_session(process)
+
+
+@pytest.mark.parametrize(
+    "settings, key",
+    [
+        ({"lr": {"grid_search": [0.001, 0.002]}}, "lr"),
+        ({"model": {"fcnet_hiddens": {"grid_search": [[64], [256, 256]]}}}, "model.fcnet_hiddens"),
+    ],
+)
+def test_a_tune_grid_search_is_refused_with_an_error_that_names_the_key(settings, key):
+    with pytest.raises(ValueError, match=rf"`{re.escape(key)}` is a Ray Tune search space"):
+        ImpalaConfig.from_dict({"env": "CartPole-v1", **settings})

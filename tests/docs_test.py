@@ -48,6 +48,34 @@ def test_the_readme_fits_two_screens_and_its_links_resolve():
             assert (ROOT / target).exists(), target
 
 
+#: The headline sentence of the README and the docs index: its figures and the block of
+#: BENCHMARKS.md they must come from (`tools.bench_robustness`).
+_HEADLINE = re.compile(
+    r"in a median\s+([\d.]+) s from process start to exit on 2 CPU cores \((\d+) of (\d+) "
+    r"fresh unseeded runs"
+)
+
+
+def _robustness_block() -> str:
+    text = (ROOT / "BENCHMARKS.md").read_text(encoding="utf-8")
+    match = re.search(
+        r"<!-- bench_robustness:begin -->(.*?)<!-- bench_robustness:end -->", text, re.S
+    )
+    assert match, "BENCHMARKS.md has no bench_robustness block"
+    return match.group(1)
+
+
+@pytest.mark.parametrize("page", ["README.md", "docs/index.md"])
+def test_the_headline_figures_are_the_robustness_blocks(page):
+    text = " ".join((ROOT / page).read_text(encoding="utf-8").split())
+    headline = _HEADLINE.search(text)
+    assert headline, f"{page} lost its headline sentence (or this test's pattern)"
+    median, reached, runs = headline.groups()
+    block = " ".join(_robustness_block().split())
+    assert f"reached 450 within 2M env steps: **{reached} of {runs}**" in block
+    assert f"process start to exit: median {median} s" in block
+
+
 def _cells(line: str) -> list[str]:
     return [cell.strip() for cell in line.strip().strip("|").split("|")]
 

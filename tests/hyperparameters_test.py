@@ -160,6 +160,7 @@ def _numpy_stats(
         + config.vf_loss_coeff * vf_loss
         - config.entropy_coeff * np.mean(entropy),
         "mean_rho": np.mean(rhos),
+        "max_rho": np.max(rhos),
         "rho_clipped_frac": 0.0 if rho_bar is None else np.mean(rhos > rho_bar),
         "pg_rho_clipped_frac": 0.0 if pg_rho_bar is None else np.mean(rhos > pg_rho_bar),
         "pg_advantage_mean": np.mean(pg),

@@ -90,6 +90,8 @@ def test_train_step_returns_rllib_stats_matching_the_loss():
     assert set(DIAGNOSTIC_KEYS) <= set(stats)
     sums = expected.sums
     np.testing.assert_allclose(stats["mean_rho"], sums.rho / n, rtol=1e-4)
+    np.testing.assert_allclose(stats["max_rho"], sums.rho_max, rtol=1e-6)
+    assert stats["max_rho"] >= stats["mean_rho"] > 0
     np.testing.assert_allclose(stats["rho_clipped_frac"], sums.rho_clipped / n, rtol=1e-6)
     np.testing.assert_allclose(stats["pg_advantage_mean"], sums.pg_adv / n, rtol=1e-4, atol=1e-6)
     np.testing.assert_allclose(stats["vf_error_mean"], sums.err / n, rtol=1e-4, atol=1e-6)
@@ -246,7 +248,7 @@ def test_mirrored_strategy_gives_the_same_update_as_one_device():
     mirrored = _learner(config, weights=init, strategy=strategies.mirrored())
     h1 = single.fit(dataset, epochs=1, verbose=0).history
     h2 = mirrored.fit(dataset, epochs=1, verbose=0).history
-    for key in ("policy_loss", "vf_loss", "entropy", "grad_gnorm", "vf_explained_var"):
+    for key in ("policy_loss", "vf_loss", "entropy", "grad_gnorm", "vf_explained_var", "max_rho"):
         assert h1[key][0] == pytest.approx(h2[key][0], rel=1e-4, abs=1e-6), key
     for wa, wb in zip(_weights(single), _weights(mirrored)):
         np.testing.assert_allclose(wa, wb, rtol=1e-4, atol=1e-6)
@@ -343,7 +345,11 @@ def test_one_gradient_all_reduce_per_update_under_mirrored_strategy(separate_vf,
     gradient_elements = groups * sum(
         v.shape.num_elements() for v in learner.model.trainable_variables
     )
-    stats_elements = len(losses.LossSums._fields) + 1  # the loss sums and the env steps
+    # The loss sums (a maximum as one slot per replica: `learner._all_reduce_sums`) and the
+    # env steps.
+    maxima = len(losses.MAX_FIELDS)
+    stats_elements = len(losses.LossSums._fields) - maxima
+    stats_elements += maxima * strategy.num_replicas_in_sync + 1
     assert _cross_device_elements(graph, first) == gradient_elements + stats_elements
     before = _weights(learner)
     if microbatches:

@@ -107,7 +107,14 @@ def _assert_same_updates(config, strategy, state_shapes=()):
         np.testing.assert_allclose(wm, wf, rtol=1e-4, atol=1e-6)
     assert not np.allclose(_weights(full)[0], init[0])
     for sf, sm in zip(full_stats, micro_stats):
-        for key in ("policy_loss", "vf_loss", "entropy", "grad_gnorm", "vf_explained_var"):
+        for key in (
+            "policy_loss",
+            "vf_loss",
+            "entropy",
+            "grad_gnorm",
+            "vf_explained_var",
+            "max_rho",
+        ):
             assert sm[key] == pytest.approx(sf[key], rel=1e-4, abs=1e-6), key
         assert sm["num_agent_steps_trained"] == sf["num_agent_steps_trained"]
     assert micro_stats[-1]["num_grad_updates_lifetime"] == 2

@@ -100,6 +100,29 @@ def _key(default: Any, group: str) -> Any:
 _UNSET: Any = object()
 
 
+#: Ray Tune's search spaces as a YAML writes them (`lr: {grid_search: [...]}`).
+_SEARCH_SPACE_KEYS = ("grid_search",)
+
+
+def _refuse_search_spaces(settings: Mapping[str, Any], prefix: str = "") -> None:
+    """Raises a ValueError naming the first key whose value is a Tune search space: a config
+    is one trial, and impala_tf does not run Tune's trials (a grid would otherwise fail later
+    as a wrong value, or not at all inside a free-form dict)."""
+    for key, value in settings.items():
+        if not isinstance(value, Mapping):
+            continue
+        name = f"{prefix}{key}"
+        space = next((k for k in _SEARCH_SPACE_KEYS if k in value), None)
+        if space is not None:
+            raise ValueError(
+                f"Config key `{name}` is a Ray Tune search space ({{{space}: "
+                f"{value[space]!r}}}): impala_tf trains one configuration per run and does not "
+                f"run Tune's trials. Give `{name}` one value, e.g. `--set {name}=...` once per "
+                "value."
+            )
+        _refuse_search_spaces(value, prefix=f"{name}.")
+
+
 @dataclasses.dataclass(init=False, repr=False, eq=True)
 class AlgorithmConfig:
     """RLlib's IMPALA config: the keys as attributes, RLlib builders, aliases and validation.
@@ -354,6 +377,7 @@ class AlgorithmConfig:
         return self._apply(config_dict, group=None)
 
     def _apply(self, settings: Mapping[str, Any], group: str | None) -> AlgorithmConfig:
+        _refuse_search_spaces(settings)
         set_by: dict[str, str] = {}
         if "multiagent" in settings or "replay_ratio" in settings:
             from impala_tf.config.policies import expand_rllib_keys
