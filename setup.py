@@ -8,7 +8,19 @@ setup(
     description="IMPALA (V-trace actor-learner RL) for TensorFlow 2 / Keras 3, RLlib-compatible",
     long_description=open("README.md", encoding="utf-8").read(),
     long_description_content_type="text/markdown",
+    license="Apache-2.0",
+    license_files=["LICENSE"],
+    classifiers=[
+        "Development Status :: 4 - Beta",
+        "Intended Audience :: Science/Research",
+        "License :: OSI Approved :: Apache Software License",
+        "Programming Language :: Python :: 3",
+        "Topic :: Scientific/Engineering :: Artificial Intelligence",
+    ],
     packages=find_packages(include=["impala_tf", "impala_tf.*"]),
+    # The shipped configs (a clone's top-level `configs/` links here): `impala-train
+    # --config=cartpole-impala` finds them by name from any install.
+    package_data={"impala_tf": ["configs/*.yaml"]},
     python_requires=">=3.10",
     install_requires=[
         "tensorflow==2.21.*",
@@ -24,8 +36,10 @@ setup(
         "pyyaml",
         # TensorFlow 2.21 no longer depends on it; tf.summary needs it.
         "tensorboard",
-        # Evaluation videos (`render_env`): GIFs for TensorBoard and impala-evaluate --video.
+        # Evaluation videos (`render_env`): GIFs for TensorBoard and impala-evaluate --video;
+        # pygame (classic-control) renders the shipped classic envs.
         "pillow",
+        "gymnasium[classic-control]",
     ],
     extras_require={
         "test": [

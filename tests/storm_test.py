@@ -1,4 +1,4 @@
-"""tools.storm, 15 s: actors SIGKILLed every 2 s; the run goes on, restarts are counted,
+"""tools.storm, 10 s: actors SIGKILLed every 2 s; the run goes on, restarts are counted,
 and no fd, thread or process is left behind after `algo.stop()`."""
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 def test_actor_storm_continues_counts_restarts_and_leaks_nothing():
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
     proc = subprocess.run(
-        [sys.executable, "-m", "tools.storm", "--duration", "15"],
+        [sys.executable, "-m", "tools.storm", "--duration", "10"],
         capture_output=True,
         text=True,
         cwd=REPO,
@@ -29,7 +29,7 @@ def test_actor_storm_continues_counts_restarts_and_leaks_nothing():
     report = json.loads(lines[-1])
     assert proc.returncode == 0, (report["failures"], proc.stderr[-3000:])
     assert report["failures"] == []
-    assert report["kills"] >= 5  # One every 2 s, the last 2 s spared.
+    assert report["kills"] >= 3  # One every 2 s, the last 2 s spared.
     assert report["restarts"] >= report["kills"] - 1
     assert report["failures_counted"] == report["restarts"]
     assert report["fds"][1] <= report["fds"][0]

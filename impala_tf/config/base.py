@@ -477,7 +477,8 @@ class AlgorithmConfig:
         not validated here; `build()` does that.
 
         Args:
-          path: Path of the YAML file.
+          path: Path of the YAML file, or the name of a shipped config (`cartpole-impala`:
+            `impala_tf.config.shipped`).
 
         Returns:
           `(config, stop)`: the config, and the stop criteria normalised by
@@ -504,6 +505,9 @@ class AlgorithmConfig:
           ValueError: as `from_yaml`, and for a malformed `pass_criteria` block (the message
             names the file).
         """
+        from impala_tf.config.shipped import resolve_config
+
+        path = resolve_config(path)  # A shipped config may be named: `cartpole-impala`.
         with open(path, encoding="utf-8") as f:
             document = load_yaml(f)
         if not isinstance(document, Mapping) or len(document) != 1:
