@@ -1,9 +1,14 @@
-"""Every runtime scenario on every placement: backend (processes, Ray) x policies (1, 2).
+"""Every runtime scenario on three placements: processes with 1 and 2 policies, Ray with 2.
 
 One behaviour, one test, every placement (Sample Factory's `test_example.py`): the same driver
 runs a single-agent CartPole (one policy) and a two-agent MultiAgentCartPole (policies p0, p1,
 `tests.support.configs.small_config`), with actors as local processes or as Ray actors. Tests
 wait on the counters the result dict exposes, never on sleeps.
+
+Ray with one policy is left out to keep the suite within its ten minutes: the backend and the
+policy count are separate layers (the driver's policy map does not depend on where actors run,
+and the Ray backend's single-policy path is tested in tests/ray_backend_test.py), so Ray with
+two policies covers what Ray adds.
 """
 
 from __future__ import annotations
@@ -24,7 +29,7 @@ from tests.support import envs, models
 from tests.support.configs import BACKENDS, POLICY_COUNTS, small_config
 from tests.support.processes import alive, wait_until
 
-PLACEMENTS = [(b, p) for b in BACKENDS for p in POLICY_COUNTS]
+PLACEMENTS = [(b, p) for b in BACKENDS for p in POLICY_COUNTS if (b, p) != ("ray", 1)]
 
 
 @pytest.fixture(scope="module")
