@@ -51,8 +51,7 @@ def run_binary(main: Callable[[list[str]], int], module_name: str, doc: str | No
     and the interpreter's teardown is skipped. With TensorFlow loaded that teardown (freeing
     every graph, kernel and dataset object, one by one) took 1.5-4 s after the run had ended,
     every child stopped and the last checkpoint written, all of which `main` finishes before it
-    returns. A `main` that raises
-    exits the ordinary way, through absl's error handling.
+    returns. A `main` that raises exits the ordinary way, through absl's error handling.
 
     Args:
       main: the binary's main(argv) -> exit code.
