@@ -175,7 +175,9 @@ def test_clip_rewards_and_observations_left_unpacked():
 
 def test_gym_make_kwargs_come_from_env_config():
     runner = _runner(envs=1, horizon=10, env_config={"max_episode_steps": 3})
-    assert runner.envs[0].spec.max_episode_steps == 3
+    assert runner.env_batch.env.max_episode_steps == 3  # CartPole's vector env.
+    evaluation = _runner(envs=1, horizon=10, worker=0, env_config={"max_episode_steps": 3})
+    assert evaluation.envs[0].spec.max_episode_steps == 3
     batch = runner.sample().batches[DEFAULT_POLICY_ID]
     # Every 3rd step ends the episode: truncated by the time limit unless it terminated first.
     ends = batch["truncateds"] | batch["terminateds"]

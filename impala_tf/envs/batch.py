@@ -1,9 +1,11 @@
 """Env batches: the B envs of one env runner, stepped together (B = `num_envs_per_env_runner`).
 
-Two implementations behind one interface, so the env runner has one stepping loop:
+Three implementations behind one interface, so the env runner has one stepping loop:
 
-* `GymEnvBatch`: a list of gymnasium envs stepped one after another in Python (any env; the
-  CartPole path, unchanged in cost);
+* `GymEnvBatch`: a list of gymnasium envs stepped one after another in Python (any env);
+* `GymVectorEnvBatch`: a gymnasium `VectorEnv` that steps all B envs in one call, such as the
+  numpy-vectorised CartPole that `gymnasium.make_vec` builds from an env's vector entry point
+  (`impala_tf.envs.make.make_env_batch` decides when it applies);
 * `AtariVectorEnvBatch`: ale-py's native `AtariVectorEnv` (C++ threads step and preprocess all
   B envs; `impala_tf.envs.atari.vector_env_kwargs` decides when it applies).
 
@@ -30,14 +32,22 @@ from typing import Any
 
 import gymnasium as gym
 import numpy as np
+from gymnasium.vector import AutoresetMode
 
-from impala_tf.envs.faults import EnvCallError, EnvGuard, StepProgress
+from impala_tf.envs.faults import (
+    EnvCallError,
+    EnvGuard,
+    NonFiniteEnvError,
+    StepProgress,
+    check_observation,
+)
 
 __all__ = [
     "AtariVectorEnvBatch",
     "BatchStep",
     "EnvBatch",
     "GymEnvBatch",
+    "GymVectorEnvBatch",
     "declared_frame_stack",
     "sent_frame_stack",
 ]
@@ -249,6 +259,181 @@ class GymEnvBatch(EnvBatch):
     def close(self) -> None:
         for env in self.envs:
             env.close()
+
+
+class GymVectorEnvBatch(EnvBatch):
+    """A gymnasium `VectorEnv`: B envs stepped by one `step` call.
+
+    The runner's contract is the same-step reset: an env whose episode ended returns its reset
+    observation in the step that ended it, and the observation it ended on is kept for
+    bootstrapping. How a vector env gets there depends on its autoreset mode
+    (`metadata["autoreset_mode"]`, gymnasium 1.x):
+
+    * `SAME_STEP`: as it is; the ended observations are in `info["final_obs"]`.
+    * `DISABLED`: the ended envs are reset here, `reset(options={"reset_mask": ended})`.
+    * `NEXT_STEP` (an ended env returns its reset observation one step later, ignoring that
+      step's action): only where the ended envs can be reset at once here. gymnasium's
+      `CartPoleVectorEnv` is one: its ended state columns are drawn again as its own `reset`
+      draws them, from its own generator. Other `NEXT_STEP` envs are refused when the batch is
+      built: their reset steps would enter the fragments as transitions no action caused.
+
+    The finiteness checks run over the whole batch at once; with `drop_nonfinite_episodes` a
+    non-finite reward or observation ends its episode (marked truncated and dropped, as in
+    `GymEnvBatch`) and its env is reset with a `reset_mask`.
+
+    Args:
+      env: The vector env; its `single_observation_space` and `single_action_space` are the
+        batch's spaces.
+      guard: Names the env and step when the vector env raises (a default one when None).
+
+    Raises:
+      ValueError: the vector env's autoreset mode cannot give same-step resets.
+    """
+
+    def __init__(self, env: Any, guard: EnvGuard | None = None):
+        self.env = env
+        self.num_envs = int(env.num_envs)
+        self.observation_space = env.single_observation_space
+        self.action_space = env.single_action_space
+        self._dtype = self.observation_space.dtype or np.float32
+        mode = (getattr(env, "metadata", None) or {}).get("autoreset_mode", AutoresetMode.NEXT_STEP)
+        self._same_step = AutoresetMode(mode) is AutoresetMode.SAME_STEP
+        if AutoresetMode(mode) is AutoresetMode.NEXT_STEP and not _resets_rows_now(env):
+            raise ValueError(
+                f"The vector env {type(env).__name__} resets its envs one step after they end "
+                "(gymnasium's AutoresetMode.NEXT_STEP), which impala_tf cannot train on. Make "
+                "it with autoreset_mode=AutoresetMode.SAME_STEP (or DISABLED: impala_tf then "
+                "resets ended envs with a `reset_mask`)."
+            )
+        self.guard = guard if guard is not None else EnvGuard("(unnamed)", "an env batch")
+        self.guard.bind(self.observation_space)
+
+    def _call(self, name: str, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return getattr(self.env, name)(*args, **kwargs)
+        except gym.error.DependencyNotInstalled:
+            raise
+        except Exception as e:
+            guard = self.guard
+            raise EnvCallError(
+                f"env {guard.label} ({guard.who}, vector env {type(self.env).__name__}) at "
+                f"step {guard.steps}: {name}() raised {type(e).__name__}: {e}"
+            ) from e
+
+    def _checked(self, obs: Any) -> np.ndarray:
+        """The batch's observations as a new array of the space's dtype, or EnvSpaceError."""
+        shape = (self.num_envs, *self.observation_space.shape)
+        return np.array(check_observation(obs, shape, self._dtype, self.guard.where(0)))
+
+    def _reset_rows(self, rows: np.ndarray, obs: np.ndarray) -> None:
+        """Resets the envs of the bool mask `rows`; writes their first observations into `obs`."""
+        self.guard.progress.set(self.guard.steps, int(np.flatnonzero(rows)[0]), StepProgress.RESET)
+        if _resets_rows_now(self.env):
+            first = _cartpole_reset_rows(self.env, rows)
+        else:
+            first, _ = self._call("reset", options={"reset_mask": rows})
+            first = self._checked(first)[rows]
+        if self.guard.float_obs and not np.isfinite(first).all():
+            raise NonFiniteEnvError(
+                f"{self.guard.where(int(np.flatnonzero(rows)[0]))}: reset() returned a "
+                "non-finite observation (a first observation cannot be dropped)."
+            )
+        obs[rows] = first
+        self.guard.progress.set(self.guard.steps, -1, StepProgress.POLICY)
+
+    def reset(self, seeds: Sequence[int | None]) -> np.ndarray:
+        # A vector env has one generator: it is seeded with its first env's seed.
+        self.guard.progress.set(self.guard.steps, -1, StepProgress.RESET)
+        obs, _ = self._call("reset", seed=None if seeds[0] is None else int(seeds[0]))
+        obs = self._checked(obs)
+        if self.guard.float_obs and not np.isfinite(obs).all():
+            raise NonFiniteEnvError(
+                f"{self.guard.where(0)}: reset() returned a non-finite observation (a first "
+                "observation cannot be dropped, even with drop_nonfinite_episodes=True)."
+            )
+        return obs
+
+    def step(self, actions: np.ndarray) -> BatchStep:
+        guard, n = self.guard, self.num_envs
+        guard.progress.set(guard.steps, -1, StepProgress.STEP)
+        obs, rewards, terminated, truncated, info = self._call("step", actions)
+        guard.progress.set(guard.steps, -1, StepProgress.POLICY)
+        obs = self._checked(obs)
+        rewards = np.array(rewards, np.float64)
+        terminated = np.asarray(terminated, bool)
+        truncated = np.asarray(truncated, bool) & ~terminated
+        ended = terminated | truncated
+        dropped = ~np.isfinite(rewards)
+        for j in np.flatnonzero(dropped):
+            guard.nonfinite(int(j), f"reward ({rewards[j]})")
+        rewards[dropped] = 0.0
+        # The observation each ended episode ended on (SAME_STEP envs already reset them).
+        last = info.get("final_obs") if self._same_step else obs
+        ended_obs = {int(j): np.array(last[j], self._dtype) for j in np.flatnonzero(ended)}
+        if guard.float_obs:
+            # As `GymEnvBatch`: an ongoing episode's observation, and the one a truncated episode
+            # ended on (it is bootstrapped from); first observations are checked when reset.
+            for j in np.flatnonzero(~np.isfinite(obs.reshape(n, -1)).all(axis=1) & ~ended):
+                guard.nonfinite(int(j), "observation")
+                dropped[j] = True
+            for j in np.flatnonzero(truncated & ~dropped):
+                if not np.isfinite(ended_obs[int(j)]).all():
+                    guard.nonfinite(int(j), "final observation")
+                    dropped[j] = True
+        reset = (dropped & ~ended) if self._same_step else (ended | dropped)
+        if reset.any():
+            self._reset_rows(reset, obs)
+        if self._same_step and guard.float_obs and not np.isfinite(obs[ended]).all():
+            raise NonFiniteEnvError(
+                f"{guard.where(int(np.flatnonzero(ended)[0]))}: reset() returned a "
+                "non-finite observation (a first observation cannot be dropped)."
+            )
+        guard.steps += 1
+        truncated |= dropped
+        terminated &= ~dropped
+        final_obs = {j: o for j, o in ended_obs.items() if truncated[j] and not dropped[j]}
+        infos = None
+        if self.collect_infos:
+            infos = [
+                {k: v[j] for k, v in info.items() if not k.startswith("_") and k != "final_obs"}
+                for j in range(n)
+            ]
+        return BatchStep(
+            obs,
+            rewards,
+            terminated,
+            truncated,
+            final_obs,
+            ended & ~dropped,
+            dropped,
+            None,
+            infos,
+            ended_obs if self.collect_infos else None,
+        )
+
+    def close(self) -> None:
+        self.env.close()
+
+
+def _resets_rows_now(env: Any) -> bool:
+    """Whether `_cartpole_reset_rows` can reset envs of this vector env in the ending step."""
+    from gymnasium.envs.classic_control.cartpole import CartPoleVectorEnv
+
+    return type(env) is CartPoleVectorEnv
+
+
+def _cartpole_reset_rows(env: Any, rows: np.ndarray) -> np.ndarray:
+    """Resets the envs `rows` (bool [B]) of a `CartPoleVectorEnv` now; returns their first
+    observations [rows.sum(), 4].
+
+    The state columns are drawn as its `reset` draws them (uniform in its reset bounds, from its
+    own generator), their step counters restart, and their NEXT_STEP resets are cancelled, so
+    the next `step` moves them by the actions it is given.
+    """
+    env.state[:, rows] = env.np_random.uniform(low=env.low, high=env.high, size=(4, rows.sum()))
+    env.steps[rows] = 0
+    env.prev_done[rows] = False
+    return env.state[:, rows].T.astype(np.float32)
 
 
 class AtariVectorEnvBatch(EnvBatch):

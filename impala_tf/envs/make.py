@@ -9,13 +9,14 @@ A user's env creator receives an `EnvContext`: its `env_config` with RLlib's `wo
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 
 import gymnasium as gym
 
 from impala_tf.config.base import AlgorithmConfig
 from impala_tf.envs import atari
-from impala_tf.envs.batch import AtariVectorEnvBatch, EnvBatch, GymEnvBatch
+from impala_tf.envs.batch import AtariVectorEnvBatch, EnvBatch, GymEnvBatch, GymVectorEnvBatch
 from impala_tf.envs.faults import EnvGuard
 
 __all__ = ["EnvContext", "env_seed", "make_env", "make_env_batch"]
@@ -31,13 +32,23 @@ class EnvContext(dict):
       worker_index: 1-based index of the env runner (0 is the driver/evaluation).
       vector_index: Index of the env within its runner.
       num_workers: Number of env runners.
+      num_envs: Envs per env runner (`num_envs_per_env_runner`; ours): the size of the
+        `gymnasium.vector.VectorEnv` a creator may return for all of a runner's envs.
     """
 
-    def __init__(self, env_config: dict, worker_index: int, vector_index: int, num_workers: int):
+    def __init__(
+        self,
+        env_config: dict,
+        worker_index: int,
+        vector_index: int,
+        num_workers: int,
+        num_envs: int = 1,
+    ):
         super().__init__(env_config or {})
         self.worker_index = worker_index
         self.vector_index = vector_index
         self.num_workers = num_workers
+        self.num_envs = num_envs
 
 
 def env_seed(seed: int | None, worker_index: int, vector_index: int) -> int | None:
@@ -47,22 +58,37 @@ def env_seed(seed: int | None, worker_index: int, vector_index: int) -> int | No
     return int(seed) + worker_index * _MAX_ENVS_PER_RUNNER + vector_index
 
 
-def make_env(config: AlgorithmConfig, worker_index: int = 0, vector_index: int = 0) -> gym.Env:
+def make_env(
+    config: AlgorithmConfig, worker_index: int = 0, vector_index: int = 0
+) -> gym.Env | gym.vector.VectorEnv:
     """Creates one env from `config.env`: a registered gymnasium id or an `env_creator` callable.
 
     A gymnasium id is made with `gym.make(id, **env_config)`; a callable is called with an
     `EnvContext` holding `env_config` (RLlib's convention). An Atari env gets DeepMind
     preprocessing when `preprocessor_pref` is "deepmind" (`impala_tf.envs.atari`), with
-    episodic life only for training runners (`worker_index >= 1`; 0 is evaluation).
+    episodic life only for training runners (`worker_index >= 1`; 0 is evaluation). A creator
+    may return a `gymnasium.vector.VectorEnv` of `context.num_envs` envs instead: it is
+    returned as it is, and `make_env_batch` steps it whole.
     """
     env: str | Callable[..., gym.Env] | None = config.env
     if env is None:
         raise ValueError("`env` is not set: pass a gymnasium id or an env_creator(env_config)")
     if callable(env):
-        context = EnvContext(config.env_config, worker_index, vector_index, config.num_env_runners)
+        context = EnvContext(
+            config.env_config,
+            worker_index,
+            vector_index,
+            config.num_env_runners,
+            config.num_envs_per_env_runner,
+        )
         made = env(context)
+        if isinstance(made, gym.vector.VectorEnv):
+            return made
         if not isinstance(made, gym.Env):
-            raise TypeError(f"env_creator {env!r} returned {type(made).__name__}, not a gym.Env")
+            raise TypeError(
+                f"env_creator {env!r} returned {type(made).__name__}, not a gym.Env (or a "
+                "gymnasium.vector.VectorEnv)"
+            )
         if atari.deepmind_enabled(config) and atari.is_atari(made):
             return atari.wrap_deepmind(made, config.model, training=worker_index > 0)
         return made
@@ -79,12 +105,54 @@ def make_env_batch(
     """The `num_envs` envs of env runner `worker_index`, as one `EnvBatch`.
 
     Training runners (`worker_index >= 1`) of an Atari config that ale-py's `AtariVectorEnv`
-    covers (`atari.vector_env_kwargs`) get it; everything else gets `make_env` envs. `guard`
-    calls and checks the envs (`impala_tf.envs.faults.EnvGuard`).
+    covers (`atari.vector_env_kwargs`) get it; those of a gymnasium id with a vector entry point
+    (CartPole's numpy-vectorised `CartPoleVectorEnv`) get `gymnasium.make_vec` of it, seeded
+    with the first env's seed; a creator that returns a `gymnasium.vector.VectorEnv` gets it
+    stepped whole (`GymVectorEnvBatch`); everything else, evaluation included, gets `make_env`
+    envs.
+    `guard` calls and checks the envs (`impala_tf.envs.faults.EnvGuard`).
     """
     seeds = [env_seed(config.seed, worker_index, j) for j in range(num_envs)]
     if worker_index >= 1 and all(s is None or s > 0 for s in seeds):
         kwargs = atari.vector_env_kwargs(config, training=True, num_envs=num_envs)
         if kwargs is not None:
             return AtariVectorEnvBatch(guard=guard, **kwargs)
-    return GymEnvBatch([make_env(config, worker_index, j) for j in range(num_envs)], guard)
+    if worker_index >= 1 and _has_vector_entry_point(config):
+        made = gym.make_vec(
+            config.env,
+            num_envs=num_envs,
+            vectorization_mode="vector_entry_point",
+            **(config.env_config or {}),
+        )
+        return GymVectorEnvBatch(made, guard)
+    first = make_env(config, worker_index, 0)
+    if isinstance(first, gym.vector.VectorEnv):
+        if first.num_envs != num_envs:
+            first.close()
+            raise ValueError(
+                f"env_creator {config.env!r} returned a VectorEnv of {first.num_envs} envs for "
+                f"a runner of {num_envs} (`num_envs_per_env_runner`); size it by the "
+                "context's `num_envs`."
+            )
+        return GymVectorEnvBatch(first, guard)
+    rest = [make_env(config, worker_index, j) for j in range(1, num_envs)]
+    return GymEnvBatch([first, *rest], guard)
+
+
+def _has_vector_entry_point(config: AlgorithmConfig) -> bool:
+    """Whether `config.env` is a gymnasium id whose spec names a vector entry point (a class
+    that steps all envs at once, such as CartPole's) taking every key of `env_config`."""
+    if not isinstance(config.env, str):
+        return False
+    try:
+        spec = gym.spec(config.env)
+    except gym.error.Error:
+        return False
+    if not spec.vector_entry_point:
+        return False
+    entry = spec.vector_entry_point
+    if isinstance(entry, str):
+        entry = gym.envs.registration.load_env_creator(entry)
+    params = inspect.signature(entry).parameters
+    takes_any = any(p.kind is p.VAR_KEYWORD for p in params.values())
+    return takes_any or all(key in params for key in (config.env_config or {}))

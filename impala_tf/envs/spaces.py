@@ -62,7 +62,10 @@ def probe_spaces(config: AlgorithmConfig) -> EnvSpaces:
                 f"The env {config.env!r} is not a MultiAgentEnv (impala_tf.multi_agent.env), "
                 "but `policies`/`policy_mapping_fn` are set."
             )
-        spaces = (env.observation_space, env.action_space)
+        if isinstance(env, gym.vector.VectorEnv):  # An env_creator's: its envs' spaces.
+            spaces = (env.single_observation_space, env.single_action_space)
+        else:
+            spaces = (env.observation_space, env.action_space)
         pid = policy_specs.DEFAULT_POLICY_ID
         stack = sent_frame_stack(declared_frame_stack(env), config.observation_filter)
         return EnvSpaces(False, {pid: spaces}, {pid: stack} if stack else {})

@@ -164,8 +164,8 @@ class EnvRunner(RunnerBase):
         self._env_actions = ActionAdapter(
             self.action_space, config.normalize_actions, config.clip_actions
         )
-        is_atari = isinstance(self.env_batch, AtariVectorEnvBatch) or atari.is_atari(
-            self.env_batch.envs[0]
+        is_atari = isinstance(self.env_batch, AtariVectorEnvBatch) or (
+            isinstance(self.env_batch, GymEnvBatch) and atari.is_atari(self.env_batch.envs[0])
         )
         self._clip_rewards = atari.clip_rewards_for(config, is_atari)
         # Raw until the first policy step filters them (after the driver's filter has arrived).
