@@ -24,9 +24,9 @@ setup(
     python_requires=">=3.10",
     install_requires=[
         "tensorflow==2.21.*",
-        "tensorflow-probability>=0.25",
-        # tensorflow-probability imports tf_keras on import.
-        "tf-keras==2.21.*",
+        # Custom models and env creators defined in a user's script travel to the actor
+        # processes by value.
+        "cloudpickle",
         "numpy",
         "gymnasium>=1.0",
         # Atari: ale-py ships the ROMs and the native vector env; OpenCV resizes frames.

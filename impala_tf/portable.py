@@ -92,7 +92,7 @@ class Portable:
     def __reduce__(self) -> tuple:
         if self.path is not None and _finds(self.path, self.obj):
             return (_by_path, (self.label, self.path, self.error))
-        import cloudpickle  # A dependency of tensorflow-probability.
+        import cloudpickle
 
         return (_by_value, (self.label, self.path, cloudpickle.dumps(self.obj)))
 

@@ -70,7 +70,7 @@ def test_forward_matches_the_keras_model(obs_space, act_space, model_config):
 
 
 @pytest.mark.parametrize("obs_space, act_space, model_config", CASES)
-def test_log_probs_match_tensorflow_probability(obs_space, act_space, model_config):
+def test_log_probs_match_the_learners_distributions(obs_space, act_space, model_config):
     model = build_model(obs_space, act_space, model_config)
     _randomize(model, 2)
     policy = NumpyPolicy(obs_space, act_space, model_config, seed=3)
