@@ -143,7 +143,7 @@ def test_actors_act_on_filtered_observations_and_ship_their_changes():
     fragment = runner.sample()
     delta = fragment.filter_deltas["default_policy"]
     assert isinstance(delta, MeanStdFilter) and delta.buffer.n == raw.size // 4
-    np.testing.assert_allclose(delta.buffer.mean, raw.reshape(-1, 4).mean(0), rtol=1e-6)
+    np.testing.assert_allclose(delta.buffer.mean, raw.reshape(-1, 4).mean(0), rtol=1e-6, atol=1e-8)
     assert runner.obs_filter.buffer.n == 0  # flushed into the fragment
     assert not np.allclose(fragment.batches["default_policy"]["obs"], first_obs)
 

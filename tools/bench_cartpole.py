@@ -6,6 +6,7 @@
     .venv/bin/python -m tools.bench_cartpole --make-rllib-venv /tmp/rllib-venv
     .venv/bin/python -m tools.bench_cartpole --backend=both --seeds 0 1 2 --duration 60
     .venv/bin/python -m tools.bench_cartpole --floors 0 auto 0.1 --seeds 0 1 2 3
+    .venv/bin/python -m tools.bench_cartpole --env-batches 32 256
 
 Run from the repository root.
 
@@ -44,6 +45,12 @@ average before and after.
 `--floors A B ...` runs every seed once per `min_time_s_per_broadcast` value (the driver's
 broadcast floor, `impala_tf.driver.broadcast`), alternating the order from seed to seed, and
 writes env steps and wall time to the target per floor (section "bench_cartpole_broadcast").
+
+`--env-batches N ...` times an actor's env stepping alone, no policy: one `step` of N CartPoles
+with random actions, as the vector env the training actors get (`GymVectorEnvBatch` over
+gymnasium's `CartPoleVectorEnv`) and as N gymnasium envs stepped in turn (`GymEnvBatch`, the
+per-env path), interleaved over `--rounds` rounds; it prints the median env steps/s of each and
+their ratio (section "bench_cartpole_env_batches").
 """
 
 from __future__ import annotations
@@ -55,6 +62,9 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
+
+import numpy as np
 
 from tools import benchlib
 
@@ -298,6 +308,10 @@ def main() -> None:
         default=None,
         help="compare these min_time_s_per_broadcast values, alternating per seed",
     )
+    parser.add_argument(
+        "--env-batches", type=int, nargs="+", default=None, help="time env stepping at N envs"
+    )
+    parser.add_argument("--rounds", type=int, default=5, help="rounds of --env-batches")
     parser.add_argument("--no-write", action="store_true", help="do not update BENCHMARKS.md")
     args = parser.parse_args()
     if args.make_rllib_venv:  # Before any run, so that a failed install costs no runs.
@@ -307,6 +321,9 @@ def main() -> None:
         return
     if args.floors:
         floor_comparison(args)
+        return
+    if args.env_batches:
+        env_batch_comparison(args)
         return
 
     runs = []
@@ -320,6 +337,55 @@ def main() -> None:
     print(text)
     if not args.no_write:
         benchlib.write_section("bench_cartpole", "## CartPole wall clock\n\n" + text)
+
+
+def env_batch_rate(batch, steps: int = 2000) -> float:
+    """Env steps/s of `batch.step` with random actions, over `steps` vector steps."""
+    actions = np.random.default_rng(0).integers(0, 2, (steps, batch.num_envs))
+    batch.reset([1] * batch.num_envs)
+    start = time.perf_counter()
+    for row in actions:
+        batch.step(row)
+    return steps * batch.num_envs / (time.perf_counter() - start)
+
+
+def env_batch_comparison(args: argparse.Namespace) -> None:
+    """`--env-batches`: the vector env against the per-env path, per batch size."""
+    import gymnasium as gym
+
+    from impala_tf.envs.batch import GymEnvBatch, GymVectorEnvBatch
+
+    lines = [
+        "## CartPole env stepping: the vector env against the per-env path",
+        "",
+        f"`python -m tools.bench_cartpole --env-batches {' '.join(map(str, args.env_batches))} "
+        f"--rounds {args.rounds}` ({benchlib.machine_line()}, commit "
+        f"{benchlib.git_commit(ROOT)}). One actor's env batch alone (no policy), random "
+        "actions, 2,000 vector steps a round, the two interleaved; median (min-max) env "
+        "steps/s over the rounds.",
+        "",
+        "| envs | vector env (`GymVectorEnvBatch`) | per env (`GymEnvBatch`) | ratio |",
+        "|---:|---:|---:|---:|",
+    ]
+    for n in args.env_batches:
+        vector = GymVectorEnvBatch(
+            gym.make_vec("CartPole-v1", n, vectorization_mode="vector_entry_point")
+        )
+        single = GymEnvBatch([gym.make("CartPole-v1") for _ in range(n)])
+        rates = benchlib.interleaved(
+            {
+                "vector": lambda b=vector: env_batch_rate(b),
+                "single": lambda b=single: env_batch_rate(b),
+            },
+            args.rounds,
+        )
+        v, g = benchlib.spread(rates["vector"]), benchlib.spread(rates["single"])
+        lines.append(f"| {n} | {v.text()} | {g.text()} | {v.median / g.median:.2f}x |")
+        print(lines[-1], flush=True)
+    text = "\n".join(lines)
+    print(text)
+    if not args.no_write:
+        benchlib.write_section("bench_cartpole_env_batches", text)
 
 
 def wall_stats(runs: list[dict]) -> benchlib.RunStats:

@@ -49,6 +49,7 @@ __all__ = [
     "GymEnvBatch",
     "GymVectorEnvBatch",
     "declared_frame_stack",
+    "resets_in_the_ending_step",
     "sent_frame_stack",
 ]
 
@@ -296,9 +297,10 @@ class GymVectorEnvBatch(EnvBatch):
         self.observation_space = env.single_observation_space
         self.action_space = env.single_action_space
         self._dtype = self.observation_space.dtype or np.float32
-        mode = (getattr(env, "metadata", None) or {}).get("autoreset_mode", AutoresetMode.NEXT_STEP)
-        self._same_step = AutoresetMode(mode) is AutoresetMode.SAME_STEP
-        if AutoresetMode(mode) is AutoresetMode.NEXT_STEP and not _resets_rows_now(env):
+        self._shape = (self.num_envs, *self.observation_space.shape)
+        self._same_step = _autoreset_mode(env) is AutoresetMode.SAME_STEP
+        self._cartpole = _resets_rows_now(env)
+        if not resets_in_the_ending_step(env):
             raise ValueError(
                 f"The vector env {type(env).__name__} resets its envs one step after they end "
                 "(gymnasium's AutoresetMode.NEXT_STEP), which impala_tf cannot train on. Make "
@@ -322,13 +324,14 @@ class GymVectorEnvBatch(EnvBatch):
 
     def _checked(self, obs: Any) -> np.ndarray:
         """The batch's observations as a new array of the space's dtype, or EnvSpaceError."""
-        shape = (self.num_envs, *self.observation_space.shape)
-        return np.array(check_observation(obs, shape, self._dtype, self.guard.where(0)))
+        if type(obs) is np.ndarray and obs.shape == self._shape and obs.dtype == self._dtype:
+            return obs.copy()
+        return np.array(check_observation(obs, self._shape, self._dtype, self.guard.where(0)))
 
     def _reset_rows(self, rows: np.ndarray, obs: np.ndarray) -> None:
         """Resets the envs of the bool mask `rows`; writes their first observations into `obs`."""
         self.guard.progress.set(self.guard.steps, int(np.flatnonzero(rows)[0]), StepProgress.RESET)
-        if _resets_rows_now(self.env):
+        if self._cartpole:
             first = _cartpole_reset_rows(self.env, rows)
         else:
             first, _ = self._call("reset", options={"reset_mask": rows})
@@ -363,19 +366,24 @@ class GymVectorEnvBatch(EnvBatch):
         terminated = np.asarray(terminated, bool)
         truncated = np.asarray(truncated, bool) & ~terminated
         ended = terminated | truncated
-        dropped = ~np.isfinite(rewards)
-        for j in np.flatnonzero(dropped):
-            guard.nonfinite(int(j), f"reward ({rewards[j]})")
-        rewards[dropped] = 0.0
+        dropped = np.zeros(n, bool)
+        if not np.isfinite(rewards).all():
+            dropped = ~np.isfinite(rewards)
+            for j in np.flatnonzero(dropped):
+                guard.nonfinite(int(j), f"reward ({rewards[j]})")
+            rewards[dropped] = 0.0
         # The observation each ended episode ended on (SAME_STEP envs already reset them).
-        last = info.get("final_obs") if self._same_step else obs
-        ended_obs = {int(j): np.array(last[j], self._dtype) for j in np.flatnonzero(ended)}
+        ended_obs: dict[int, np.ndarray] = {}
+        if ended.any():
+            last = info.get("final_obs") if self._same_step else obs
+            ended_obs = {int(j): np.array(last[j], self._dtype) for j in np.flatnonzero(ended)}
         if guard.float_obs:
             # As `GymEnvBatch`: an ongoing episode's observation, and the one a truncated episode
             # ended on (it is bootstrapped from); first observations are checked when reset.
-            for j in np.flatnonzero(~np.isfinite(obs.reshape(n, -1)).all(axis=1) & ~ended):
-                guard.nonfinite(int(j), "observation")
-                dropped[j] = True
+            if not np.isfinite(obs).all():
+                for j in np.flatnonzero(~np.isfinite(obs.reshape(n, -1)).all(axis=1) & ~ended):
+                    guard.nonfinite(int(j), "observation")
+                    dropped[j] = True
             for j in np.flatnonzero(truncated & ~dropped):
                 if not np.isfinite(ended_obs[int(j)]).all():
                     guard.nonfinite(int(j), "final observation")
@@ -383,7 +391,12 @@ class GymVectorEnvBatch(EnvBatch):
         reset = (dropped & ~ended) if self._same_step else (ended | dropped)
         if reset.any():
             self._reset_rows(reset, obs)
-        if self._same_step and guard.float_obs and not np.isfinite(obs[ended]).all():
+        if (
+            self._same_step
+            and ended.any()
+            and guard.float_obs
+            and not np.isfinite(obs[ended]).all()
+        ):
             raise NonFiniteEnvError(
                 f"{guard.where(int(np.flatnonzero(ended)[0]))}: reset() returned a "
                 "non-finite observation (a first observation cannot be dropped)."
@@ -391,7 +404,9 @@ class GymVectorEnvBatch(EnvBatch):
         guard.steps += 1
         truncated |= dropped
         terminated &= ~dropped
-        final_obs = {j: o for j, o in ended_obs.items() if truncated[j] and not dropped[j]}
+        final_obs = {}
+        if truncated.any():
+            final_obs = {j: o for j, o in ended_obs.items() if truncated[j] and not dropped[j]}
         infos = None
         if self.collect_infos:
             infos = [
@@ -415,11 +430,24 @@ class GymVectorEnvBatch(EnvBatch):
         self.env.close()
 
 
+def _autoreset_mode(env: Any) -> AutoresetMode:
+    """A vector env's (or vector env class's) autoreset mode; gymnasium's default is NEXT_STEP."""
+    metadata = getattr(env, "metadata", None) or {}
+    return AutoresetMode(metadata.get("autoreset_mode", AutoresetMode.NEXT_STEP))
+
+
 def _resets_rows_now(env: Any) -> bool:
-    """Whether `_cartpole_reset_rows` can reset envs of this vector env in the ending step."""
+    """Whether `_cartpole_reset_rows` can reset envs of this vector env (or class) at once."""
     from gymnasium.envs.classic_control.cartpole import CartPoleVectorEnv
 
-    return type(env) is CartPoleVectorEnv
+    return env is CartPoleVectorEnv or type(env) is CartPoleVectorEnv
+
+
+def resets_in_the_ending_step(env: Any) -> bool:
+    """Whether a `GymVectorEnvBatch` of this vector env (or vector env class) can start an
+    ended env's next episode in the step that ended it: a SAME_STEP or DISABLED autoreset
+    mode, or gymnasium's `CartPoleVectorEnv`."""
+    return _autoreset_mode(env) is not AutoresetMode.NEXT_STEP or _resets_rows_now(env)
 
 
 def _cartpole_reset_rows(env: Any, rows: np.ndarray) -> np.ndarray:

@@ -16,7 +16,13 @@ import gymnasium as gym
 
 from impala_tf.config.base import AlgorithmConfig
 from impala_tf.envs import atari
-from impala_tf.envs.batch import AtariVectorEnvBatch, EnvBatch, GymEnvBatch, GymVectorEnvBatch
+from impala_tf.envs.batch import (
+    AtariVectorEnvBatch,
+    EnvBatch,
+    GymEnvBatch,
+    GymVectorEnvBatch,
+    resets_in_the_ending_step,
+)
 from impala_tf.envs.faults import EnvGuard
 
 __all__ = ["EnvContext", "env_seed", "make_env", "make_env_batch"]
@@ -124,7 +130,9 @@ def make_env_batch(
             vectorization_mode="vector_entry_point",
             **(config.env_config or {}),
         )
-        return GymVectorEnvBatch(made, guard)
+        if resets_in_the_ending_step(made):
+            return GymVectorEnvBatch(made, guard)
+        made.close()  # A NEXT_STEP vector env: the per-env path below.
     first = make_env(config, worker_index, 0)
     if isinstance(first, gym.vector.VectorEnv):
         if first.num_envs != num_envs:
@@ -142,8 +150,8 @@ def make_env_batch(
 def _has_vector_entry_point(config: AlgorithmConfig) -> bool:
     """Whether `config.env` is a gymnasium id whose spec names a vector entry point (a class
     that steps all envs at once, such as CartPole's) taking every key of `env_config`."""
-    if not isinstance(config.env, str):
-        return False
+    if not isinstance(config.env, str) or atari.is_atari(config.env, config.env_config):
+        return False  # ale-py's vector env: where `atari.vector_env_kwargs` covers the config.
     try:
         spec = gym.spec(config.env)
     except gym.error.Error:

@@ -1,6 +1,6 @@
 """The one small-config builder of the tests.
 
-`small_config()` is a seeded CartPole run that builds in seconds and iterates every half second:
+`small_config()` is a seeded CartPole run that builds in seconds and iterates every 0.25 s:
 2 actors x 4 envs, fragments of 10 steps, train batches of 80, a [16] MLP, one learner device.
 `small_config(policies=2)` is the same on a two-agent `MultiAgentCartPole` with one policy per
 agent (`p0`, `p1`, RLlib's example mapping); `backend="ray"` puts the actors on Ray. Every other
@@ -35,7 +35,7 @@ def small_config(policies: int = 1, backend: str = "local", **overrides: Any) ->
         ImpalaConfig()
         .env_runners(num_env_runners=2, num_envs_per_env_runner=4, rollout_fragment_length=10)
         .training(train_batch_size=80, model={"fcnet_hiddens": [16]})
-        .reporting(min_time_s_per_iteration=0.5)
+        .reporting(min_time_s_per_iteration=0.25)
         .resources(num_gpus=0, actor_backend=backend)
         .debugging(seed=0)
     )
