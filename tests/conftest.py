@@ -25,3 +25,20 @@ def _fresh_config_warning_registry(monkeypatch):
     from impala_tf.config import keys
 
     monkeypatch.setattr(keys, "WARNED", set())
+
+
+def pytest_configure(config):
+    """Each process that runs tests starts its actors' fork server now, with TensorFlow loaded.
+
+    The fork server is one per driver process and its first build picks what it preloads; in
+    a test process that first build is usually a numpy-acting one, and every later actor that
+    acts in TensorFlow (custom models, LSTMs, CNNs) then imported TensorFlow itself, seconds of
+    CPU each. Tests of what numpy actors load run their driver in a fresh process. Not in
+    xdist's controller, which runs no test.
+    """
+    if getattr(config.option, "numprocesses", None) and not hasattr(config, "workerinput"):
+        return
+    from impala_tf.driver.plan import TENSORFLOW_PRELOAD
+    from impala_tf.workers.process import prestart_fork_server
+
+    prestart_fork_server(TENSORFLOW_PRELOAD)

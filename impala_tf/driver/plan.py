@@ -38,6 +38,7 @@ from impala_tf.portable import Portable, import_path
 from impala_tf.workers.memory import ActorMemoryError, check_actor_memory
 
 __all__ = [
+    "TENSORFLOW_PRELOAD",
     "RuntimePlan",
     "check_deterministic",
     "derived_seed",
@@ -49,7 +50,7 @@ __all__ = [
 #: Fork-server preload of actors that act in numpy or through the inference server.
 _NUMPY_PRELOAD = ("impala_tf.rollout.host",)
 #: Fork-server preload of actors that run TensorFlow policies (imported once, quietly).
-_TENSORFLOW_PRELOAD = ("impala_tf.workers._quiet_tf", "impala_tf.policy", "impala_tf.rollout.host")
+TENSORFLOW_PRELOAD = ("impala_tf.workers._quiet_tf", "impala_tf.policy", "impala_tf.rollout.host")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -87,7 +88,7 @@ class RuntimePlan:
     @property
     def preload(self) -> tuple[str, ...]:
         """Modules the actors' fork server imports once for every actor."""
-        return _TENSORFLOW_PRELOAD if self.actors_need_tensorflow else _NUMPY_PRELOAD
+        return TENSORFLOW_PRELOAD if self.actors_need_tensorflow else _NUMPY_PRELOAD
 
 
 def make_plan(
