@@ -1,12 +1,14 @@
 """Installs impala_tf: RLlib's IMPALA (V-trace actor-learner RL) on TensorFlow 2 and Keras 3."""
 
+from pathlib import Path
+
 from setuptools import find_packages, setup
 
 setup(
     name="impala_tf",
     version="0.1.0",
     description="IMPALA (V-trace actor-learner RL) for TensorFlow 2 / Keras 3, RLlib-compatible",
-    long_description=open("README.md", encoding="utf-8").read(),
+    long_description=Path(__file__).with_name("README.md").read_text(encoding="utf-8"),
     long_description_content_type="text/markdown",
     license="Apache-2.0",
     license_files=["LICENSE"],
