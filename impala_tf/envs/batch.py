@@ -431,22 +431,23 @@ class GymVectorEnvBatch(EnvBatch):
 
 
 def _autoreset_mode(env: Any) -> AutoresetMode:
-    """A vector env's (or vector env class's) autoreset mode; gymnasium's default is NEXT_STEP."""
+    """A vector env's autoreset mode (gymnasium's default is NEXT_STEP). Read from the instance:
+    ale-py writes the mode of its last-made env into its class's metadata."""
     metadata = getattr(env, "metadata", None) or {}
     return AutoresetMode(metadata.get("autoreset_mode", AutoresetMode.NEXT_STEP))
 
 
 def _resets_rows_now(env: Any) -> bool:
-    """Whether `_cartpole_reset_rows` can reset envs of this vector env (or class) at once."""
+    """Whether `_cartpole_reset_rows` can reset some envs of this vector env at once."""
     from gymnasium.envs.classic_control.cartpole import CartPoleVectorEnv
 
-    return env is CartPoleVectorEnv or type(env) is CartPoleVectorEnv
+    return type(env) is CartPoleVectorEnv
 
 
 def resets_in_the_ending_step(env: Any) -> bool:
-    """Whether a `GymVectorEnvBatch` of this vector env (or vector env class) can start an
-    ended env's next episode in the step that ended it: a SAME_STEP or DISABLED autoreset
-    mode, or gymnasium's `CartPoleVectorEnv`."""
+    """Whether a `GymVectorEnvBatch` of this vector env can start an ended env's next episode
+    in the step that ended it: a SAME_STEP or DISABLED autoreset mode, or gymnasium's
+    `CartPoleVectorEnv`."""
     return _autoreset_mode(env) is not AutoresetMode.NEXT_STEP or _resets_rows_now(env)
 
 
