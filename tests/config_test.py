@@ -30,7 +30,13 @@ from impala_tf.config import (
 )
 from tests.support.configs import small_config
 from tests.support.envs import HugeRewardCartPole
-from tests.support.processes import descendants, kill_session, log_tail, run_in_background
+from tests.support.processes import (
+    EXIT_WITHOUT_TEARDOWN,
+    descendants,
+    kill_session,
+    log_tail,
+    run_in_background,
+)
 from tools import proclib
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
@@ -1005,17 +1011,23 @@ class ForkServerProbe(keras.callbacks.Callback):
         raise ValueError(f"ForkServerProbe: fork server running={running}")
 
 
-# `ImpalaConfig.build()` as a user's script calls it.
-_BUILD_SCRIPT = """
+# `ImpalaConfig.build()` as a user's script calls it, once per backend named on the command line
+# (Ray first: a local build leaves the fork server running in this process). It ends as the
+# binaries do, without the interpreter's teardown.
+_BUILD_SCRIPT = (
+    """
 import sys
 from tests.config_test import ForkServerProbe
 from tests.support.configs import small_config
 
-try:
-    small_config(backend=sys.argv[1], num_env_runners=1).build(callbacks=[ForkServerProbe()])
-except ValueError as e:
-    print(e)
+for backend in sys.argv[1:]:
+    try:
+        small_config(backend=backend, num_env_runners=1).build(callbacks=[ForkServerProbe()])
+    except ValueError as e:
+        print(f"build-{backend}: {e}", flush=True)
 """
+    + EXIT_WITHOUT_TEARDOWN
+)
 
 
 def test_build_and_impala_train_go_through_one_factory_that_honours_actor_backend(tmp_path):
@@ -1030,27 +1042,32 @@ def test_build_and_impala_train_go_through_one_factory_that_honours_actor_backen
     }
     env.pop("RAY_ADDRESS", None)
     runs = {}
+    log = tmp_path / "build.log"
+    runs["build"] = (
+        run_in_background([sys.executable, "-c", _BUILD_SCRIPT, "ray", "local"], REPO, env, log),
+        log,
+    )
     for backend in ("local", "ray"):
-        for way in ("build", "impala-train"):
-            name = f"{way}-{backend}"
-            if way == "build":
-                argv = [sys.executable, "-c", _BUILD_SCRIPT, backend]
-            else:
-                argv = [
-                    sys.executable, "-m", "impala_tf.bin.train", f"--logdir={tmp_path / name}",
-                    "--set=num_env_runners=1", "--set=num_gpus=0", f"--set=actor_backend={backend}",
-                    "--learner_callbacks=tests.config_test:ForkServerProbe",
-                ]  # fmt: skip
-            log = tmp_path / f"{name}.log"
-            runs[name] = (run_in_background(argv, REPO, env, log), log)
+        name = f"impala-train-{backend}"
+        argv = [
+            sys.executable, "-m", "impala_tf.bin.train", f"--logdir={tmp_path / name}",
+            "--set=num_env_runners=1", "--set=num_gpus=0", f"--set=actor_backend={backend}",
+            "--learner_callbacks=tests.config_test:ForkServerProbe",
+        ]  # fmt: skip
+        log = tmp_path / f"{name}.log"
+        runs[name] = (run_in_background(argv, REPO, env, log), log)
     try:
         for name, (process, log) in runs.items():
             process.wait(timeout=240)
-            expected = "True" if name.endswith("-local") else "False"
             text = log.read_text()
+            if name == "build":
+                for backend, expected in (("ray", "False"), ("local", "True")):
+                    line = f"build-{backend}: ForkServerProbe: fork server running={expected}"
+                    assert line in text, (name, log_tail(log))
+                continue
+            expected = "True" if name.endswith("-local") else "False"
             assert f"ForkServerProbe: fork server running={expected}" in text, (name, log_tail(log))
-            if name.startswith("impala-train"):
-                assert process.returncode == 1 and "impala-train: error: ForkServerProbe" in text
+            assert process.returncode == 1 and "impala-train: error: ForkServerProbe" in text
     finally:
         for process, _ in runs.values():
             kill_session(process)

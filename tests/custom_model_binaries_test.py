@@ -12,6 +12,8 @@ import textwrap
 
 import pytest
 
+from tests.support.processes import EXIT_WITHOUT_TEARDOWN
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 USER_MODULE = """
@@ -111,7 +113,8 @@ def test_a_registered_name_is_rebuilt_in_a_fresh_process(project, tmp_path):
             finally:
                 algo.stop()
             """
-        ),
+        )
+        + EXIT_WITHOUT_TEARDOWN,
     )
     state = json.loads((checkpoint / "driver_state.json").read_text())
     assert state["custom_models"] == {"registered_mlp": "user_models:my_model"}
@@ -127,7 +130,8 @@ def test_a_registered_name_is_rebuilt_in_a_fresh_process(project, tmp_path):
             print(type(algo.get_policy().model.net).__name__, algo.compute_single_action(
                 np.zeros(4, np.float32), explore=False))
             """
-        ),
+        )
+        + EXIT_WITHOUT_TEARDOWN,
     )
     name, action = loaded.strip().splitlines()[-1].split()
     assert name == "Functional" and int(action) in (0, 1)

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 from tests.evaluate_test import write_multi_agent_checkpoint
-from tests.support.processes import kill_session, run_in_background
+from tests.support.processes import EXIT_WITHOUT_TEARDOWN, kill_session, run_in_background
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _ENV = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONPATH": REPO}
@@ -26,7 +26,8 @@ _TIMEOUT_S = 120
 
 # Runs in a fresh process: loads the SavedModel with TensorFlow only and plays one seeded
 # CartPole episode with its `actions`.
-_ACT_IN_CARTPOLE = """
+_ACT_IN_CARTPOLE = (
+    """
 import json, sys
 import gymnasium as gym
 import numpy as np
@@ -50,6 +51,8 @@ while not done:
 record["imported_impala_tf"] = any(m.startswith("impala_tf") for m in sys.modules)
 print(json.dumps(record))
 """
+    + EXIT_WITHOUT_TEARDOWN
+)
 
 
 def write_test_checkpoint(directory, env, model, seed=0):

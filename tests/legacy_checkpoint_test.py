@@ -22,7 +22,7 @@ from tensorflow.core.protobuf import trackable_object_graph_pb2
 
 from impala_tf import checkpoints
 from impala_tf.evaluation import load_policy_model
-from tests.support.processes import kill_session, log_tail, run_in_background
+from tests.support.processes import EXIT_WITHOUT_TEARDOWN, kill_session, log_tail, run_in_background
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FIXTURES = os.path.join(REPO, "tests", "data", "legacy_checkpoints")
@@ -163,15 +163,23 @@ def test_resumes_continues_and_saves_in_todays_layout(name, tmp_path):
     assert not stalled, f"counters that did not grow in the iteration after resuming: {stalled}"
 
 
-_EXPORTED_OUTPUTS = """
+# Loads each SavedModel (arguments: directory, observations as JSON, ...) with TensorFlow alone
+# and prints {directory: logits}.
+_EXPORTED_OUTPUTS = (
+    """
 import json, sys
 import numpy as np
 import tensorflow as tf
 
-serve = tf.saved_model.load(sys.argv[1]).signatures["serving_default"]
-obs = np.array(json.loads(sys.argv[2]), np.float32)
-print(json.dumps(serve(obs=tf.constant(obs))["logits"].numpy().tolist()))
+logits = {}
+for directory, obs in zip(sys.argv[1::2], sys.argv[2::2]):
+    serve = tf.saved_model.load(directory).signatures["serving_default"]
+    obs = np.array(json.loads(obs), np.float32)
+    logits[directory] = serve(obs=tf.constant(obs))["logits"].numpy().tolist()
+print(json.dumps(logits))
 """
+    + EXIT_WITHOUT_TEARDOWN
+)
 
 
 def test_evaluates_and_exports_with_the_binaries(tmp_path):
@@ -194,6 +202,7 @@ def test_evaluates_and_exports_with_the_binaries(tmp_path):
         for process, _ in runs.values():
             kill_session(process)
 
+    expected, served_args = {}, []
     for name, case in CASES.items():
         lines = runs[name, "evaluate"][1].read_text().strip().splitlines()
         summary = json.loads(lines[-1])
@@ -210,12 +219,18 @@ def test_evaluates_and_exports_with_the_binaries(tmp_path):
         assert obs_filter is not None  # Both runs used MeanStdFilter.
         obs = np.random.default_rng(0).normal(size=(5, 4)).astype(np.float32)
         logits, _, _ = model.step(obs_filter(obs, update=False), ())
-        code = [sys.executable, "-c", _EXPORTED_OUTPUTS, str(tmp_path / f"{name}_saved_model")]
-        log = tmp_path / f"{name}_serve.log"
-        process = run_in_background([*code, json.dumps(obs.tolist())], REPO, env, log)
-        try:
-            assert process.wait(timeout=_TIMEOUT_S) == 0, log_tail(log)
-        finally:
-            kill_session(process)
-        served = json.loads(log.read_text().strip().splitlines()[-1])
-        np.testing.assert_allclose(served, logits, rtol=1e-5, atol=1e-5)
+        saved_model = str(tmp_path / f"{name}_saved_model")
+        expected[saved_model] = logits
+        served_args += [saved_model, json.dumps(obs.tolist())]
+    log = tmp_path / "serve.log"
+    process = run_in_background(
+        [sys.executable, "-c", _EXPORTED_OUTPUTS, *served_args], REPO, env, log
+    )
+    try:
+        assert process.wait(timeout=_TIMEOUT_S) == 0, log_tail(log)
+    finally:
+        kill_session(process)
+    served = json.loads(log.read_text().strip().splitlines()[-1])
+    assert sorted(served) == sorted(expected)
+    for saved_model, logits in expected.items():
+        np.testing.assert_allclose(served[saved_model], logits, rtol=1e-5, atol=1e-5)

@@ -16,6 +16,7 @@ import pytest
 
 from impala_tf import Impala
 from tests.support.configs import small_config
+from tests.support.processes import EXIT_WITHOUT_TEARDOWN
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ENV = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONPATH": REPO}
@@ -38,7 +39,7 @@ def checkpoint(tmp_path_factory):
 def _script(body: str) -> dict:
     """Runs `body` in a fresh Python process; returns the JSON it prints last."""
     out = subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(body)],
+        [sys.executable, "-c", textwrap.dedent(body) + EXIT_WITHOUT_TEARDOWN],
         cwd=REPO,
         env=ENV,
         capture_output=True,

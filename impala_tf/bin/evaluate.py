@@ -103,19 +103,22 @@ def _error(message: str) -> int:
 
 def main(argv: list[str]) -> int:
     del argv
-    from impala_tf.quiet import quiet_start
+    from impala_tf.quiet import import_tensorflow, quiet_start
 
-    quiet_start(FLAGS.verbose)  # Before anything imports TensorFlow.
+    # Before anything imports TensorFlow; it is imported once the flags that name files check
+    # out, so that a wrong path or video format is told at once.
+    quiet_start(FLAGS.verbose, import_now=False)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     if not FLAGS["verbosity"].present:  # absl turns INFO on after parsing; TF logs much there.
         absl_logging.set_verbosity(absl_logging.WARNING)
-    from impala_tf import checkpoints, evaluation
+    from impala_tf import checkpoints
     from impala_tf.envs.spaces import probe_spaces
 
     _common.import_from_cwd()  # Custom models and callbacks may live in the user's module.
     try:
         ext = video_format(FLAGS.video) if FLAGS.video else None
         checkpoint_dir = checkpoints.resolve_checkpoint_dir(FLAGS.checkpoint)
+        import_tensorflow()  # Quietly, before the config imports a user's model module.
         config = checkpoints.load_config(checkpoint_dir).get_evaluation_config()
         # One env: each episode runs start to end in order, reproducibly for a given seed.
         config.env_runners(num_envs_per_env_runner=1)
@@ -124,6 +127,8 @@ def main(argv: list[str]) -> int:
         spaces = probe_spaces(config)
     except (FileNotFoundError, ValueError) as e:
         return _error(str(e))
+    from impala_tf import evaluation
+
     explore = bool(config.explore if FLAGS.explore is None else FLAGS.explore)
     config.update_from_dict(
         {

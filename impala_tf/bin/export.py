@@ -130,9 +130,11 @@ def export_saved_model(model, action_space, out_dir: str, obs_filter=None) -> di
 
 def main(argv: list[str]) -> int:
     del argv
-    from impala_tf.quiet import quiet_start
+    from impala_tf.quiet import import_tensorflow, quiet_start
 
-    quiet_start(FLAGS.verbose)  # Before anything imports TensorFlow.
+    # Before anything imports TensorFlow; it is imported once --checkpoint checks out, so that
+    # a wrong path is told at once.
+    quiet_start(FLAGS.verbose, import_now=False)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     if not FLAGS["verbosity"].present:  # absl turns INFO on after parsing; TF logs much there.
         absl_logging.set_verbosity(absl_logging.WARNING)
@@ -141,6 +143,7 @@ def main(argv: list[str]) -> int:
     _common.import_from_cwd()  # The checkpoint's custom model may live in the user's module.
     try:
         checkpoint_dir = checkpoints.resolve_checkpoint_dir(FLAGS.checkpoint)
+        import_tensorflow()  # Quietly, before the config imports a user's model module.
         config = checkpoints.load_config(checkpoint_dir)
         from impala_tf.evaluation import load_policy_model  # Imports TensorFlow.
 

@@ -27,6 +27,7 @@ from collections.abc import Callable, Mapping, Sequence
 from tools import proclib
 
 __all__ = [
+    "EXIT_WITHOUT_TEARDOWN",
     "alive",
     "descendants",
     "kill_session",
@@ -38,6 +39,19 @@ __all__ = [
 ]
 
 _TAIL_CHARS = 3000
+
+#: Appended to a `python -c` script that loaded TensorFlow: it ends the process as the binaries
+#: end theirs (`impala_tf.bin._common`): the atexit handlers run (Ray's shutdown among them),
+#: the output is flushed and the interpreter's teardown is skipped (1-2 s with TensorFlow
+#: loaded, in every such process). Plain Python, so a script that checks what it imported can
+#: use it too.
+EXIT_WITHOUT_TEARDOWN = """
+import atexit as _atexit, os as _os, sys as _sys
+_atexit._run_exitfuncs()
+_sys.stdout.flush()
+_sys.stderr.flush()
+_os._exit(0)
+"""
 
 
 def alive(pid: int) -> bool:
