@@ -31,6 +31,7 @@ from impala_tf.rollout.fragment import Fragment
 from impala_tf.sample_batch import decompress
 from tests.support import envs
 from tests.support.configs import small_config
+from tests.support.processes import EXIT_WITHOUT_TEARDOWN
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 IMAGE = gym.spaces.Box(0, 255, (10, 10, 4), np.uint8)
@@ -277,7 +278,11 @@ def actor_libraries() -> None:
 def test_central_inference_actors_never_load_tensorflow():
     """A fresh driver (the actors' fork server is one per driver, made by the first build)."""
     run = subprocess.run(
-        [sys.executable, "-c", "import tests.inference_test as m; m.actor_libraries()"],
+        [
+            sys.executable,
+            "-c",
+            "import tests.inference_test as m; m.actor_libraries()" + EXIT_WITHOUT_TEARDOWN,
+        ],
         cwd=REPO,
         env={**os.environ, "PYTHONPATH": REPO, "TF_CPP_MIN_LOG_LEVEL": "2"},
         capture_output=True,
