@@ -57,6 +57,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from impala_tf.checkpoints.store import json_default
+from impala_tf.config.policies import DEFAULT_POLICY_ID
 
 if TYPE_CHECKING:
     from impala_tf.video import Video
@@ -181,10 +182,10 @@ def tensorboard_scalars(result: Mapping[str, Any], raw: bool = True) -> dict[str
     for pid, info in (lookup(result, "info/learner") or {}).items():
         if not isinstance(info, Mapping):
             continue
-        group = "learner/updates" if pid == "default_policy" else f"learner/{pid}/updates"
+        group = "learner/updates" if pid == DEFAULT_POLICY_ID else f"learner/{pid}/updates"
         for name, value in (info.get("update_stats") or {}).items():
             put(f"{group}/{name}", value)
-        if pid == "default_policy":
+        if pid == DEFAULT_POLICY_ID:
             continue  # Multi-agent: one group per policy (impala_tf.multi_agent).
         for name, value in (info.get("learner_stats") or {}).items():
             put(f"learner/{pid}/{name}", value)

@@ -14,18 +14,18 @@ import pickle
 from collections.abc import Mapping
 from typing import IO, Any
 
-__all__ = ["load_runtime_state", "normalize_state"]
+from impala_tf.config.policies import DEFAULT_POLICY_ID
 
-_DEFAULT_POLICY_ID = "default_policy"
+__all__ = ["load_runtime_state", "normalize_state"]
 
 
 def normalize_state(state: Mapping[str, Any]) -> dict[str, Any]:
     """A `driver_state.json` of any layout with `"policy_ids"` and `"observation_filters"`."""
     out = dict(state)
     if "policy_ids" not in out:  # The single-agent layout.
-        out["policy_ids"] = [_DEFAULT_POLICY_ID]
+        out["policy_ids"] = [DEFAULT_POLICY_ID]
     if "observation_filters" not in out:
-        out["observation_filters"] = {_DEFAULT_POLICY_ID: out.get("observation_filter")}
+        out["observation_filters"] = {DEFAULT_POLICY_ID: out.get("observation_filter")}
     return out
 
 
@@ -56,7 +56,7 @@ def load_runtime_state(file: IO[bytes]) -> dict[str, Any]:
     state = dict(_Unpickler(file).load())
     aggregator = state.get("aggregator")
     if isinstance(aggregator, _Fields):
-        state["aggregator"] = {_DEFAULT_POLICY_ID: _aggregator_state(aggregator)}
+        state["aggregator"] = {DEFAULT_POLICY_ID: _aggregator_state(aggregator)}
     return state
 
 

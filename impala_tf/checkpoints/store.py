@@ -46,6 +46,7 @@ from typing import Any
 import numpy as np
 
 from impala_tf.checkpoints.legacy import load_runtime_state, normalize_state
+from impala_tf.config.policies import DEFAULT_POLICY_ID
 
 __all__ = [
     "CHECKPOINTS_DIR",
@@ -84,7 +85,6 @@ CHECKPOINTS_DIR = "checkpoints"
 POLICIES_DIR = "policies"
 #: `driver_state.json`'s `"format"` for this layout (older checkpoints have none).
 FORMAT = 2
-_DEFAULT_POLICY_ID = "default_policy"
 #: Marks the temporary directory a checkpoint is written to before it is renamed into place.
 _TMP_MARK = ".tmp-"
 _OLD_SUFFIX = ".old"
@@ -216,7 +216,7 @@ def write_checkpoint(
         device"); the previous checkpoint was kept and the message names it.
     """
     if not isinstance(learners, Mapping):
-        learners = {_DEFAULT_POLICY_ID: learners}
+        learners = {DEFAULT_POLICY_ID: learners}
     checkpoint_dir = os.path.abspath(checkpoint_dir)
     parent = os.path.dirname(checkpoint_dir)
     had_previous = _is_checkpoint(checkpoint_dir)
@@ -416,7 +416,7 @@ def read_config_dict(checkpoint_dir: str) -> dict[str, Any]:
     return config
 
 
-def learner_prefix(checkpoint_dir: str, policy_id: str = _DEFAULT_POLICY_ID) -> str:
+def learner_prefix(checkpoint_dir: str, policy_id: str = DEFAULT_POLICY_ID) -> str:
     """The `tf.train.Checkpoint` prefix of one policy's learner in a checkpoint of any layout.
 
     Raises:
@@ -523,7 +523,7 @@ def untracked_variables(model: Any) -> list:
     return [v for v in model.weights if id(v) not in reachable]
 
 
-def restore_model(model: Any, checkpoint_dir: str, policy_id: str = _DEFAULT_POLICY_ID) -> None:
+def restore_model(model: Any, checkpoint_dir: str, policy_id: str = DEFAULT_POLICY_ID) -> None:
     """Loads one policy's `model` part into `model`, ignoring optimizers and counters.
 
     Args:

@@ -20,12 +20,11 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, NamedTuple
 
+from impala_tf.config.policies import DEFAULT_POLICY_ID
 from impala_tf.sample_batch import SampleBatch
 
 __all__ = ["DEFAULT_POLICY_ID", "Episode", "Fragment", "POLICY_VERSION"]
 
-#: The policy id of a single-agent config (RLlib's `DEFAULT_POLICY_ID`).
-DEFAULT_POLICY_ID = "default_policy"
 #: Per-step column: `num_grad_updates` of the weights that chose the step's action (int64 [B, T]).
 POLICY_VERSION = "policy_version"
 
