@@ -145,7 +145,7 @@ def main(argv: list[str]) -> int:
         checkpoint_dir = checkpoints.resolve_checkpoint_dir(FLAGS.checkpoint)
         import_tensorflow()  # Quietly, before the config imports a user's model module.
         config = checkpoints.load_config(checkpoint_dir)
-        from impala_tf.evaluation import load_policy_model  # Imports TensorFlow.
+        from impala_tf.evaluation import load_policy_model
 
         model, action_space, obs_filter = load_policy_model(checkpoint_dir, config, FLAGS.policy_id)
     except (FileNotFoundError, ValueError) as e:
