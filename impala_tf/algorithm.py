@@ -58,15 +58,10 @@ from impala_tf.driver.aggregation import AggregationStage
 from impala_tf.driver.broadcast import Broadcaster
 from impala_tf.driver.learners import LearnerGroup
 from impala_tf.driver.metrics import Metrics
-from impala_tf.driver.plan import (
-    RuntimePlan,
-    check_deterministic,
-    derived_seed,
-    make_plan,
-    sendable_config,
-)
+from impala_tf.driver.plan import RuntimePlan, check_deterministic, derived_seed, make_plan
 from impala_tf.driver.sampling import EnvRunnerGroup, make_backend
 from impala_tf.driver.schedule import make_schedule
+from impala_tf.driver.specs import aggregator_spec
 from impala_tf.driver.state import Progress, SavedState
 from impala_tf.evaluation import Evaluator, evaluation_media, evaluation_metrics
 from impala_tf.learner import ImpalaLearner
@@ -223,7 +218,7 @@ class Impala:
             workers = int(config.num_aggregation_workers)
             backend = make_backend(config, plan) if workers else None
             self.aggregation = AggregationStage(
-                sendable_config(config), self.learners.rows, counters, backend
+                config, aggregator_spec(config, self.learners.rows), counters, backend
             )
         except BaseException:
             self.stop()
@@ -603,7 +598,7 @@ class Impala:
         if self._evaluator is None:
             self._evaluator = Evaluator(
                 self.config.get_evaluation_config(),
-                self.plan.multi_agent,
+                self.plan.spaces,
                 models=self.plan.models,
                 callbacks=self.plan.callbacks,
             )

@@ -37,7 +37,8 @@ from impala_tf.config.base import AlgorithmConfig
 from impala_tf.config.policies import policy_config
 from impala_tf.driver.metrics import new_api_episode_stats, summarize_episodes
 from impala_tf.driver.plan import policy_model
-from impala_tf.envs.spaces import EnvSpaces, probe_spaces
+from impala_tf.driver.specs import probe_spaces, runner_spec
+from impala_tf.envs.spaces import EnvSpaces
 from impala_tf.models.catalog import build_model
 from impala_tf.models.spec import ModelSpec
 from impala_tf.portable import Portable
@@ -67,7 +68,7 @@ class Evaluator:
 
     Args:
       config: The evaluation config (`AlgorithmConfig.get_evaluation_config()` applied).
-      multi_agent: The env is a `MultiAgentEnv`.
+      spaces: The env's probed spaces (None: probes them here).
       explore: Overrides the config's `explore`.
       models: {policy_id: the policy's resolved model} (`RuntimePlan.models`); None resolves
         them from `config`.
@@ -84,7 +85,7 @@ class Evaluator:
     def __init__(
         self,
         config: AlgorithmConfig,
-        multi_agent: bool,
+        spaces: EnvSpaces | None = None,
         explore: bool | None = None,
         models: Mapping[str, ModelSpec] | None = None,
         callbacks: Portable | None = None,
@@ -95,15 +96,8 @@ class Evaluator:
         if self.video is not None:
             config.env_config = rendering_env_config(config.env_config)
         self.config = config
-        self.runner = make_env_runner(
-            config,
-            multi_agent,
-            worker_index=0,
-            explore=explore,
-            update_filter=False,
-            models=models,
-            callbacks=callbacks,
-        )
+        spec = runner_spec(config, spaces, models, callbacks)
+        self.runner = make_env_runner(spec, worker_index=0, explore=explore, update_filter=False)
         self.recorder: EpisodeRecorder | None = None
         if self.video is not None:
             video = self.video
@@ -273,7 +267,7 @@ def evaluate_checkpoint(
     models = {pid: policy_model(config, pid) for pid in spaces.policies}
     weights, filters = load_checkpoint_policies(checkpoint_dir, config, spaces, models)
     callbacks = resolve_callbacks(config.callbacks_class)
-    evaluator = Evaluator(config, spaces.multi_agent, explore, models, callbacks)
+    evaluator = Evaluator(config, spaces, explore, models, callbacks)
     try:
         episodes = evaluator.run(weights, filters, num_episodes, config.seed)
         if recordings is not None:

@@ -11,6 +11,7 @@ import tensorflow as tf
 
 from impala_tf.actions import ActionAdapter, clip_action, unsquash_action
 from impala_tf.config import ImpalaConfig
+from impala_tf.driver.specs import runner_spec
 from impala_tf.learner import ImpalaLearner
 from impala_tf.models import build_model
 from impala_tf.rollout.env_runner import EnvRunner
@@ -85,7 +86,7 @@ def test_env_runner_sends_transformed_actions_and_logs_the_policy_ones(normalize
         seed=0,
         model={"fcnet_hiddens": [4]},
     )
-    runner = EnvRunner(config, worker_index=1)
+    runner = EnvRunner(runner_spec(config), worker_index=1)
     model = build_model(_RecordingEnv.observation_space, _RecordingEnv.action_space, config.model)
     weights = model.get_weights()
     weights[-3] = weights[-3] + np.array([0.0, 1.0], np.float32)  # log-std 1: std e
@@ -140,7 +141,7 @@ def test_pendulum_config_trains_without_nan(free_log_std):
     config.seed = 0
     config.validate()
     keras.utils.set_random_seed(0)
-    runners = [EnvRunner(config, worker_index=i + 1) for i in range(2)]
+    runners = [EnvRunner(runner_spec(config), worker_index=i + 1) for i in range(2)]
     learner = ImpalaLearner(config, runners[0].observation_space, runners[0].action_space)
     step = tf.function(learner.train_step)
     for _ in range(5):

@@ -26,6 +26,7 @@ import pytest
 from impala_tf.config import ImpalaConfig
 from impala_tf.driver import aggregation
 from impala_tf.driver.aggregation import AggregationStage, Aggregator, AggregatorHost, BatchRef
+from impala_tf.driver.specs import aggregator_spec
 from impala_tf.minibatch import BatchLost, TrainBatch
 from impala_tf.rollout.fragment import DEFAULT_POLICY_ID, Fragment
 from impala_tf.sample_batch import SampleBatch, compress
@@ -50,7 +51,7 @@ def _fragment(rows: int, horizon: int = 5, seed: int = 0) -> SampleBatch:
 
 def test_aggregator_decompresses_and_cuts_fixed_size_batches():
     config = ImpalaConfig(env="CartPole-v1")
-    aggregator = Aggregator(config, {PID: 3})
+    aggregator = Aggregator(aggregator_spec(config, {PID: 3}))
     fragment = _fragment(4)
     out = aggregator.process({PID: compress(fragment)}, {PID: 7.0})
     assert len(out) == 1
@@ -67,7 +68,7 @@ def test_aggregator_drops_the_batches_of_policies_it_does_not_train():
     config = ImpalaConfig(env="CartPole-v1").multi_agent(
         policies=["p0", "p1"], policies_to_train=["p0"]
     )
-    aggregator = Aggregator(config, {"p0": 1})
+    aggregator = Aggregator(aggregator_spec(config, {"p0": 1}))
     out = aggregator.process({"p0": _fragment(1), "p1": _fragment(1, seed=1)}, {})
     assert [pid for pid, _, _ in out] == ["p0"]
 
@@ -75,7 +76,7 @@ def test_aggregator_drops_the_batches_of_policies_it_does_not_train():
 def test_aggregator_replays_p_old_batches_per_new_one():
     config = ImpalaConfig(env="CartPole-v1", replay_proportion=1.0, replay_buffer_num_slots=4)
     config.debugging(seed=0)
-    aggregator = Aggregator(config, {PID: 1})
+    aggregator = Aggregator(aggregator_spec(config, {PID: 1}))
     arrived = []  # Fragment i's one row, to tell where each train batch came from.
     replayed, older = 0, 0
     for i in range(200):
@@ -99,7 +100,9 @@ def test_aggregator_replays_p_old_batches_per_new_one():
 def _stage(**overrides) -> AggregationStage:
     config = ImpalaConfig(env="CartPole-v1", num_aggregation_workers=1, **overrides)
     config.debugging(seed=0)
-    return AggregationStage(config, {PID: 2}, collections.Counter(), ProcessBackend())
+    return AggregationStage(
+        config, aggregator_spec(config, {PID: 2}), collections.Counter(), ProcessBackend()
+    )
 
 
 def _sequences(seed: int) -> Fragment:
@@ -152,9 +155,9 @@ class _GatedAggregator(AggregatorHost):
         return super().process_parts(batches, versions)
 
 
-def make_gated_aggregator(index, config, rows):
+def make_gated_aggregator(index, spec):
     """An aggregation worker that answers once the test creates the gate file."""
-    return _GatedAggregator(index, config, rows)
+    return _GatedAggregator(index, spec)
 
 
 @pytest.fixture
@@ -255,7 +258,7 @@ def test_workers_get_fragments_by_reference_and_cut_the_train_batches_the_driver
     monkeypatch.setattr(
         stage.workers, "call", lambda *a, **k: handed.append(type(a[2])) or call(*a, **k)
     )
-    driver = Aggregator(stage.config, stage.rows)
+    driver = Aggregator(stage.spec)
     try:
         expected, out = [], []
         for seed in range(6):  # 2 rows each, a train batch of 2 rows: one per fragment.
@@ -305,9 +308,9 @@ class _StuckAggregator(AggregatorHost):
         time.sleep(600)  # Until killed.
 
 
-def make_stuck_aggregator(index, config, rows):
+def make_stuck_aggregator(index, spec):
     """An aggregation worker that never answers (the worker factory the test puts in place)."""
-    return _StuckAggregator(index, config, rows)
+    return _StuckAggregator(index, spec)
 
 
 def test_a_killed_worker_loses_its_fragments_and_the_driver_removes_them(monkeypatch):

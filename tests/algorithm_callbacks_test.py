@@ -23,6 +23,7 @@ from impala_tf.algorithm_callbacks import (
 )
 from impala_tf.config import ImpalaConfig
 from impala_tf.driver.metrics import Metrics
+from impala_tf.driver.specs import runner_spec
 from impala_tf.models import build_model
 from impala_tf.reporting import tensorboard_scalars
 from impala_tf.rollout.env_runner import EnvRunner
@@ -70,7 +71,7 @@ def _config(**overrides) -> ImpalaConfig:
 
 
 def _runner(config: ImpalaConfig, cls: type = Recorder) -> EnvRunner:
-    runner = EnvRunner(config, worker_index=1, callbacks=resolve_callbacks(cls))
+    runner = EnvRunner(runner_spec(config, callbacks=resolve_callbacks(cls)), worker_index=1)
     model = build_model(runner.observation_space, runner.action_space, config.model)
     runner.set_weights({DEFAULT_POLICY_ID: (model.get_weights(), 0)})
     return runner
@@ -134,7 +135,9 @@ def test_a_multi_agent_runner_calls_the_hooks_per_episode_and_on_sample_end_with
     config = _config(env="impala_tf/MultiAgentCartPole", env_config={"num_agents": 2}).multi_agent(
         policies=["p0", "p1"], policy_mapping_fn="impala_tf.config.policies.PolicyMappingFn"
     )
-    runner = MultiAgentEnvRunner(config, worker_index=1, callbacks=resolve_callbacks(Recorder))
+    runner = MultiAgentEnvRunner(
+        runner_spec(config, callbacks=resolve_callbacks(Recorder)), worker_index=1
+    )
     weights = {}
     for pid, (obs, act) in runner.spaces.items():
         weights[pid] = (build_model(obs, act, config.model).get_weights(), 0)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import sys
@@ -12,9 +13,10 @@ import numpy as np
 import pytest
 
 from impala_tf.config import ImpalaConfig
+from impala_tf.driver.specs import env_spec, runner_spec
 from impala_tf.envs import atari
 from impala_tf.envs.batch import AtariVectorEnvBatch, GymEnvBatch
-from impala_tf.envs.make import make_env, make_env_batch
+from impala_tf.envs.make import EnvSpec, make_env, make_env_batch
 from impala_tf.rollout.env_runner import EnvRunner
 from tests.support.processes import kill_session, log_tail, run_in_background
 
@@ -26,6 +28,11 @@ def _config(env="PongNoFrameskip-v4", **overrides) -> ImpalaConfig:
     config = ImpalaConfig(env=env, num_env_runners=1, seed=1, **overrides)
     config.validate(require_env=True)
     return config
+
+
+def _env_spec(config: ImpalaConfig, num_envs: int) -> EnvSpec:
+    """`config`'s env spec, for a runner of `num_envs` envs."""
+    return dataclasses.replace(env_spec(config), num_envs=num_envs)
 
 
 def _raw(game_id: str, seed: int, **kwargs) -> gym.Env:
@@ -53,7 +60,7 @@ def test_is_atari_and_lazy_registration():
 @pytest.mark.parametrize("framestack", [True, False])
 def test_shapes_and_dtypes(dim, framestack):
     config = _config(model={"dim": dim, "framestack": framestack})
-    env = make_env(config, worker_index=1)
+    env = make_env(env_spec(config), worker_index=1)
     k = 4 if framestack else 1
     assert env.observation_space.shape == (dim, dim, k)
     assert env.observation_space.dtype == np.uint8
@@ -61,7 +68,7 @@ def test_shapes_and_dtypes(dim, framestack):
     assert obs.shape == (dim, dim, k) and obs.dtype == np.uint8
     obs, *_ = env.step(0)
     assert obs.shape == (dim, dim, k) and obs.dtype == np.uint8
-    batch = make_env_batch(config, worker_index=1, num_envs=2)
+    batch = make_env_batch(_env_spec(config, num_envs=2), worker_index=1)
     assert isinstance(batch, AtariVectorEnvBatch)
     assert batch.observation_space == env.observation_space
     assert batch.reset([11, 12]).shape == (2, dim, dim, k)
@@ -136,12 +143,16 @@ def test_reset_presses_fire_last_only_in_games_with_fire(game, fire):
 
 
 def test_action_repeat_only_for_envs_that_do_not_skip_frames():
-    env = make_env(_config(env="ALE/Freeway-v5", env_config={"frameskip": 1}), worker_index=1)
+    env = make_env(
+        env_spec(_config(env="ALE/Freeway-v5", env_config={"frameskip": 1})), worker_index=1
+    )
     assert env.frame_skip == 4
     # v5 ids skip 4 frames themselves: no extra action repeat, no max-pooling (as RLlib).
-    v5 = make_env(_config(env="ALE/Pong-v5"), worker_index=1)
+    v5 = make_env(env_spec(_config(env="ALE/Pong-v5")), worker_index=1)
     assert v5.frame_skip == 1
-    assert isinstance(make_env_batch(_config(env="ALE/Pong-v5"), 1, 2), GymEnvBatch)
+    assert isinstance(
+        make_env_batch(_env_spec(_config(env="ALE/Pong-v5"), num_envs=2), 1), GymEnvBatch
+    )
 
 
 def test_noop_reset_takes_1_to_30_frames():
@@ -216,9 +227,11 @@ def test_fire_games_serve_again_after_a_lost_life():
             break
     assert info["game_over"] and env.unwrapped.ale.lives() == 0
     # Pong has FIRE but no lives: nothing to serve, and the vector env keeps it.
-    assert atari.vector_env_kwargs(_config(env="PongNoFrameskip-v4"), True, 2) is not None
-    assert atari.vector_env_kwargs(_config(env="BreakoutNoFrameskip-v4"), True, 2) is None
-    assert atari.vector_env_kwargs(_config(env="BreakoutNoFrameskip-v4"), False, 2) is not None
+    pong = env_spec(_config(env="PongNoFrameskip-v4"))
+    breakout = env_spec(_config(env="BreakoutNoFrameskip-v4"))
+    assert atari.vector_env_kwargs(pong, True, 2) is not None
+    assert atari.vector_env_kwargs(breakout, True, 2) is None
+    assert atari.vector_env_kwargs(breakout, False, 2) is not None
 
 
 @pytest.mark.parametrize("worker_index", [0, 1])
@@ -230,7 +243,7 @@ def test_runner_reports_whole_games_with_clipped_training_rewards(worker_index):
         rollout_fragment_length=100,
         model={"dim": 42, "conv_filters": [[4, 8, 4], [8, 4, 2], [16, 3, 1]]},
     )
-    runner = EnvRunner(config, worker_index=worker_index)
+    runner = EnvRunner(runner_spec(config), worker_index=worker_index)
     # Breakout serves again after a lost life: the wrapper path, also for training.
     assert not isinstance(runner.env_batch, AtariVectorEnvBatch)
     terminations, returns, lengths, rewards = 0, [], [], []
@@ -256,15 +269,15 @@ def test_runner_reports_whole_games_with_clipped_training_rewards(worker_index):
 
 def test_unclipped_returns_and_preprocessor_pref_off():
     config = _config(env="ALE/Pong-v5", preprocessor_pref=None, num_envs_per_env_runner=1)
-    env = make_env(config, worker_index=1)
+    env = make_env(env_spec(config), worker_index=1)
     assert env.observation_space.shape == (210, 160, 3)
-    assert atari.clip_rewards_for(config, atari=True) is None
-    assert atari.clip_rewards_for(_config(), atari=True) is True
-    assert atari.clip_rewards_for(_config(clip_rewards=False), atari=True) is False
-    assert atari.clip_rewards_for(_config(env="CartPole-v1"), atari=False) is None
-    assert atari.vector_env_kwargs(config, training=True, num_envs=2) is None
+    assert env_spec(config).clip_rewards_for(True) is None
+    assert env_spec(_config()).clip_rewards_for(True) is True
+    assert env_spec(_config(clip_rewards=False)).clip_rewards_for(True) is False
+    assert env_spec(_config(env="CartPole-v1")).clip_rewards_for(False) is None
+    assert atari.vector_env_kwargs(env_spec(config), training=True, num_envs=2) is None
     rllib = _config(env="ALE/Pong-v5", preprocessor_pref="rllib")
-    assert make_env(rllib).observation_space.shape == (210, 160, 3)
+    assert make_env(env_spec(rllib)).observation_space.shape == (210, 160, 3)
     with pytest.raises(ValueError, match="preprocessor_pref"):
         _config(preprocessor_pref="dqn")
 
@@ -278,7 +291,7 @@ def test_vector_env_and_wrapper_paths_are_identical(game):
     """
     game_id = {"pong": "PongNoFrameskip-v4", "breakout": "BreakoutNoFrameskip-v4"}[game]
     kwargs = atari.vector_env_kwargs(
-        _config(env=game_id), training=True, num_envs=2, fire_after_life_loss=False
+        env_spec(_config(env=game_id)), training=True, num_envs=2, fire_after_life_loss=False
     )
     kwargs.update(noop_max=1, num_threads=1)
     vector = AtariVectorEnvBatch(**kwargs)
@@ -328,7 +341,8 @@ def test_frames_rebuild_the_stacks_of_both_atari_paths(game_id, env_config, path
         env=game_id, env_config=env_config, num_envs_per_env_runner=2,
         rollout_fragment_length=50, model={"dim": 42},
     )  # fmt: skip
-    framed, plain = EnvRunner(config, worker_index=1), EnvRunner(config, worker_index=1)
+    spec = runner_spec(config)
+    framed, plain = EnvRunner(spec, worker_index=1), EnvRunner(spec, worker_index=1)
     assert isinstance(framed.env_batch, path) and framed.frame_stack == (4, 1)
     plain.frame_stack = None
     model = build_model(framed.observation_space, framed.action_space, config.model)

@@ -101,11 +101,12 @@ def test_resolve_finds_the_newest_in_a_logdir(tmp_path):
 
 def _learner(hiddens):
     from impala_tf.config import ImpalaConfig
+    from impala_tf.driver.specs import env_spec
     from impala_tf.envs.make import make_env
     from impala_tf.learner import ImpalaLearner
 
     config = ImpalaConfig().environment("CartPole-v1").training(model={"fcnet_hiddens": hiddens})
-    env = make_env(config)
+    env = make_env(env_spec(config))
     learner = ImpalaLearner(config, env.observation_space, env.action_space)
     env.close()
     return config, learner

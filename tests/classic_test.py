@@ -40,7 +40,8 @@ def test_a_fresh_actor_process_can_make_the_env_by_id():
     code = (
         "from impala_tf.envs.make import make_env\n"
         "from impala_tf.config import ImpalaConfig\n"
-        f"env = make_env(ImpalaConfig(env={STATELESS_CARTPOLE_ID!r}))\n"
+        "from impala_tf.driver.specs import env_spec\n"
+        f"env = make_env(env_spec(ImpalaConfig(env={STATELESS_CARTPOLE_ID!r})))\n"
         "print(env.observation_space.shape)\n"
     )
     out = subprocess.run(

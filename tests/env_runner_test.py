@@ -9,6 +9,7 @@ import gymnasium as gym
 import numpy as np
 
 from impala_tf.config import ImpalaConfig
+from impala_tf.driver.specs import runner_spec
 from impala_tf.envs.make import env_seed
 from impala_tf.models import build_model
 from impala_tf.rollout.env_runner import EnvRunner
@@ -35,7 +36,7 @@ def _weights(runner: EnvRunner, config: ImpalaConfig, scale: float = 0.3) -> lis
 
 def _runner(envs=3, horizon=7, seed=0, worker=1, **overrides) -> EnvRunner:
     config = _config(envs, horizon, seed, **overrides)
-    runner = EnvRunner(config, worker_index=worker)
+    runner = EnvRunner(runner_spec(config), worker_index=worker)
     runner.set_weights({DEFAULT_POLICY_ID: (_weights(runner, config), 5)})
     return runner
 
@@ -117,7 +118,7 @@ def test_truncation_bootstraps_from_the_final_observation():
         .training(model={"fcnet_hiddens": [8]})
         .debugging(seed=1)
     )
-    runner = EnvRunner(config, worker_index=1)
+    runner = EnvRunner(runner_spec(config), worker_index=1)
     weights = _weights(runner, config, scale=1.0)
     runner.set_weights({DEFAULT_POLICY_ID: (weights, 0)})
     batch = runner.sample().batches[DEFAULT_POLICY_ID]

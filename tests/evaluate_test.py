@@ -62,6 +62,7 @@ def write_test_checkpoint(directory, env="CartPole-v1", model=None, seed=0):
     """Writes a checkpoint of a learner with random (not initial) weights; returns it."""
     from impala_tf.checkpoints import write_checkpoint
     from impala_tf.config import ImpalaConfig
+    from impala_tf.driver.specs import env_spec
     from impala_tf.envs.make import make_env
     from impala_tf.learner import ImpalaLearner
 
@@ -71,7 +72,7 @@ def write_test_checkpoint(directory, env="CartPole-v1", model=None, seed=0):
         .training(model=model or {"fcnet_hiddens": [16]})
         .debugging(seed=seed)
     )
-    probe = make_env(config)
+    probe = make_env(env_spec(config))
     learner = ImpalaLearner(config, probe.observation_space, probe.action_space)
     probe.close()
     _randomize(learner, seed)
@@ -86,7 +87,7 @@ def write_multi_agent_checkpoint(directory):
     weights; returns the config and {policy_id: learner}."""
     from impala_tf.checkpoints import write_checkpoint
     from impala_tf.config.policies import policy_config
-    from impala_tf.envs.spaces import probe_spaces
+    from impala_tf.driver.specs import probe_spaces
     from impala_tf.learner import ImpalaLearner
 
     config = small_config(policies=2)

@@ -59,11 +59,12 @@ def write_test_checkpoint(directory, env, model, seed=0):
     """Writes a checkpoint of a learner with random (not initial) weights; returns the learner."""
     from impala_tf.checkpoints import write_checkpoint
     from impala_tf.config import ImpalaConfig
+    from impala_tf.driver.specs import env_spec
     from impala_tf.envs.make import make_env
     from impala_tf.learner import ImpalaLearner
 
     config = ImpalaConfig().environment(env).training(model=model).debugging(seed=seed)
-    probe = make_env(config)
+    probe = make_env(env_spec(config))
     learner = ImpalaLearner(config, probe.observation_space, probe.action_space)
     probe.close()
     rng = np.random.default_rng(seed)

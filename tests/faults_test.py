@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from impala_tf.config import ImpalaConfig
+from impala_tf.driver.specs import runner_spec
 from impala_tf.envs.faults import EnvCallError, EnvSpaceError, NonFiniteEnvError
 from impala_tf.models import build_model
 from impala_tf.rollout.env_runner import EnvRunner
@@ -32,7 +33,7 @@ def _config(mode: str, **overrides) -> ImpalaConfig:
 
 def _runner(mode: str, **overrides) -> EnvRunner:
     config = _config(mode, **overrides)
-    runner = EnvRunner(config, worker_index=1)
+    runner = EnvRunner(runner_spec(config), worker_index=1)
     model = build_model(runner.observation_space, runner.action_space, config.model)
     runner.set_weights({"default_policy": (model.get_weights(), 0)})
     return runner

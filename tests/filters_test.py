@@ -9,6 +9,7 @@ import pytest
 
 from impala_tf import filters
 from impala_tf.config import ImpalaConfig
+from impala_tf.driver.specs import runner_spec
 from impala_tf.filters import MeanStdFilter, NoFilter, RunningStat, filter_from_state, get_filter
 from impala_tf.models import build_model
 from impala_tf.rollout.env_runner import EnvRunner
@@ -123,7 +124,7 @@ def _runner(observation_filter: str, update_filter: bool = True) -> EnvRunner:
         .debugging(seed=4)
         .update_from_dict({"observation_filter": observation_filter})
     )
-    runner = EnvRunner(config, worker_index=1, update_filter=update_filter)
+    runner = EnvRunner(runner_spec(config), worker_index=1, update_filter=update_filter)
     model = build_model(runner.observation_space, runner.action_space, config.model)
     # Zero weights: uniform logits, so the actions (and the episodes) do not depend on the obs.
     zeros = [np.zeros_like(w) for w in model.get_weights()]
@@ -165,7 +166,7 @@ def test_filter_needs_a_float_observation_space():
     config = ImpalaConfig(env="ALE/Pong-v5", observation_filter="MeanStdFilter")
     config.env_runners(num_envs_per_env_runner=1)
     with pytest.raises(ValueError, match="observation_filter"):
-        EnvRunner(config)
+        EnvRunner(runner_spec(config))
 
 
 def test_module_exports():
@@ -178,7 +179,7 @@ def test_driver_merges_saves_restores_evaluates_and_exports_the_filter(tmp_path)
 
     from impala_tf import checkpoints, evaluation
     from impala_tf.bin.export import export_saved_model
-    from impala_tf.envs.spaces import probe_spaces
+    from impala_tf.driver.specs import probe_spaces
 
     def config():
         return small_config(observation_filter="MeanStdFilter", evaluation_duration=2)
@@ -212,7 +213,7 @@ def test_driver_merges_saves_restores_evaluates_and_exports_the_filter(tmp_path)
     weights, saved_filters = evaluation.load_checkpoint_policies(
         saved, saved_config, probe_spaces(saved_config)
     )
-    evaluator = evaluation.Evaluator(saved_config, multi_agent=False)
+    evaluator = evaluation.Evaluator(saved_config)
     try:
         evaluator.run(weights, saved_filters, num_episodes=1, seed=0)
         assert evaluator.runner.obs_filter.get_state()["rs"] == state["rs"]

@@ -16,6 +16,7 @@ from impala_tf import pipeline
 from impala_tf.config import ImpalaConfig
 from impala_tf.driver.plan import make_plan
 from impala_tf.driver.sampling import EnvRunnerGroup
+from impala_tf.driver.specs import runner_spec
 from impala_tf.frames import (
     join_frames,
     rebuild_stacks,
@@ -101,7 +102,7 @@ def _config(**env_config) -> ImpalaConfig:
 
 
 def _runner(config: ImpalaConfig, weights: list | None = None) -> EnvRunner:
-    runner = EnvRunner(config, worker_index=1)
+    runner = EnvRunner(runner_spec(config), worker_index=1)
     if weights is None:
         model = build_model(runner.observation_space, runner.action_space, config.model)
         weights = model.get_weights()
@@ -141,7 +142,7 @@ def test_the_plan_and_the_signature_follow_the_env():
 
 def test_zlib_frames_travel_and_reach_the_learner_shards_unchanged():
     config = _config().env_runners(compress_observations=True)
-    host = make_runner_host(0, config, False)
+    host = make_runner_host(0, runner_spec(config))
     obs_space, act_space = host.runner.observation_space, host.runner.action_space
     weights = build_model(obs_space, act_space, config.model).get_weights()
     host.set_weights({"default_policy": (weights, 0)})
@@ -226,12 +227,12 @@ def test_central_inference_takes_each_frame_once_and_samples_as_a_runner_acting_
 
     def remote(actor_id: int) -> tuple[RecordingConnection, EnvRunner]:
         conn = RecordingConnection(server.attach(actor_id))
-        runner = EnvRunner(config, actor_id + 1, remote=(conn, server.state_shapes))
+        runner = EnvRunner(runner_spec(config), actor_id + 1, remote=(conn, server.state_shapes))
         runner.set_weights({"default_policy": (None, 0)})
         return conn, runner
 
     def local(actor_id: int) -> EnvRunner:
-        runner = EnvRunner(config, actor_id + 1)
+        runner = EnvRunner(runner_spec(config), actor_id + 1)
         runner.set_weights({"default_policy": (weights, 0)})
         return runner
 

@@ -25,6 +25,7 @@ from impala_tf.config import ImpalaConfig
 from impala_tf.config.policies import policy_config
 from impala_tf.driver.plan import RuntimePlan, make_plan
 from impala_tf.driver.sampling import EnvRunnerGroup
+from impala_tf.driver.specs import runner_spec
 from impala_tf.models import build_model
 from impala_tf.rollout import make_env_runner
 from impala_tf.rollout.fragment import Fragment
@@ -151,7 +152,7 @@ def test_central_and_per_actor_inference_sample_the_same_fragments(case):
     weights = _initial_weights(config, plan)
     central = config.copy().update_from_dict({"inference": "central"})
     remote = _sample_twice_through_the_driver(central, weights)
-    runner = make_env_runner(config, plan.multi_agent, worker_index=1)
+    runner = make_env_runner(runner_spec(config), worker_index=1)
     try:
         runner.set_weights({p: (w, 5) for p, w in weights.items()})
         local = [runner.sample() for _ in range(2)]

@@ -20,6 +20,7 @@ import pytest
 
 from impala_tf.config import ImpalaConfig
 from impala_tf.config.policies import PolicySpec, policy_config
+from impala_tf.driver.specs import runner_spec
 from impala_tf.multi_agent.env import ALL, MultiAgentCartPole, MultiAgentEnv, PettingZooParallelEnv
 from impala_tf.rollout.fragment import Fragment
 from impala_tf.rollout.multi_agent_runner import MultiAgentEnvRunner
@@ -56,7 +57,7 @@ def mixed_config(**overrides: Any) -> ImpalaConfig:
 
 def initial_weights(config: ImpalaConfig, version: int = 0) -> dict[str, tuple[list, int]]:
     """Freshly initialised weights of every policy of `config`, at `version`."""
-    from impala_tf.envs.spaces import probe_spaces
+    from impala_tf.driver.specs import probe_spaces
     from impala_tf.models import build_model
 
     spaces = probe_spaces(config).policies
@@ -67,7 +68,7 @@ def initial_weights(config: ImpalaConfig, version: int = 0) -> dict[str, tuple[l
 
 
 def make_runner(config: ImpalaConfig, weights=None, **kwargs: Any) -> MultiAgentEnvRunner:
-    runner = MultiAgentEnvRunner(config, **kwargs)
+    runner = MultiAgentEnvRunner(runner_spec(config), **kwargs)
     runner.set_weights(weights or initial_weights(config))
     return runner
 
@@ -353,7 +354,7 @@ def test_set_state_reads_the_earlier_multi_agent_runners_snapshot():
         "envs": None,
         "envs_error": "multi-agent runners do not snapshot their envs",
     }
-    target = MultiAgentEnvRunner(config)
+    target = MultiAgentEnvRunner(runner_spec(config))
     target.set_state(legacy)
     assert target.versions == {"p0": 9, "p1": 9}
     np.testing.assert_equal(target.get_weights(), source.get_weights())
@@ -425,7 +426,7 @@ def sample_with_fake_server(fragments: int = 4) -> list[Fragment]:
     config = two_agent_config(num_envs_per_env_runner=1, model={"max_seq_len": 4})
     conn = FakeInferenceConnection(("p0", "p1"))
     remote = (conn, {"p0": [(3,)], "p1": []})
-    runner = MultiAgentEnvRunner(config, remote=remote)
+    runner = MultiAgentEnvRunner(runner_spec(config), remote=remote)
     runner.set_weights({"p0": (None, 6), "p1": (None, 6)})
     out = [runner.sample() for _ in range(fragments)]
     assert set(conn.requests) == {"p0", "p1"}
@@ -479,7 +480,7 @@ def test_central_inference_runner_never_imports_tensorflow():
 
 
 def test_central_and_local_inference_take_the_same_actions(mixed_weights):
-    from impala_tf.envs.spaces import probe_spaces
+    from impala_tf.driver.specs import probe_spaces
     from impala_tf.inference import InferenceServer
 
     config = mixed_config()
@@ -490,7 +491,9 @@ def test_central_and_local_inference_take_the_same_actions(mixed_weights):
     try:
         server.set_weights({pid: (w, 5) for pid, (w, _) in mixed_weights.items()})
         local = make_runner(config, {pid: (w, 5) for pid, (w, _) in mixed_weights.items()})
-        remote = MultiAgentEnvRunner(config, remote=(server.attach(0), server.state_shapes))
+        remote = MultiAgentEnvRunner(
+            runner_spec(config), remote=(server.attach(0), server.state_shapes)
+        )
         remote.set_weights({pid: (None, 5) for pid in mixed_weights})
         for _ in range(3):
             a, b = local.sample(), remote.sample()

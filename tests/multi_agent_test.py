@@ -25,7 +25,7 @@ import pytest
 from impala_tf import checkpoints, evaluation
 from impala_tf.config import ConfigWarning, ImpalaConfig
 from impala_tf.config import policies as ma_spec
-from impala_tf.envs.spaces import probe_spaces
+from impala_tf.driver.specs import probe_spaces
 from impala_tf.multi_agent.env import MultiAgentCartPole
 from tests.support import envs
 from tests.support.configs import small_config

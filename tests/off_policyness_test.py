@@ -7,6 +7,7 @@ import numpy as np
 from impala_tf.batching import BatchBuilder
 from impala_tf.config import ImpalaConfig
 from impala_tf.driver.aggregation import Aggregator
+from impala_tf.driver.specs import aggregator_spec, runner_spec
 from impala_tf.models import build_model
 from impala_tf.rollout.env_runner import EnvRunner
 from impala_tf.rollout.fragment import DEFAULT_POLICY_ID, POLICY_VERSION
@@ -21,7 +22,7 @@ def _runner(envs: int = 2, horizon: int = 5) -> tuple[EnvRunner, list[np.ndarray
         .training(model={"fcnet_hiddens": [8]})
         .debugging(seed=0)
     )
-    runner = EnvRunner(config, worker_index=1)
+    runner = EnvRunner(runner_spec(config), worker_index=1)
     model = build_model(runner.observation_space, runner.action_space, config.model)
     return runner, model.get_weights()
 
@@ -91,7 +92,7 @@ def test_batch_version_is_the_step_weighted_mean_of_the_labels():
 def test_replayed_batches_keep_the_version_they_were_sampled_with():
     config = ImpalaConfig(env="CartPole-v1", replay_proportion=10.0, replay_buffer_num_slots=4)
     config.debugging(seed=0)
-    aggregator = Aggregator(config, {DEFAULT_POLICY_ID: 1})
+    aggregator = Aggregator(aggregator_spec(config, {DEFAULT_POLICY_ID: 1}))
     first = aggregator.process({DEFAULT_POLICY_ID: _labelled(1, np.array([1, 1, 1]))}, {})
     second = aggregator.process({DEFAULT_POLICY_ID: _labelled(1, np.array([7, 7, 7]))}, {})
     # Every train batch reports the version of its own steps, replayed or new ...

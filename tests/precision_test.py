@@ -20,8 +20,7 @@ from impala_tf import checkpoints, losses, pipeline, sequences
 from impala_tf.checkpoints.store import learner_checkpoint
 from impala_tf.config import ImpalaConfig
 from impala_tf.config.policies import PolicySpec
-from impala_tf.driver.plan import make_plan
-from impala_tf.envs.spaces import probe_spaces
+from impala_tf.driver.specs import probe_spaces, runner_spec
 from impala_tf.evaluation import load_checkpoint_policies, load_policy_model
 from impala_tf.inference import InferenceServer, RemotePolicy
 from impala_tf.learner import ImpalaLearner
@@ -298,7 +297,7 @@ def test_actor_policies_act_in_the_configured_precision():
 def test_an_env_runner_builds_its_tensorflow_policy_in_the_configured_precision(precision):
     config = _config(precision=precision, num_envs_per_env_runner=2, seed=0)
     config.training(model={"fcnet_hiddens": [8], "use_lstm": True, "lstm_cell_size": 8})
-    runner = EnvRunner(config, worker_index=1)
+    runner = EnvRunner(runner_spec(config), worker_index=1)
     assert runner.policy.model.torso.compute_dtype == tf.as_dtype(
         "bfloat16" if precision == BF16 else "float32"
     )
@@ -320,7 +319,7 @@ def test_a_bfloat16_learner_with_float32_actors_trains_on_their_fragments():
         train_batch_size=2 * T,  # One fragment of 2 envs.
     )
     config.debugging(seed=0)
-    runner = EnvRunner(config, worker_index=1)
+    runner = EnvRunner(runner_spec(config), worker_index=1)
     learner = ImpalaLearner(config, runner.observation_space, runner.action_space)
     assert learner.model.torso.compute_dtype == "bfloat16"
     assert runner.policy.model.torso.compute_dtype == "float32"
@@ -352,7 +351,7 @@ def test_a_multi_agent_runner_builds_each_policy_in_its_acting_precision():
         policies={"p0": PolicySpec(), "p1": PolicySpec(config={"inference_precision": "float32"})}
     )
     config.validate()
-    runner = make_env_runner(config, make_plan(config).multi_agent, worker_index=1)
+    runner = make_env_runner(runner_spec(config), worker_index=1)
     try:
         dtypes = {pid: p.model.torso.compute_dtype for pid, p in runner.policies.items()}
     finally:

@@ -19,6 +19,7 @@ import tensorflow as tf
 
 from impala_tf import checkpoints
 from impala_tf.config import ImpalaConfig
+from impala_tf.driver.specs import runner_spec
 from impala_tf.models import build_model
 from impala_tf.reporting import flatten
 from impala_tf.rollout.env_runner import EnvRunner
@@ -40,7 +41,7 @@ def _runner(env="CartPole-v1", model=None, seed=0):
         .training(model=model or {"fcnet_hiddens": [8]})
         .debugging(seed=seed)
     )
-    runner = EnvRunner(config, worker_index=1)
+    runner = EnvRunner(runner_spec(config), worker_index=1)
     net = build_model(runner.observation_space, runner.action_space, config.model)
     rng = np.random.default_rng(1)
     weights = [rng.normal(scale=0.5, size=w.shape) for w in net.get_weights()]

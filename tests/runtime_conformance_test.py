@@ -16,13 +16,16 @@ from __future__ import annotations
 import logging
 import math
 import os
+import pickle
 import signal
+import sys
 
 import numpy as np
 import pytest
 
 from impala_tf import Impala, checkpoints
 from impala_tf.config import ImpalaConfig
+from impala_tf.config.base import AlgorithmConfig
 from impala_tf.config.policies import PolicySpec
 from impala_tf.workers.shared_arrays import SEGMENT_PREFIX
 from tests.support import envs, models
@@ -87,7 +90,16 @@ def _train_until(algo, predicate, max_iterations: int = 40) -> dict:
     raise AssertionError(f"not reached in {max_iterations} iterations; last result: {result}")
 
 
-def test_iterations_report_rllib_results_with_consistent_counters(placement):
+def _refuse_to_pickle(config, protocol):
+    """`AlgorithmConfig.__reduce_ex__` that fails a pickle (`copy.deepcopy` still works)."""
+    if sys._getframe(1).f_globals.get("__name__") == "copy":
+        return object.__reduce_ex__(config, protocol)
+    raise pickle.PicklingError("an AlgorithmConfig was pickled: workers get specs, not the config")
+
+
+def test_iterations_report_rllib_results_with_consistent_counters(placement, monkeypatch):
+    # Actors are built from the plan's `RunnerSpec`: the config never crosses to a worker.
+    monkeypatch.setattr(AlgorithmConfig, "__reduce_ex__", _refuse_to_pickle)
     algo = _config(placement).build()
     try:
         pids = list(algo.actors.pids().values())

@@ -9,6 +9,7 @@ import tensorflow as tf
 
 from impala_tf import losses, vtrace
 from impala_tf.config import ImpalaConfig
+from impala_tf.driver.specs import runner_spec
 from impala_tf.learner import ImpalaLearner
 from impala_tf.rollout.env_runner import EnvRunner
 from impala_tf.sample_batch import time_major
@@ -83,7 +84,7 @@ def _lstm_runner_and_learner(horizon: int, max_seq_len: int, envs: int = 3):
         )
         .debugging(seed=3)
     )
-    runner = EnvRunner(config, worker_index=1)
+    runner = EnvRunner(runner_spec(config), worker_index=1)
     keras.utils.set_random_seed(0)
     learner = ImpalaLearner(config, runner.observation_space, runner.action_space)
     runner.set_weights({"default_policy": (learner.get_policy_weights(), 0)})

@@ -7,15 +7,18 @@ vector env's autoreset mode.
 
 from __future__ import annotations
 
+import dataclasses
+
 import gymnasium as gym
 import numpy as np
 import pytest
 from gymnasium.vector import AutoresetMode, SyncVectorEnv
 
 from impala_tf.config import ImpalaConfig
+from impala_tf.driver.specs import env_spec, runner_spec
 from impala_tf.envs.batch import GymEnvBatch, GymVectorEnvBatch
 from impala_tf.envs.faults import EnvGuard, NonFiniteEnvError
-from impala_tf.envs.make import EnvContext, make_env_batch
+from impala_tf.envs.make import EnvContext, EnvSpec, make_env_batch
 from impala_tf.models import build_model
 from impala_tf.rollout.env_runner import EnvRunner
 from impala_tf.rollout.fragment import DEFAULT_POLICY_ID
@@ -25,12 +28,17 @@ def _config(env="CartPole-v1", **env_config) -> ImpalaConfig:
     return ImpalaConfig().environment(env, env_config=env_config).debugging(seed=3)
 
 
+def _spec(config: ImpalaConfig, num_envs: int) -> EnvSpec:
+    """`config`'s env spec, for a runner of `num_envs` envs."""
+    return dataclasses.replace(env_spec(config), num_envs=num_envs)
+
+
 def test_cartpole_training_runners_step_its_vector_entry_point():
-    batch = make_env_batch(_config(), worker_index=1, num_envs=8)
+    batch = make_env_batch(_spec(_config(), 8), worker_index=1)
     assert isinstance(batch, GymVectorEnvBatch)
     assert type(batch.env).__name__ == "CartPoleVectorEnv" and batch.num_envs == 8
     # Evaluation (worker 0) keeps gymnasium envs: it renders and wraps them.
-    assert isinstance(make_env_batch(_config(), worker_index=0, num_envs=2), GymEnvBatch)
+    assert isinstance(make_env_batch(_spec(_config(), 2), worker_index=0), GymEnvBatch)
     # An env_config key the vector class does not take: the per-env path.
     from gymnasium.envs.classic_control.cartpole import CartPoleEnv, CartPoleVectorEnv
 
@@ -41,18 +49,20 @@ def test_cartpole_training_runners_step_its_vector_entry_point():
     gym.register("ImpalaTfVectorProbe-v0", Single, vector_entry_point=CartPoleVectorEnv)
     try:
         probe = _config("ImpalaTfVectorProbe-v0")
-        assert isinstance(make_env_batch(probe, 1, 2), GymVectorEnvBatch)
+        assert isinstance(make_env_batch(_spec(probe, 2), 1), GymVectorEnvBatch)
         odd = _config("ImpalaTfVectorProbe-v0", extra=1)
-        assert isinstance(make_env_batch(odd, 1, 2), GymEnvBatch)
+        assert isinstance(make_env_batch(_spec(odd, 2), 1), GymEnvBatch)
     finally:
         del gym.registry["ImpalaTfVectorProbe-v0"]
     # Keys it does take reach it.
-    short = make_env_batch(_config(max_episode_steps=7), worker_index=1, num_envs=2)
+    short = make_env_batch(_spec(_config(max_episode_steps=7), 2), worker_index=1)
     assert isinstance(short, GymVectorEnvBatch) and short.env.max_episode_steps == 7
     # No vector entry point (the shipped StatelessCartPole): the per-env path.
     import impala_tf.envs  # noqa: F401 - registers the shipped envs.
 
-    assert isinstance(make_env_batch(_config("impala_tf/StatelessCartPole-v1"), 1, 2), GymEnvBatch)
+    assert isinstance(
+        make_env_batch(_spec(_config("impala_tf/StatelessCartPole-v1"), 2), 1), GymEnvBatch
+    )
 
 
 @pytest.mark.parametrize("limit", [500, 6])
@@ -115,7 +125,7 @@ def _time_limit(env: gym.Env) -> gym.wrappers.TimeLimit:
 
 def test_same_seed_same_steps_and_collect_infos():
     def run(seed):
-        batch = make_env_batch(_config(), worker_index=1, num_envs=4)
+        batch = make_env_batch(_spec(_config(), 4), worker_index=1)
         batch.collect_infos = True
         out = [batch.reset([seed] * 4)]
         for _ in range(40):
@@ -210,7 +220,7 @@ def test_runner_on_the_vector_env_reports_exact_episode_returns():
         .training(model={"fcnet_hiddens": [8]})
         .debugging(seed=2)
     )
-    runner = EnvRunner(config, worker_index=1)
+    runner = EnvRunner(runner_spec(config), worker_index=1)
     assert isinstance(runner.env_batch, GymVectorEnvBatch)
     model = build_model(runner.observation_space, runner.action_space, config.model)
     runner.set_weights({DEFAULT_POLICY_ID: (model.get_weights(), 0)})
@@ -235,7 +245,7 @@ def _vector_creator(context):
 
 
 def test_an_env_creator_may_return_a_vector_env():
-    from impala_tf.envs.spaces import probe_spaces
+    from impala_tf.driver.specs import probe_spaces
 
     config = (
         ImpalaConfig()
@@ -246,7 +256,7 @@ def test_an_env_creator_may_return_a_vector_env():
     )
     spaces = probe_spaces(config).policies[DEFAULT_POLICY_ID]
     assert spaces[0].shape == (4,) and spaces[1].n == 2
-    runner = EnvRunner(config, worker_index=1)
+    runner = EnvRunner(runner_spec(config), worker_index=1)
     assert isinstance(runner.env_batch, GymVectorEnvBatch) and runner.env_batch.num_envs == 3
     model = build_model(runner.observation_space, runner.action_space, config.model)
     runner.set_weights({DEFAULT_POLICY_ID: (model.get_weights(), 0)})
@@ -257,4 +267,4 @@ def test_an_env_creator_may_return_a_vector_env():
     wrong = config.copy().env_runners(num_envs_per_env_runner=3)
     wrong.env = lambda context: _vector_creator(EnvContext({}, 1, 0, 1, num_envs=2))
     with pytest.raises(ValueError, match="VectorEnv of 2 envs for a runner of 3"):
-        make_env_batch(wrong, 1, 3)
+        make_env_batch(env_spec(wrong), 1)

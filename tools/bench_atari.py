@@ -326,9 +326,10 @@ def _load_config(path: str):
 
 def _spaces(config):
     """The observation and action spaces of the env runners' envs (training, worker 1)."""
+    from impala_tf.driver.specs import env_spec
     from impala_tf.envs.make import make_env
 
-    env = make_env(config, worker_index=1, vector_index=0)
+    env = make_env(env_spec(config), worker_index=1, vector_index=0)
     spaces = env.observation_space, env.action_space
     env.close()
     return spaces
@@ -365,18 +366,19 @@ def case_env(
     a line on stdin before it starts the clock: the processes of one layout step together, not
     each from the end of its own start-up.
     """
+    from impala_tf.driver.specs import env_spec
     from impala_tf.envs import atari
     from impala_tf.envs.batch import AtariVectorEnvBatch, GymEnvBatch
     from impala_tf.envs.make import make_env
 
-    config = _load_config(path)
+    spec = env_spec(_load_config(path))
     if kind == "vector":
-        kwargs = atari.vector_env_kwargs(config, training=True, num_envs=num_envs)
+        kwargs = atari.vector_env_kwargs(spec, training=True, num_envs=num_envs)
         if kwargs is None:
             return {"error": "the config is not covered by AtariVectorEnv"}
         batch = AtariVectorEnvBatch(**{**kwargs, "num_threads": threads})
     else:
-        batch = GymEnvBatch([make_env(config, 1, j) for j in range(num_envs)])
+        batch = GymEnvBatch([make_env(spec, 1, j) for j in range(num_envs)])
     shape = list(batch.observation_space.shape)
     batch.reset([None] * batch.num_envs)
     if barrier:
@@ -559,13 +561,14 @@ def _run_parallel(name: str, payloads: list[dict]) -> list[dict]:
 
 def env_layouts(config, cores: int) -> list[tuple[str, str, list[tuple[int, int]]]]:
     """Part (a)'s layouts: (label, "vector" or "wrapper", [(envs, threads)] one per process)."""
+    from impala_tf.driver.specs import env_spec
     from impala_tf.envs import atari
 
     runners = max(1, int(config.num_env_runners))
     per_runner = int(config.num_envs_per_env_runner)
     total = runners * per_runner
     runner_threads = (
-        atari.vector_env_kwargs(config, training=True, num_envs=per_runner) or {}
+        atari.vector_env_kwargs(env_spec(config), training=True, num_envs=per_runner) or {}
     ).get("num_threads", 1)
     return [
         ("AtariVectorEnv, 1 process", "vector", [(total, cores)]),
@@ -605,9 +608,10 @@ def bench_env(
       "steps_per_s" (a list, one rate per round: the sum of its processes' rates).
     """
     run = run or _run_parallel
+    from impala_tf.driver.specs import env_spec
     from impala_tf.envs import atari
 
-    covered = atari.vector_env_kwargs(config, training=True, num_envs=1) is not None
+    covered = atari.vector_env_kwargs(env_spec(config), training=True, num_envs=1) is not None
     rows, measures = [], {}
     for label, kind, split in env_layouts(config, cores):
         if kind == "vector" and not covered:

@@ -109,9 +109,10 @@ def record(workload: str, path: str) -> dict[str, Any]:
     from impala_tf.rollout.host import make_runner_host
 
     config = workload_config(workload, seed=0)
-    obs_space, action_space = make_plan(config).spaces.policies[DEFAULT_POLICY_ID]
+    plan = make_plan(config)
+    obs_space, action_space = plan.spaces.policies[DEFAULT_POLICY_ID]
     learner = ImpalaLearner(config, obs_space, action_space)
-    host = make_runner_host(0, config, False)
+    host = make_runner_host(0, plan.runner)
     host.set_weights({DEFAULT_POLICY_ID: (learner.get_policy_weights(), 0)})
     host.sample()  # The first fragment pays for warm-up; not recorded.
     fragments = [host.sample() for _ in range(RECORDED_FRAGMENTS)]
@@ -287,6 +288,7 @@ def case_intake(
     from impala_tf.driver.plan import make_plan
     from impala_tf.driver.sampling import EnvRunnerGroup, make_backend
     from impala_tf.driver.schedule import AsyncSchedule
+    from impala_tf.driver.specs import aggregator_spec
 
     with open(recording, "rb") as f:
         recorded = pickle.load(f)
@@ -312,7 +314,7 @@ def case_intake(
         learners = StubLearners(plan.trained, recorded["weights"], updates_per_s)
         rows = {p: rows_per_batch(policy_config(config, p), 1) for p in plan.trained}
         agg_backend = make_backend(config, plan) if aggregation_workers else None
-        aggregation = AggregationStage(config, rows, counters, agg_backend)
+        aggregation = AggregationStage(config, aggregator_spec(config, rows), counters, agg_backend)
         broadcaster = Broadcaster(
             learners,
             group,

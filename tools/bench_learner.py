@@ -618,11 +618,12 @@ def _call_case(path: str, repeats: int, rounds: int) -> dict:
     tf.config.threading.set_intra_op_parallelism_threads(1)
     tf.config.threading.set_inter_op_parallelism_threads(1)
     from impala_tf.config import ImpalaConfig
+    from impala_tf.driver.specs import env_spec
     from impala_tf.envs.make import make_env
     from impala_tf.policy import ActorPolicy
 
     config = ImpalaConfig.from_yaml(path)[0]
-    env = make_env(config, worker_index=1)
+    env = make_env(env_spec(config), worker_index=1)
     obs_space, act_space = env.observation_space, env.action_space
     env.close()
     policy = ActorPolicy(obs_space, act_space, config.model, seed=0)

@@ -73,6 +73,7 @@ def case_actor(path: str, seconds: float) -> dict:
     import numpy as np
 
     from impala_tf.config import ImpalaConfig
+    from impala_tf.driver.specs import runner_spec
     from impala_tf.learner import ImpalaLearner
     from impala_tf.rollout.env_runner import EnvRunner
     from impala_tf.rollout.fragment import DEFAULT_POLICY_ID
@@ -80,7 +81,7 @@ def case_actor(path: str, seconds: float) -> dict:
 
     config, _ = ImpalaConfig.from_yaml(path)
     config.validate()
-    runner = EnvRunner(config, worker_index=1)
+    runner = EnvRunner(runner_spec(config), worker_index=1)
     learner = ImpalaLearner(config, runner.observation_space, runner.action_space)
     runner.set_weights({DEFAULT_POLICY_ID: (learner.get_policy_weights(), 0)})
     runner.sample()  # Warm-up: traces the policy.

@@ -56,7 +56,7 @@ def _fork_server_pid() -> int | None:
 def print_estimate(path: str) -> None:
     """The guard's estimate for the pool of the YAML at `path`, with and without TensorFlow."""
     from impala_tf.driver.plan import largest_observation_space
-    from impala_tf.envs.spaces import probe_spaces
+    from impala_tf.driver.specs import probe_spaces
 
     config, _ = ImpalaConfig.from_yaml(path)
     space = largest_observation_space(probe_spaces(config))

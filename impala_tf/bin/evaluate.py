@@ -112,7 +112,7 @@ def main(argv: list[str]) -> int:
     if not FLAGS["verbosity"].present:  # absl turns INFO on after parsing; TF logs much there.
         absl_logging.set_verbosity(absl_logging.WARNING)
     from impala_tf import checkpoints
-    from impala_tf.envs.spaces import probe_spaces
+    from impala_tf.driver.specs import probe_spaces
 
     _common.import_from_cwd()  # Custom models and callbacks may live in the user's module.
     try:

@@ -36,6 +36,7 @@ numpy only: aggregation workers never import TensorFlow.
 from __future__ import annotations
 
 import collections
+import dataclasses
 import logging
 import os
 import random
@@ -45,9 +46,8 @@ from typing import Any
 
 from impala_tf.batching import BatchBuilder
 from impala_tf.config.base import AlgorithmConfig
-from impala_tf.config.policies import policy_config
 from impala_tf.minibatch import BatchHandle, BatchLost, release_unread
-from impala_tf.replay import MixInReplayBuffer, replay_ratio_from_proportion
+from impala_tf.replay import MixInReplayBuffer
 from impala_tf.rollout.fragment import Fragment
 from impala_tf.sample_batch import SampleBatch, decompress
 from impala_tf.workers import (
@@ -63,6 +63,7 @@ __all__ = [
     "AggregationStage",
     "Aggregator",
     "AggregatorHost",
+    "AggregatorSpec",
     "BatchRef",
     "make_aggregator_host",
 ]
@@ -74,34 +75,43 @@ logger = logging.getLogger(__name__)
 Output = tuple[str, SampleBatch | BatchHandle, float]
 
 
+@dataclasses.dataclass(frozen=True)
+class AggregatorSpec:
+    """What an aggregator is built from (`impala_tf.driver.specs.aggregator_spec` of a config).
+
+    Attributes:
+      rows: {policy_id: sequences per train batch} of the trained policies.
+      replay: {policy_id: (capacity, replay ratio)} of the policies with mix-in replay
+        (`replay_buffer_num_slots`, and the ratio of `replay_proportion`).
+      seed: The run's seed (`seed`): the replay streams derive theirs from it.
+    """
+
+    rows: Mapping[str, int]
+    replay: Mapping[str, tuple[int, float]] = dataclasses.field(default_factory=dict)
+    seed: int | None = None
+
+
 class Aggregator:
     """Per trained policy: decompression, mix-in replay and train-batch cutting.
 
     Args:
-      config: The algorithm config (`replay_proportion`, `replay_buffer_num_slots` per policy).
-      rows: {policy_id: sequences per train batch} of the trained policies.
+      spec: What it is built from.
       index: The aggregation worker's index (0: the driver); varies the replay seeds.
-      seed: The seed of the replay streams (default: `config.seed`).
+      seed: The seed of the replay streams (default: `spec.seed`).
     """
 
-    def __init__(
-        self,
-        config: AlgorithmConfig,
-        rows: Mapping[str, int],
-        index: int = 0,
-        seed: int | None = None,
-    ):
-        seed = config.seed if seed is None else seed
+    def __init__(self, spec: AggregatorSpec, index: int = 0, seed: int | None = None):
+        seed = spec.seed if seed is None else seed
         self._replay: dict[str, MixInReplayBuffer | None] = {}
         self._builders: dict[str, BatchBuilder] = {}
-        for k, pid in enumerate(sorted(rows)):
-            pconfig = policy_config(config, pid)
-            self._builders[pid] = BatchBuilder(rows[pid])
+        for k, pid in enumerate(sorted(spec.rows)):
+            self._builders[pid] = BatchBuilder(spec.rows[pid])
             self._replay[pid] = None
-            if pconfig.replay_proportion > 0:
+            if pid in spec.replay:
+                capacity, ratio = spec.replay[pid]
                 self._replay[pid] = MixInReplayBuffer(
-                    capacity=pconfig.replay_buffer_num_slots,
-                    replay_ratio=replay_ratio_from_proportion(pconfig.replay_proportion),
+                    capacity=capacity,
+                    replay_ratio=ratio,
                     seed=None if seed is None else int(seed) + 10_000 + index + 1000 * k,
                 )
 
@@ -152,9 +162,9 @@ class Aggregator:
 class AggregatorHost:
     """What one aggregation worker hosts: an `Aggregator` (see `make_aggregator_host`)."""
 
-    def __init__(self, index: int, config: AlgorithmConfig, rows: Mapping[str, int]):
-        self._config, self._rows, self._index = config, dict(rows), index
-        self.aggregator = Aggregator(config, rows, index + 1)
+    def __init__(self, index: int, spec: AggregatorSpec):
+        self._spec, self._index = spec, index
+        self.aggregator = Aggregator(spec, index + 1)
 
     def process(
         self, batches: Mapping[str, SampleBatch], versions: Mapping[str, float]
@@ -173,17 +183,15 @@ class AggregatorHost:
 
     def reset(self, seed: int | None) -> None:
         """Drops the waiting rows and the replay buffers; new replay streams from `seed`."""
-        self.aggregator = Aggregator(self._config, self._rows, self._index + 1, seed)
+        self.aggregator = Aggregator(self._spec, self._index + 1, seed)
 
     def pid(self) -> int:
         return os.getpid()
 
 
-def make_aggregator_host(
-    index: int, config: AlgorithmConfig, rows: Mapping[str, int]
-) -> AggregatorHost:
+def make_aggregator_host(index: int, spec: AggregatorSpec) -> AggregatorHost:
     """The worker factory of aggregation workers (`impala_tf.workers.WorkerSpec.factory`)."""
-    return AggregatorHost(index, config, rows)
+    return AggregatorHost(index, spec)
 
 
 class _StoredReply:
@@ -256,8 +264,9 @@ class AggregationStage:
     """Aggregation in the driver or in aggregation workers (see the module docstring).
 
     Args:
-      config: The algorithm config.
-      rows: {policy_id: sequences per train batch} of the trained policies.
+      config: The algorithm config (`num_aggregation_workers`,
+        `max_requests_in_flight_per_aggregator_worker`, `seed`).
+      spec: What each aggregator is built from (the driver's and the workers').
       counters: The driver's counters.
       backend: The workers' backend (the actors'), used when `num_aggregation_workers` > 0.
     """
@@ -265,14 +274,14 @@ class AggregationStage:
     def __init__(
         self,
         config: AlgorithmConfig,
-        rows: Mapping[str, int],
+        spec: AggregatorSpec,
         counters: collections.Counter,
         backend: Any = None,
     ):
-        self.config = config
-        self.rows = dict(rows)
+        self.spec = spec
+        self.rows = dict(spec.rows)
         self.counters = counters
-        self.local = Aggregator(config, self.rows)
+        self.local = Aggregator(spec)
         self.max_in_flight = int(config.max_requests_in_flight_per_aggregator_worker)
         self.workers: WorkerGroup | None = None
         self._rng = random.Random(config.seed)
@@ -293,14 +302,14 @@ class AggregationStage:
             max_key="num_aggregation_workers",
         )
         if int(config.num_aggregation_workers) > 0:
-            spec = WorkerSpec(
+            worker_spec = WorkerSpec(
                 role="aggregation worker",
                 factory=make_aggregator_host,
-                make_args=lambda _: (config, self.rows),
+                make_args=lambda _: (spec,),
                 start_method="spawn",  # numpy only: spawning is safe and cheap.
                 num_cpus=1.0,
             )
-            self.workers = WorkerGroup(backend, spec, int(config.num_aggregation_workers))
+            self.workers = WorkerGroup(backend, worker_spec, int(config.num_aggregation_workers))
 
     def process(self, fragment: Fragment) -> list[Output]:
         """Aggregates `fragment` here, or sends it to a worker with room for it (its batches
@@ -379,7 +388,7 @@ class AggregationStage:
 
         Replay streams start anew from `seed`; replies to fragments sent before are dropped.
         """
-        self.local = Aggregator(self.config, self.rows, seed=seed)
+        self.local = Aggregator(self.spec, seed=seed)
         self._drop_ready()
         if state:
             self.local.set_state(state)

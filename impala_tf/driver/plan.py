@@ -30,11 +30,13 @@ import numpy as np
 
 from impala_tf.algorithm_callbacks import resolve_callbacks
 from impala_tf.config.base import AlgorithmConfig
-from impala_tf.config.policies import normalize_policies, policy_config, policy_ids_to_train
-from impala_tf.envs.spaces import EnvSpaces, probe_spaces
+from impala_tf.config.policies import policy_config, policy_ids_to_train
+from impala_tf.driver.specs import probe_spaces, runner_spec
+from impala_tf.envs.spaces import EnvSpaces
 from impala_tf.models.spec import ModelSpec, check_transport, model_spec
 from impala_tf.numpy_policy import supports
-from impala_tf.portable import Portable, import_path
+from impala_tf.portable import Portable
+from impala_tf.rollout.spec import RunnerSpec
 from impala_tf.workers.memory import ActorMemoryError, check_actor_memory
 
 __all__ = [
@@ -44,7 +46,6 @@ __all__ = [
     "derived_seed",
     "make_plan",
     "policy_model",
-    "sendable_config",
 ]
 
 #: Fork-server preload of actors that act in numpy or through the inference server.
@@ -59,6 +60,8 @@ class RuntimePlan:
 
     Attributes:
       spaces: The env's policies and spaces, probed once.
+      runner: What every actor's env runner is built from (`impala_tf.driver.specs.runner_spec`):
+        the actors receive it instead of the config.
       models: {policy_id: the policy's resolved model}.
       callbacks: The resolved `callbacks` class (None: none), for the runners and the driver.
       trained: The ids of the policies the learners update (`policies_to_train`).
@@ -69,6 +72,7 @@ class RuntimePlan:
     """
 
     spaces: EnvSpaces
+    runner: RunnerSpec
     models: dict[str, ModelSpec]
     callbacks: Portable | None
     trained: tuple[str, ...]
@@ -118,6 +122,7 @@ def make_plan(
     central = _central_inference(config, spaces, backend, numpy_actors)
     return RuntimePlan(
         spaces=spaces,
+        runner=runner_spec(config, spaces, models, callbacks),
         models=models,
         callbacks=callbacks,
         trained=tuple(p for p in policy_ids_to_train(config) if p in spaces.policies),
@@ -126,34 +131,6 @@ def make_plan(
         actors_need_tensorflow=not (central or numpy_actors),
         deterministic=bool(deterministic),
     )
-
-
-def sendable_config(config: AlgorithmConfig) -> AlgorithmConfig:
-    """`config` as the worker processes receive it: the user objects the plan resolved (custom
-    models, the callbacks class) named by their import paths, so that any config pickles.
-
-    The workers build models and callbacks from the plan's specs, never from these names.
-    """
-    out = config.copy()
-    out.callbacks_class = None
-    out.model = _named_model(out.model)
-    if out.policies is not None:
-        out.policies = {
-            pid: dataclasses.replace(
-                spec, config={**spec.config, "model": _named_model(spec.config["model"])}
-            )
-            if spec.config and "model" in spec.config
-            else spec
-            for pid, spec in normalize_policies(out.policies).items()
-        }
-    return out
-
-
-def _named_model(model: dict) -> dict:
-    custom = model.get("custom_model")
-    if custom is None or isinstance(custom, str):
-        return model
-    return {**model, "custom_model": import_path(custom) or repr(custom)}
 
 
 def policy_model(config: AlgorithmConfig, policy_id: str) -> ModelSpec:

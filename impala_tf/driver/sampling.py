@@ -42,13 +42,7 @@ from typing import Any
 
 from impala_tf import filters as filter_lib
 from impala_tf.config.base import AlgorithmConfig
-from impala_tf.config.policies import policy_config
-from impala_tf.driver.plan import (
-    RuntimePlan,
-    derived_seed,
-    largest_observation_space,
-    sendable_config,
-)
+from impala_tf.driver.plan import RuntimePlan, derived_seed, largest_observation_space
 from impala_tf.envs.faults import StepProgress, env_name
 from impala_tf.rollout.fragment import Fragment
 from impala_tf.rollout.host import make_runner_host
@@ -97,7 +91,8 @@ class EnvRunnerGroup:
       counters: The driver's counters (failures and restarts are counted here).
       host_factory: What each actor worker hosts (`impala_tf.rollout.host.make_runner_host`;
         `tools.bench_driver` replays recorded fragments instead), called with the actor id and
-        `(config, multi_agent, endpoint, initial_states, models, callbacks)`.
+        `(plan.runner, endpoint, initial_states)`: the actors receive the plan's `RunnerSpec`,
+        never the config.
     """
 
     def __init__(
@@ -110,7 +105,6 @@ class EnvRunnerGroup:
         self.config = config
         self.plan = plan
         self.counters = counters
-        self._sent_config = sendable_config(config)  # What each actor receives.
         self.num_actors = max(1, int(config.num_env_runners))
         if plan.backend == "process":
             check_actor_memory(
@@ -128,14 +122,11 @@ class EnvRunnerGroup:
         if plan.central_inference:
             from impala_tf.inference import InferenceServer  # TensorFlow: the driver's.
 
-            configs = {pid: policy_config(config, pid) for pid in plan.spaces.policies}
+            acting = plan.runner.policies
             self.server = InferenceServer(
-                {
-                    pid: (obs, act, plan.models[pid])
-                    for pid, (obs, act) in plan.spaces.policies.items()
-                },
-                precisions={pid: c.acting_precision for pid, c in configs.items()},
-                frame_stacks=plan.spaces.frame_stacks,
+                {pid: (*a.spaces, a.model) for pid, a in acting.items()},
+                precisions={pid: a.precision for pid, a in acting.items()},
+                frame_stacks=plan.runner.frame_stacks,
             )
         enabled = bool(config.restart_failed_env_runners)
         spec = WorkerSpec(
@@ -181,8 +172,7 @@ class EnvRunnerGroup:
                 if self._endpoint is None:
                     self._endpoint = self.server.listen(advertise=self.node_ip)
                 endpoint = self._endpoint
-        plan = self.plan
-        return (self._sent_config, plan.multi_agent, endpoint, shapes, plan.models, plan.callbacks)
+        return (self.plan.runner, endpoint, shapes)
 
     @property
     def node_ip(self) -> str:

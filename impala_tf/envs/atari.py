@@ -60,8 +60,6 @@ __all__ = [
     "DEEPMIND",
     "PREPROCESSOR_PREFS",
     "DeepMindPreprocessing",
-    "clip_rewards_for",
-    "deepmind_enabled",
     "ensure_registered",
     "is_atari",
     "make_atari_env",
@@ -121,18 +119,6 @@ def is_atari(env: str | gym.Env, env_config: dict | None = None) -> bool:
     raise TypeError(f"`is_atari` takes a gymnasium id or a gym.Env, got {env!r}.")
 
 
-def deepmind_enabled(config: Any) -> bool:
-    """Whether `config` asks for DeepMind preprocessing (`preprocessor_pref: deepmind`)."""
-    return getattr(config, "preprocessor_pref", DEEPMIND) == DEEPMIND
-
-
-def clip_rewards_for(config: Any, atari: bool) -> bool | float | None:
-    """The effective `clip_rewards`: None means True (sign) for preprocessed Atari, as in RLlib."""
-    if config.clip_rewards is None and atari and deepmind_enabled(config):
-        return True
-    return config.clip_rewards
-
-
 def _can_serve(meanings: list[str]) -> bool:
     """Whether RLlib's `FireResetEnv` applies: FIRE and at least 3 actions (FIRE, then action 2)."""
     return "FIRE" in meanings and len(meanings) >= 3
@@ -148,11 +134,7 @@ def _serves_after_life_loss(env_id: str, env_config: dict | None) -> bool:
         env.close()
 
 
-def _stack_size(model: dict) -> int:
-    return STACK if model.get("framestack", True) is True else 1
-
-
-def make_atari_env(env_id: str, config: Any, training: bool) -> gym.Env:
+def make_atari_env(env_id: str, spec: Any, training: bool) -> gym.Env:
     """`gym.make(env_id, **env_config)`, wrapped in `DeepMindPreprocessing` when enabled.
 
     With preprocessing, the raw env is asked for ALE's grayscale screen (`obs_type="grayscale"`,
@@ -161,18 +143,18 @@ def make_atari_env(env_id: str, config: Any, training: bool) -> gym.Env:
 
     Args:
       env_id: A registered ale-py id.
-      config: The `ImpalaConfig` (`env_config`, `model.dim`, `model.framestack`,
-        `preprocessor_pref`).
+      spec: The run's `impala_tf.envs.make.EnvSpec` (`env_config`, `deepmind`, `dim`,
+        `frame_stack`).
       training: Episodic life on (env runners) or off (evaluation).
     """
-    kwargs = dict(config.env_config or {})
-    if not deepmind_enabled(config):
+    kwargs = dict(spec.env_config)
+    if not spec.deepmind:
         return gym.make(env_id, **kwargs)
     kwargs.setdefault("obs_type", "grayscale")
-    return wrap_deepmind(gym.make(env_id, **kwargs), config.model, training=training)
+    return wrap_deepmind(gym.make(env_id, **kwargs), spec.dim, spec.frame_stack, training)
 
 
-def wrap_deepmind(env: gym.Env, model: dict, training: bool) -> DeepMindPreprocessing:
+def wrap_deepmind(env: gym.Env, dim: int, stack: int, training: bool) -> DeepMindPreprocessing:
     """RLlib's `wrap_deepmind(env, dim=model["dim"], framestack=model["framestack"])`, our way.
 
     Action repeat 4 with max-pooling applies only when the env does not skip frames itself
@@ -182,8 +164,8 @@ def wrap_deepmind(env: gym.Env, model: dict, training: bool) -> DeepMindPreproce
     skip = FRAME_SKIP if frameskip == 1 else 1
     return DeepMindPreprocessing(
         env,
-        dim=int(model.get("dim", 84)),
-        stack=_stack_size(model),
+        dim=int(dim),
+        stack=int(stack),
         frame_skip=skip,
         noop_max=NOOP_MAX,
         episodic_life=training,
@@ -370,9 +352,10 @@ class DeepMindPreprocessing(gym.Wrapper):
 
 
 def vector_env_kwargs(
-    config: Any, training: bool, num_envs: int, fire_after_life_loss: bool = True
+    spec: Any, training: bool, num_envs: int, fire_after_life_loss: bool = True
 ) -> dict[str, Any] | None:
-    """`AtariVectorEnv` arguments equivalent to `make_atari_env(config)`, or None.
+    """`AtariVectorEnv` arguments equivalent to `make_atari_env` of `spec` (an
+    `impala_tf.envs.make.EnvSpec`), or None.
 
     The vector env is used only where it gives the wrapper's observations: a registered ale-py
     id, DeepMind preprocessing on, an env that does not skip frames itself (its `frameskip`,
@@ -389,28 +372,28 @@ def vector_env_kwargs(
     Truncation: gym's `max_num_frames_per_episode` counts emulator frames; the vector env counts
     agent steps, so it gets that number divided by the action repeat.
     """
-    env = config.env
-    if not isinstance(env, str) or not deepmind_enabled(config):
+    env = spec.env
+    if not isinstance(env, str) or not spec.deepmind:
         return None
-    if not is_atari(env, config.env_config):
+    if not is_atari(env, spec.env_config):
         return None
-    spec = gym.registry[env]
-    kwargs = {**spec.kwargs, **(config.env_config or {})}
+    registered = gym.registry[env]
+    kwargs = {**registered.kwargs, **spec.env_config}
     allowed = {
         "game", "frameskip", "repeat_action_probability", "full_action_space",
         "max_num_frames_per_episode", "obs_type",
     }  # fmt: skip
     if set(kwargs) - allowed or kwargs.get("frameskip", 1) != 1:
         return None
-    if spec.max_episode_steps is not None or kwargs.get("obs_type", "rgb") not in (
+    if registered.max_episode_steps is not None or kwargs.get("obs_type", "rgb") not in (
         "rgb",
         "grayscale",
     ):
         return None
-    if training and fire_after_life_loss and _serves_after_life_loss(env, config.env_config):
+    if training and fire_after_life_loss and _serves_after_life_loss(env, spec.env_config):
         return None
     max_frames = int(kwargs.get("max_num_frames_per_episode", 108_000))
-    threads = max(1, (os.cpu_count() or 1) // max(1, int(config.num_env_runners)))
+    threads = max(1, (os.cpu_count() or 1) // max(1, int(spec.num_workers)))
     return {
         "game": kwargs["game"],
         "num_envs": int(num_envs),
@@ -418,10 +401,10 @@ def vector_env_kwargs(
         "repeat_action_probability": float(kwargs.get("repeat_action_probability", 0.25)),
         "full_action_space": bool(kwargs.get("full_action_space", False)),
         "max_num_frames_per_episode": max(1, max_frames // FRAME_SKIP),
-        "img_height": int(config.model.get("dim", 84)),
-        "img_width": int(config.model.get("dim", 84)),
+        "img_height": int(spec.dim),
+        "img_width": int(spec.dim),
         "grayscale": True,
-        "stack_num": _stack_size(config.model),
+        "stack_num": int(spec.frame_stack),
         "frameskip": FRAME_SKIP,
         "maxpool": True,
         "noop_max": NOOP_MAX,

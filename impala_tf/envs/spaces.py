@@ -1,6 +1,8 @@
-"""The spaces of a config's policies, probed once per build from one env.
+"""The spaces of a run's policies, probed once per build from one env.
 
-`probe_spaces(config)` builds one env (worker index 0) and returns `EnvSpaces`: whether the env
+`probe_env_spaces(spec, policies, policy_mapping_fn, observation_filter)` builds one env of an
+`impala_tf.envs.make.EnvSpec` (worker index 0; `impala_tf.driver.specs.probe_spaces(config)`
+calls it with a config's settings) and returns `EnvSpaces`: whether the env
 is multi-agent (`impala_tf.multi_agent.env.MultiAgentEnv`) and each policy's (observation
 space, action space). A single-agent env has one policy, `"default_policy"`, with the env's
 spaces. For a multi-agent env, agents are mapped with `policy_mapping_fn` (episode 0); a
@@ -18,12 +20,11 @@ from typing import Any
 import gymnasium as gym
 
 import impala_tf.config.policies as policy_specs
-from impala_tf.config.base import AlgorithmConfig
 from impala_tf.envs.batch import declared_frame_stack, sent_frame_stack
-from impala_tf.envs.make import make_env
+from impala_tf.envs.make import EnvSpec, make_env
 from impala_tf.multi_agent.env import MultiAgentEnv
 
-__all__ = ["EnvSpaces", "policy_spaces", "probe_spaces"]
+__all__ = ["EnvSpaces", "policy_spaces", "probe_env_spaces"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -46,20 +47,31 @@ class EnvSpaces:
         return sorted(self.policies)
 
 
-def probe_spaces(config: AlgorithmConfig) -> EnvSpaces:
-    """Builds one env of `config` and reads its policies' spaces (see the module docstring).
+def probe_env_spaces(
+    spec: EnvSpec,
+    policies: Any = None,
+    policy_mapping_fn: Any = None,
+    observation_filter: str = "NoFilter",
+) -> EnvSpaces:
+    """Builds one env of `spec` and reads its policies' spaces (see the module docstring).
+
+    Args:
+      spec: How the env is made.
+      policies: The `policies` setting (multi-agent envs).
+      policy_mapping_fn: The `policy_mapping_fn` setting (multi-agent envs).
+      observation_filter: The `observation_filter` (a filtering run sends whole stacks).
 
     Raises:
       ValueError: `policies`/`policy_mapping_fn` are set for an env that is not multi-agent, or
         an agent maps to a policy that `policies` does not name.
     """
-    env = make_env(config, 0, 0)
+    env = make_env(spec, 0, 0)
     try:
         if isinstance(env.unwrapped, MultiAgentEnv):  # Also behind wrappers (a video recorder).
-            return EnvSpaces(True, policy_spaces(config, env.unwrapped))
-        if config.policies is not None or config.policy_mapping_fn is not None:
+            return EnvSpaces(True, policy_spaces(policies, policy_mapping_fn, env.unwrapped))
+        if policies is not None or policy_mapping_fn is not None:
             raise ValueError(
-                f"The env {config.env!r} is not a MultiAgentEnv (impala_tf.multi_agent.env), "
+                f"The env {spec.env!r} is not a MultiAgentEnv (impala_tf.multi_agent.env), "
                 "but `policies`/`policy_mapping_fn` are set."
             )
         if isinstance(env, gym.vector.VectorEnv):  # An env_creator's: its envs' spaces.
@@ -67,20 +79,23 @@ def probe_spaces(config: AlgorithmConfig) -> EnvSpaces:
         else:
             spaces = (env.observation_space, env.action_space)
         pid = policy_specs.DEFAULT_POLICY_ID
-        stack = sent_frame_stack(declared_frame_stack(env), config.observation_filter)
+        stack = sent_frame_stack(declared_frame_stack(env), observation_filter)
         return EnvSpaces(False, {pid: spaces}, {pid: stack} if stack else {})
     finally:
         env.close()
 
 
-def policy_spaces(config: Any, env: MultiAgentEnv) -> dict[str, tuple[gym.Space, gym.Space]]:
-    """{policy_id: (observation_space, action_space)} of a multi-agent env's policies.
+def policy_spaces(
+    policies: Any, policy_mapping_fn: Any, env: MultiAgentEnv
+) -> dict[str, tuple[gym.Space, gym.Space]]:
+    """{policy_id: (observation_space, action_space)} of a multi-agent env's policies, from the
+    `policies` and `policy_mapping_fn` settings.
 
     Raises:
       ValueError: an agent maps to a policy that `policies` does not name.
     """
-    specs = policy_specs.normalize_policies(config.policies)
-    mapping = policy_specs.resolve_mapping_fn(config.policy_mapping_fn)
+    specs = policy_specs.normalize_policies(policies)
+    mapping = policy_specs.resolve_mapping_fn(policy_mapping_fn)
     episode = policy_specs.EpisodeInfo(0)
     by_policy: dict[str, Any] = {}
     for agent in env.possible_agents:

@@ -1,6 +1,7 @@
 """Rollout: env runners step envs with their policies and cut `Fragment`s.
 
-`make_env_runner` builds the runner of a config: `EnvRunner` for a single-agent env (one policy,
+`make_env_runner` builds the runner of a `RunnerSpec` (`impala_tf.rollout.spec`, resolved from
+a config by `impala_tf.driver.specs.runner_spec`): `EnvRunner` for a single-agent env (one policy,
 `"default_policy"`; vectorised, the fast path) or `MultiAgentEnvRunner` for a `MultiAgentEnv`
 (one policy per mapped agent). Both keep one contract (`sample`, `set_weights`, `get_state`,
 `set_state`, `reset`, `run_episodes`, `wrap_env`, `close`) and emit the one `Fragment` type
@@ -10,42 +11,32 @@ runner. Nothing here imports TensorFlow unless a policy needs it.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import Any
 
-from impala_tf.config.base import AlgorithmConfig
 from impala_tf.envs.faults import StepProgress
-from impala_tf.models.spec import ModelSpec
-from impala_tf.portable import Portable
+from impala_tf.rollout.spec import RunnerSpec
 
 __all__ = ["make_env_runner"]
 
 
 def make_env_runner(
-    config: AlgorithmConfig,
-    multi_agent: bool,
+    spec: RunnerSpec,
     worker_index: int = 1,
     explore: bool | None = None,
     update_filter: bool = True,
     progress: StepProgress | None = None,
     remote: Any = None,
-    models: Mapping[str, ModelSpec] | None = None,
-    callbacks: Portable | None = None,
 ) -> Any:
-    """The env runner of `config` (see the package docstring).
+    """The env runner of `spec` (see the package docstring).
 
     Args:
-      config: The algorithm config (or the evaluation config).
-      multi_agent: The env is a `MultiAgentEnv` (`impala_tf.envs.spaces.EnvSpaces`).
+      spec: What the runner is built from (`impala_tf.driver.specs.runner_spec` of a config).
       worker_index: 1-based index of the runner; 0 is the driver's evaluation runner.
-      explore: Overrides `config.explore`.
+      explore: Overrides `spec.explore`.
       update_filter: Update the observation filters with what is seen (actors).
       progress: Shared progress record for hang reports.
       remote: Central inference: (connection to the inference server, {policy_id: recurrent
         state shapes}).
-      models: {policy_id: the policy's resolved model} (`RuntimePlan.models`); None resolves
-        them from `config` here.
-      callbacks: The run's resolved `callbacks` class (`RuntimePlan.callbacks`).
     """
     kwargs = dict(
         worker_index=worker_index,
@@ -53,13 +44,11 @@ def make_env_runner(
         update_filter=update_filter,
         progress=progress,
         remote=remote,
-        models=models,
-        callbacks=callbacks,
     )
-    if multi_agent:
+    if spec.multi_agent:
         from impala_tf.rollout.multi_agent_runner import MultiAgentEnvRunner
 
-        return MultiAgentEnvRunner(config, **kwargs)
+        return MultiAgentEnvRunner(spec, **kwargs)
     from impala_tf.rollout.env_runner import EnvRunner
 
-    return EnvRunner(config, **kwargs)
+    return EnvRunner(spec, **kwargs)

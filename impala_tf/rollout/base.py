@@ -16,16 +16,14 @@ import numpy as np
 
 from impala_tf.algorithm_callbacks import Callbacks
 from impala_tf.algorithm_callbacks import Episode as CallbackEpisode
-from impala_tf.config.base import AlgorithmConfig
-from impala_tf.config.policies import policy_config
 from impala_tf.envs.faults import StepProgress
 from impala_tf.envs.make import env_seed
 from impala_tf.filters import Filter, get_filter
-from impala_tf.models.spec import ModelSpec, model_spec
+from impala_tf.models.spec import ModelSpec
 from impala_tf.numpy_policy import make_policy
-from impala_tf.portable import Portable
 from impala_tf.remote_policy import RemotePolicy
 from impala_tf.rollout.fragment import Episode
+from impala_tf.rollout.spec import RunnerSpec
 
 __all__ = ["RunnerBase", "sampler_seeds"]
 
@@ -60,47 +58,41 @@ class RunnerBase:
     """The arguments and helpers both env runners share.
 
     Args:
-      config: The algorithm config.
+      spec: What the runner is built from (`impala_tf.driver.specs.runner_spec`).
       worker_index: 0 for the driver's own runner (evaluation), i + 1 for actor i; seeds the
         envs and the action samplers.
-      explore: Sample actions (True) or take the most likely one; None: `config.explore`.
+      explore: Sample actions (True) or take the most likely one; None: `spec.explore`.
       update_filter: Whether observations update the observation filters (False in evaluation,
         whose filters stay the driver's).
       progress: Where the runner publishes the step it is in (read by the host to say where a
         hung actor hangs).
-      models: {policy_id: resolved model} from the run's plan; None resolves each policy's
-        `model` config here (a runner built by hand).
-      callbacks: The run's resolved `callbacks` class (`RuntimePlan.callbacks`; None: none).
-        The runner keeps one instance and calls its episode hooks and `on_sample_end`.
+
+    The runner keeps one instance of the spec's `callbacks` class and calls its episode hooks
+    and `on_sample_end`.
     """
 
     def __init__(
         self,
-        config: AlgorithmConfig,
+        spec: RunnerSpec,
         worker_index: int,
         explore: bool | None,
         update_filter: bool,
         progress: StepProgress | None,
-        models: Mapping[str, ModelSpec] | None = None,
-        callbacks: Portable | None = None,
     ):
-        self.config = config
+        self.spec = spec
         self.worker_index = worker_index
-        self.num_envs = int(config.num_envs_per_env_runner)
-        self.horizon = int(config.rollout_fragment_length)
+        self.num_envs = spec.num_envs
+        self.horizon = spec.horizon
         self.progress = progress if progress is not None else StepProgress()
-        self.explore = config.explore if explore is None else bool(explore)
+        self.explore = spec.explore if explore is None else bool(explore)
         self._update_filter = bool(update_filter)
-        self._models = dict(models) if models is not None else None
         where = f"actor {worker_index - 1}" if worker_index > 0 else "the driver's runner"
-        self.callbacks = Callbacks(callbacks, where)
+        self.callbacks = Callbacks(spec.callbacks, where)
         self._episode_count = 0
 
     def model_of(self, policy_id: str) -> ModelSpec:
-        """The resolved model of `policy_id` (the plan's, or resolved from the config)."""
-        if self._models is not None:
-            return self._models[policy_id]
-        return model_spec(policy_config(self.config, policy_id).model)
+        """The resolved model of `policy_id`."""
+        return self.spec.policies[policy_id].model
 
     def _make_policy(
         self,
@@ -144,7 +136,7 @@ class RunnerBase:
 
     def _make_filter(self, policy_id: str, obs_space: gym.Space) -> Filter:
         """`observation_filter` for `policy_id`'s observations (a float space, if it filters)."""
-        name = self.config.observation_filter
+        name = self.spec.observation_filter
         if name != "NoFilter" and not np.issubdtype(obs_space.dtype or np.float32, np.floating):
             raise ValueError(
                 f"`observation_filter` {name!r} standardises observations and needs a float "
@@ -155,7 +147,7 @@ class RunnerBase:
     def _filter_deltas(self, filters: Mapping[str, Filter]) -> dict[str, Filter] | None:
         """Each filter's changes since the last fragment (merged by the driver); resets their
         buffers. None when this runner's filters do not learn."""
-        if not self._update_filter or self.config.observation_filter == "NoFilter":
+        if not self._update_filter or self.spec.observation_filter == "NoFilter":
             return None
         out = {}
         for pid, f in filters.items():

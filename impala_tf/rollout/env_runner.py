@@ -78,7 +78,6 @@ import numpy as np
 from impala_tf.actions import ActionAdapter
 from impala_tf.algorithm_callbacks import AGENT_ID
 from impala_tf.algorithm_callbacks import Episode as CallbackEpisode
-from impala_tf.config.base import AlgorithmConfig
 from impala_tf.envs import atari
 from impala_tf.envs.batch import AtariVectorEnvBatch, GymEnvBatch, sent_frame_stack
 from impala_tf.envs.faults import EnvGuard, StepProgress, env_name
@@ -86,6 +85,7 @@ from impala_tf.envs.make import env_seed, make_env_batch
 from impala_tf.filters import Filter, filter_from_state
 from impala_tf.rollout.base import Remote, RunnerBase, sampler_seeds
 from impala_tf.rollout.fragment import DEFAULT_POLICY_ID, POLICY_VERSION, Episode, Fragment
+from impala_tf.rollout.spec import RunnerSpec
 from impala_tf.sample_batch import OBS, OBS_FRAMES, OBS_RESTARTS, SampleBatch
 
 __all__ = ["EnvRunner", "Weights"]
@@ -99,10 +99,9 @@ class EnvRunner(RunnerBase):
     """Steps `num_envs_per_env_runner` envs with one policy (`"default_policy"`); fragments.
 
     Args:
-      config: The algorithm config (env, env_config, model, rollout_fragment_length,
-        num_envs_per_env_runner, seed, explore, gamma).
+      spec: What the runner is built from (`impala_tf.driver.specs.runner_spec`).
       worker_index: 1-based index of this runner; it derives the env and sampling seeds.
-      explore: Overrides `config.explore` (evaluation passes False).
+      explore: Overrides `spec.explore` (evaluation passes False).
       update_filter: Update the observation filter (`observation_filter`) with the observations
         seen (actors); False applies it unchanged (evaluation).
       progress: Where the runner is (step, env index, phase), shared with the driver so that
@@ -110,51 +109,54 @@ class EnvRunner(RunnerBase):
       remote: With central inference (`impala_tf.inference`): this actor's connection to the
         driver's inference server and {policy_id: per-env shapes of the model's recurrent
         state}. The runner then acts through a `RemotePolicy` and never imports TensorFlow.
-      models: `{"default_policy": ModelSpec}`, the policy's resolved model (the run's plan);
-        None resolves `config.model` here.
-      callbacks: The run's resolved `callbacks` class (the run's plan; None: none).
     """
 
     policy_ids = (DEFAULT_POLICY_ID,)
 
     def __init__(
         self,
-        config: AlgorithmConfig,
+        spec: RunnerSpec,
         worker_index: int = 1,
         explore: bool | None = None,
         update_filter: bool = True,
         progress: StepProgress | None = None,
         remote: Remote | None = None,
-        models: Mapping[str, Any] | None = None,
-        callbacks: Any = None,
     ):
-        super().__init__(config, worker_index, explore, update_filter, progress, models, callbacks)
+        super().__init__(spec, worker_index, explore, update_filter, progress)
         who = f"actor {worker_index - 1}" if worker_index > 0 else "the driver"
         self._guard = EnvGuard(
-            env_name(config.env),
+            env_name(spec.env.env),
             who,
-            drop_nonfinite=bool(config.drop_nonfinite_episodes),
+            drop_nonfinite=spec.drop_nonfinite_episodes,
             progress=self.progress,
         )
-        self.env_batch = make_env_batch(config, worker_index, self.num_envs, self._guard)
+        self.env_batch = make_env_batch(spec.env, worker_index, self._guard)
         self.env_batch.collect_infos = self.callbacks.episodes
         self.observation_space = self.env_batch.observation_space
         self.action_space = self.env_batch.action_space
-        spaces = (self.observation_space, self.action_space)
-        seed = sampler_seeds(config.seed, worker_index, self.policy_ids, False)[DEFAULT_POLICY_ID]
+        acting = spec.policies[DEFAULT_POLICY_ID]
+        seed = sampler_seeds(spec.seed, worker_index, self.policy_ids, False)[DEFAULT_POLICY_ID]
         # Frame-stacking envs: each frame is stored once (`obs_frames`, impala_tf.frames), and
-        # sent once to the driver's inference server, which keeps the stacks.
-        self.frame_stack = sent_frame_stack(self.env_batch.frame_stack, config.observation_filter)
+        # sent once to the driver's inference server, which keeps the stacks. The driver's probe
+        # decided it; this runner's envs must stack as the probed one did.
+        self.frame_stack = spec.frame_stacks.get(DEFAULT_POLICY_ID)
+        own = sent_frame_stack(self.env_batch.frame_stack, spec.observation_filter)
+        if own != self.frame_stack:
+            raise ValueError(
+                f"The envs of {who} stack frames as {own} (k frames of s channels), but the "
+                f"driver's probe env stacked them as {self.frame_stack}: the env must make the "
+                "same observations in every process."
+            )
         self._server_keeps_stacks = remote is not None and self.frame_stack is not None
-        model = self.model_of(DEFAULT_POLICY_ID)
+        model = acting.model
         self._seq_len = model.max_seq_len
         self.policy = self._make_policy(
             DEFAULT_POLICY_ID,
-            spaces,
+            acting.spaces,
             model,
             seed,
             remote,
-            config.acting_precision,
+            acting.precision,
             frame_stack=self.frame_stack,
         )
         self.policy_version = 0
@@ -162,14 +164,14 @@ class EnvRunner(RunnerBase):
         self._next_version = 0  # The version of the weights that computed `self._next`.
         self._obs_dtype = self.observation_space.dtype or np.float32
         self._env_actions = ActionAdapter(
-            self.action_space, config.normalize_actions, config.clip_actions
+            self.action_space, spec.normalize_actions, spec.clip_actions
         )
         is_atari = isinstance(self.env_batch, AtariVectorEnvBatch) or (
             isinstance(self.env_batch, GymEnvBatch) and atari.is_atari(self.env_batch.envs[0])
         )
-        self._clip_rewards = atari.clip_rewards_for(config, is_atari)
+        self._clip_rewards = spec.env.clip_rewards_for(is_atari)
         # Raw until the first policy step filters them (after the driver's filter has arrived).
-        self._obs = self._reset_all(config.seed)
+        self._obs = self._reset_all(spec.seed)
         self._obs_filtered = False
         self._initial_state = self.policy.initial_state(self.num_envs)
         self._state = self._initial_state

@@ -17,13 +17,11 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-from impala_tf.config.base import AlgorithmConfig
 from impala_tf.envs.faults import StepProgress
-from impala_tf.models.spec import ModelSpec
-from impala_tf.portable import Portable
 from impala_tf.remote_policy import connect
 from impala_tf.rollout import make_env_runner
 from impala_tf.rollout.fragment import Fragment
+from impala_tf.rollout.spec import RunnerSpec
 from impala_tf.sample_batch import OBS, OBS_FRAMES, compress
 
 __all__ = ["RunnerHost", "make_runner_host"]
@@ -34,27 +32,20 @@ class RunnerHost:
 
     Args:
       actor_id: The actor's index (0-based); the runner is `worker_index = actor_id + 1`.
-      config: The algorithm config.
-      multi_agent: The env is multi-agent.
+      spec: What the runner is built from (`impala_tf.driver.plan.RuntimePlan.runner`).
       endpoint: Central inference: where the driver's inference server listens (None: the
         actor runs its policies itself).
       state_shapes: Central inference: {policy_id: one env's initial recurrent state (or its
         shapes)}, `InferenceServer.initial_states`.
-      models: {policy_id: the policy's resolved model} (`RuntimePlan.models`); None resolves
-        them from `config`.
-      callbacks: The run's resolved `callbacks` class (`RuntimePlan.callbacks`).
       progress: Shared progress array for hang reports (local processes only).
     """
 
     def __init__(
         self,
         actor_id: int,
-        config: AlgorithmConfig,
-        multi_agent: bool,
+        spec: RunnerSpec,
         endpoint: Any = None,
         state_shapes: Mapping[str, list] | None = None,
-        models: Mapping[str, ModelSpec] | None = None,
-        callbacks: Portable | None = None,
         progress: Any = None,
     ):
         remote = None
@@ -62,17 +53,11 @@ class RunnerHost:
             remote = (connect(endpoint, actor_id), dict(state_shapes or {}))
         self.actor_id = actor_id
         self.runner = make_env_runner(
-            config,
-            multi_agent,
-            worker_index=actor_id + 1,
-            progress=StepProgress(progress),
-            remote=remote,
-            models=models,
-            callbacks=callbacks,
+            spec, worker_index=actor_id + 1, progress=StepProgress(progress), remote=remote
         )
         self._compress = (
             functools.partial(compress, columns=(OBS, OBS_FRAMES))
-            if config.compress_observations
+            if spec.compress_observations
             else None
         )
 
@@ -103,15 +88,10 @@ class RunnerHost:
 
 def make_runner_host(
     actor_id: int,
-    config: AlgorithmConfig,
-    multi_agent: bool,
+    spec: RunnerSpec,
     endpoint: Any = None,
     state_shapes: Mapping[str, list] | None = None,
-    models: Mapping[str, ModelSpec] | None = None,
-    callbacks: Portable | None = None,
     progress: Any = None,
 ) -> RunnerHost:
     """The worker factory of actors (`impala_tf.workers.WorkerSpec.factory`)."""
-    return RunnerHost(
-        actor_id, config, multi_agent, endpoint, state_shapes, models, callbacks, progress
-    )
+    return RunnerHost(actor_id, spec, endpoint, state_shapes, progress)

@@ -69,10 +69,8 @@ import numpy as np
 import impala_tf.config.policies as policy_specs
 from impala_tf.actions import ActionAdapter
 from impala_tf.algorithm_callbacks import Episode as CallbackEpisode
-from impala_tf.config.base import AlgorithmConfig
 from impala_tf.envs.faults import StepProgress
 from impala_tf.envs.make import env_seed, make_env
-from impala_tf.envs.spaces import policy_spaces
 from impala_tf.filters import Filter, filter_from_state
 from impala_tf.multi_agent.env import ALL, MultiAgentEnv
 from impala_tf.rollout.agent_streams import (
@@ -87,6 +85,7 @@ from impala_tf.rollout.agent_streams import (
 from impala_tf.rollout.base import Remote, RunnerBase, sampler_seeds
 from impala_tf.rollout.env_runner import Weights
 from impala_tf.rollout.fragment import Episode, Fragment
+from impala_tf.rollout.spec import RunnerSpec
 from impala_tf.sample_batch import MultiAgentBatch, SampleBatch
 
 __all__ = ["MultiAgentEnvRunner"]
@@ -117,9 +116,10 @@ class MultiAgentEnvRunner(RunnerBase):
     """Steps `num_envs_per_env_runner` multi-agent envs with every policy; see the module doc.
 
     Args:
-      config: The algorithm config (with `policies`, `policy_mapping_fn`).
+      spec: What the runner is built from (`impala_tf.driver.specs.runner_spec`: the policies'
+        spaces and the policy mapping among it).
       worker_index: 1-based index of this runner; it derives the env and sampling seeds.
-      explore: Overrides `config.explore` (evaluation passes False).
+      explore: Overrides `spec.explore` (evaluation passes False).
       update_filter: Update the observation filters with what is seen (actors); False applies
         them unchanged (evaluation).
       progress: Shared progress record (kept for the pool's hang reports).
@@ -127,63 +127,54 @@ class MultiAgentEnvRunner(RunnerBase):
         driver's inference server and {policy_id: per-env shapes of the model's recurrent
         state}. Every policy then acts through a `RemotePolicy` and TensorFlow is never
         imported.
-      models: {policy_id: the policy's resolved model} (the run's plan); None resolves each
-        policy's `model` config here.
-      callbacks: The run's resolved `callbacks` class (the run's plan; None: none).
     """
 
     def __init__(
         self,
-        config: AlgorithmConfig,
+        spec: RunnerSpec,
         worker_index: int = 1,
         explore: bool | None = None,
         update_filter: bool = True,
         progress: StepProgress | None = None,
         remote: Remote | None = None,
-        models: Mapping[str, Any] | None = None,
-        callbacks: Any = None,
     ):
-        super().__init__(config, worker_index, explore, update_filter, progress, models, callbacks)
-        self.envs: list[gym.Env] = [make_env(config, worker_index, j) for j in range(self.num_envs)]
+        super().__init__(spec, worker_index, explore, update_filter, progress)
+        self.envs: list[gym.Env] = [
+            make_env(spec.env, worker_index, j) for j in range(self.num_envs)
+        ]
         # Through an env creator's wrappers to the multi-agent env.
         base = self.envs[0].unwrapped
         if not isinstance(base, MultiAgentEnv):
             raise ValueError(
-                f"The env {config.env!r} is not a MultiAgentEnv (impala_tf.multi_agent.env), "
+                f"The env {spec.env.env!r} is not a MultiAgentEnv (impala_tf.multi_agent.env), "
                 "but the multi-agent runner steps it."
             )
-        self.spaces = policy_spaces(config, base)
+        self.spaces = {pid: acting.spaces for pid, acting in spec.policies.items()}
         self.policy_ids: Sequence[str] = tuple(sorted(self.spaces))
-        self.mapping = policy_specs.resolve_mapping_fn(config.policy_mapping_fn)
+        self.mapping = spec.policy_mapping_fn or policy_specs.default_policy_mapping_fn
         self.policies: dict[str, Any] = {}
         self.filters: dict[str, Filter] = {}
         self._adapters: dict[str, ActionAdapter] = {}
         self._obs_dtypes: dict[str, np.dtype] = {}
         self._zero_state: dict[str, tuple] = {}
         self._chunk: dict[str, int] = {}
-        seeds = self._policy_seeds(config.seed)
+        seeds = self._policy_seeds(spec.seed)
         for pid in self.policy_ids:
-            obs_space, act_space = self.spaces[pid]
-            pconfig = policy_specs.policy_config(config, pid)
-            model = self.model_of(pid)
+            acting = spec.policies[pid]
+            obs_space, act_space = acting.spaces
             policy = self._make_policy(
-                pid,
-                (obs_space, act_space),
-                model,
-                seeds[pid],
-                remote,
-                pconfig.acting_precision,
+                pid, acting.spaces, acting.model, seeds[pid], remote, acting.precision
             )
             self.policies[pid] = policy
             self._obs_dtypes[pid] = np.dtype(obs_space.dtype or np.float32)
             self.filters[pid] = self._make_filter(pid, obs_space)
             self._adapters[pid] = ActionAdapter(
-                act_space, config.normalize_actions, config.clip_actions
+                act_space, spec.normalize_actions, spec.clip_actions
             )
             self._zero_state[pid] = tuple(s[0] for s in policy.initial_state(1))
-            self._chunk[pid] = model.max_seq_len
+            self._chunk[pid] = acting.model.max_seq_len
         self.versions = {pid: 0 for pid in self.policy_ids}
-        self._reset_all(config.seed)
+        self._reset_all(spec.seed)
 
     @property
     def base_env(self) -> list[gym.Env]:

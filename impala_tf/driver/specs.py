@@ -1,0 +1,121 @@
+"""The config resolved into the frozen specs the run's parts are built from.
+
+This is where the keys that make envs and env runners are read, once per build: the driver
+sends the specs to the actors (`impala_tf.rollout.spec.RunnerSpec`, holding an
+`impala_tf.envs.make.EnvSpec`), so no worker receives the algorithm config or decides again what
+the driver decided (the spaces, each policy's model and acting precision, the frame transport,
+the policy mapping).
+
+* `env_spec(config)`: how the envs are made (`env`, `env_config`, `num_envs_per_env_runner`,
+  `num_env_runners`, `seed`, `preprocessor_pref`, `model.dim`, `model.framestack`,
+  `clip_rewards`);
+* `probe_spaces(config)`: one env of the spec, made in the driver, and its policies' spaces;
+* `runner_spec(config, spaces, models, callbacks)`: an env runner's spec (the actors' comes
+  from the run's plan, `impala_tf.driver.plan.RuntimePlan.runner`; evaluation resolves its own
+  from the evaluation config);
+* `aggregator_spec(config, rows)`: what the aggregators (the driver's and the aggregation
+  workers') are built from (`replay_proportion`, `replay_buffer_num_slots` per policy, `seed`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from impala_tf.algorithm_callbacks import resolve_callbacks
+from impala_tf.config.policies import policy_config, resolve_mapping_fn
+from impala_tf.driver.aggregation import AggregatorSpec
+from impala_tf.envs import atari
+from impala_tf.envs.make import EnvSpec
+from impala_tf.envs.spaces import EnvSpaces, probe_env_spaces
+from impala_tf.models.spec import ModelSpec, model_spec
+from impala_tf.portable import Portable
+from impala_tf.replay import replay_ratio_from_proportion
+from impala_tf.rollout.spec import PolicyActing, RunnerSpec
+
+__all__ = ["aggregator_spec", "env_spec", "probe_spaces", "runner_spec"]
+
+_MISSING: Any = object()
+
+
+def env_spec(config: Any) -> EnvSpec:
+    """How `config`'s envs are made (see the module docstring)."""
+    model = config.model or {}
+    return EnvSpec(
+        env=config.env,
+        env_config=dict(config.env_config or {}),
+        num_envs=int(config.num_envs_per_env_runner),
+        num_workers=int(config.num_env_runners),
+        seed=None if config.seed is None else int(config.seed),
+        deepmind=config.preprocessor_pref == atari.DEEPMIND,
+        dim=int(model.get("dim", 84)),
+        frame_stack=atari.STACK if model.get("framestack", True) is True else 1,
+        clip_rewards=config.clip_rewards,
+    )
+
+
+def probe_spaces(config: Any) -> EnvSpaces:
+    """Builds one env of `config` in this process and reads its policies' spaces
+    (`impala_tf.envs.spaces.probe_env_spaces`).
+
+    Raises:
+      ValueError: `policies`/`policy_mapping_fn` are set for an env that is not multi-agent, or
+        an agent maps to a policy that `policies` does not name.
+    """
+    return probe_env_spaces(
+        env_spec(config), config.policies, config.policy_mapping_fn, config.observation_filter
+    )
+
+
+def runner_spec(
+    config: Any,
+    spaces: EnvSpaces | None = None,
+    models: Mapping[str, ModelSpec] | None = None,
+    callbacks: Portable | None | Any = _MISSING,
+) -> RunnerSpec:
+    """An env runner's spec for `config` (the algorithm's, or the evaluation config).
+
+    Args:
+      config: A validated config.
+      spaces: The env's probed spaces (None: probes them here).
+      models: {policy_id: resolved model} (None: resolves each policy's `model` here).
+      callbacks: The resolved `callbacks` class (default: resolved from `callbacks_class`).
+    """
+    spaces = probe_spaces(config) if spaces is None else spaces
+    policies = {}
+    for pid, (obs, act) in sorted(spaces.policies.items()):
+        pconfig = policy_config(config, pid)
+        model = models[pid] if models is not None else model_spec(pconfig.model)
+        policies[pid] = PolicyActing(obs, act, model, str(pconfig.acting_precision))
+    if callbacks is _MISSING:
+        callbacks = resolve_callbacks(config.callbacks_class)
+    return RunnerSpec(
+        env=env_spec(config),
+        multi_agent=spaces.multi_agent,
+        policies=policies,
+        policy_mapping_fn=(
+            resolve_mapping_fn(config.policy_mapping_fn) if spaces.multi_agent else None
+        ),
+        horizon=int(config.rollout_fragment_length),
+        explore=bool(config.explore),
+        observation_filter=str(config.observation_filter),
+        normalize_actions=bool(config.normalize_actions),
+        clip_actions=bool(config.clip_actions),
+        drop_nonfinite_episodes=bool(config.drop_nonfinite_episodes),
+        compress_observations=bool(config.compress_observations),
+        frame_stacks=dict(spaces.frame_stacks),
+        callbacks=callbacks,
+    )
+
+
+def aggregator_spec(config: Any, rows: Mapping[str, int]) -> AggregatorSpec:
+    """What the aggregators of `config` are built from, for the trained policies' `rows`
+    ({policy_id: sequences per train batch})."""
+    replay = {}
+    for pid in rows:
+        pconfig = policy_config(config, pid)
+        if pconfig.replay_proportion > 0:
+            ratio = replay_ratio_from_proportion(pconfig.replay_proportion)
+            replay[pid] = (int(pconfig.replay_buffer_num_slots), float(ratio))
+    seed = None if config.seed is None else int(config.seed)
+    return AggregatorSpec(rows=dict(rows), replay=replay, seed=seed)
