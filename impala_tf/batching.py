@@ -6,20 +6,29 @@ numpy only (no TensorFlow), so aggregation worker processes can use it.
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
-from impala_tf.config.base import AlgorithmConfig
 from impala_tf.sample_batch import SampleBatch, concat_samples
 
-__all__ = ["BatchBuilder", "rows_per_batch"]
+__all__ = ["BatchBuilder", "BatchShape", "rows_per_batch"]
+
+
+class BatchShape(Protocol):
+    """The settings that shape a train batch: a learner's `impala_tf.learner_spec.LearnerSpec`,
+    or a config (the same RLlib keys)."""
+
+    rollout_fragment_length: int
+    train_batch_size: int
+    microbatch_size: int | None
+
 
 #: The env runners' per-step weights version column (`impala_tf.rollout.env_runner.POLICY_VERSION`).
 _VERSION_COLUMN = "policy_version"
 
 
-def rows_per_batch(config: AlgorithmConfig, num_replicas: int = 1) -> int:
+def rows_per_batch(config: BatchShape, num_replicas: int = 1) -> int:
     """Env sequences per train batch: `train_batch_size / rollout_fragment_length`, rounded up to
     a whole multiple of the number of learner devices `num_replicas`.
 

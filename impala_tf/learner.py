@@ -63,6 +63,7 @@ replica context could not hold.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import gymnasium as gym
@@ -74,8 +75,9 @@ from impala_tf import devices, distributions, losses, sequences
 from impala_tf import frames as frames_lib
 from impala_tf.config.base import AlgorithmConfig
 from impala_tf.gradients import GradientAccumulators, apply_summed, check_plain_optimizer
+from impala_tf.learner_spec import LearnerSpec, learner_spec
 from impala_tf.models.catalog import build_model
-from impala_tf.models.spec import ModelSpec, model_spec
+from impala_tf.models.spec import ModelSpec
 from impala_tf.sample_batch import OBS, OBS_FRAMES, OBS_RESTARTS
 
 __all__ = ["DIAGNOSTIC_KEYS", "ImpalaLearner", "piecewise_linear", "STATS_KEYS"]
@@ -169,8 +171,18 @@ class ImpalaLearner(keras.Model):
     update and returns the stats in `STATS_KEYS`, so `learner.fit(dataset, callbacks=[...])` works
     on a `tf.data.Dataset` of batches (see the module docstring for the layouts).
 
+    Args:
+      spec: The policy's learner settings (`impala_tf.learner_spec.LearnerSpec`), or a config
+        (an `ImpalaConfig`: its settings are read once, `learner_spec(config)`; the learner
+        keeps no config).
+      observation_space: The policy's observation space.
+      action_space: The policy's action space.
+      model: The actor-critic to train (a built `keras.Model`), or a `ModelSpec` to build it
+        from; None builds the spec's model.
+      name: The Keras name.
+
     Attributes:
-      config: The `ImpalaConfig` it was built from.
+      spec: The `LearnerSpec` it was built from.
       model: The `impala_tf.models.ActorCritic` being trained.
       policy_optimizer: The optimizer of the total loss (or of the policy loss when
         `_separate_vf_optimizer`).
@@ -181,27 +193,30 @@ class ImpalaLearner(keras.Model):
 
     def __init__(
         self,
-        config: AlgorithmConfig,
+        spec: LearnerSpec | AlgorithmConfig,
         observation_space: gym.Space,
         action_space: gym.Space,
         model: keras.Model | ModelSpec | None = None,
         name: str = "impala_learner",
     ):
         super().__init__(name=name)
-        self.config = config
+        if not isinstance(spec, LearnerSpec):
+            spec = learner_spec(spec, model if isinstance(model, ModelSpec) else None)
+        elif isinstance(model, ModelSpec):
+            spec = dataclasses.replace(spec, model=model)
+        self.spec = spec
         self.observation_space = observation_space
         self.action_space = action_space
         if model is None or isinstance(model, ModelSpec):
-            spec = model_spec(config.model if model is None else model)
-            model = build_model(observation_space, action_space, spec, precision=config.precision)
+            model = build_model(
+                observation_space, action_space, spec.model, precision=spec.precision
+            )
         self.model = model
-        self._lr_points = config.lr_schedule_points()
-        self._entropy_points = config.entropy_coeff_schedule_points()
-        self._separate_vf = bool(config._separate_vf_optimizer)
+        self._separate_vf = spec.separate_vf_optimizer
 
-        self.policy_optimizer = self._make_optimizer(config.lr)
+        self.policy_optimizer = self._make_optimizer(spec.lr)
         self.value_optimizer = (
-            keras.optimizers.Adam(learning_rate=config._lr_vf, epsilon=1e-8, name="value_adam")
+            keras.optimizers.Adam(learning_rate=spec.lr_vf, epsilon=1e-8, name="value_adam")
             if self._separate_vf
             else None
         )
@@ -227,7 +242,7 @@ class ImpalaLearner(keras.Model):
         self.num_grad_updates = tf.Variable(0, name="num_grad_updates", **counter)
         self.num_agent_steps_trained = tf.Variable(0, name="num_agent_steps_trained", **counter)
         self._accumulators: GradientAccumulators | None = (
-            GradientAccumulators(self._groups) if config.microbatch_size is not None else None
+            GradientAccumulators(self._groups) if spec.microbatch_size is not None else None
         )
         # `jit_compile_update`: XLA compiles the part of the update that is one device's own
         # work (forward, V-trace, backward). The rest (all-reduce, clipping, the optimizers in
@@ -235,7 +250,7 @@ class ImpalaLearner(keras.Model):
         # an XLA cluster cannot do, so Keras' `compile(jit_compile=True)` (which compiles the
         # whole `train_step`) is never used.
         self.jit_compile_update = devices.resolve_jit_compile(
-            config.jit_compile_update, devices.on_accelerator(tf.distribute.get_strategy())
+            spec.jit_compile_update, devices.on_accelerator(tf.distribute.get_strategy())
         )
         self._gradients_fn = (
             tf.function(self._gradients, jit_compile=True, autograph=False)
@@ -250,13 +265,13 @@ class ImpalaLearner(keras.Model):
     def _make_optimizer(self, lr: float) -> keras.optimizers.Optimizer:
         # RLlib uses tf1's AdamOptimizer (epsilon 1e-8) and RMSPropOptimizer(lr, decay, momentum,
         # epsilon); Keras' RMSprop calls `decay` rho.
-        if self.config.opt_type == "adam":
+        if self.spec.opt_type == "adam":
             return keras.optimizers.Adam(learning_rate=lr, epsilon=1e-8, name="policy_adam")
         return keras.optimizers.RMSprop(
             learning_rate=lr,
-            rho=self.config.decay,
-            momentum=self.config.momentum,
-            epsilon=self.config.epsilon,
+            rho=self.spec.decay,
+            momentum=self.spec.momentum,
+            epsilon=self.spec.epsilon,
             name="policy_rmsprop",
         )
 
@@ -285,7 +300,7 @@ class ImpalaLearner(keras.Model):
             raise ValueError(
                 f"`rewards` must be [T, B] (time-major) or [B*T] (flat), got shape {rewards.shape}"
             )
-        horizon = int(self.config.rollout_fragment_length)
+        horizon = self.spec.rollout_fragment_length
         out = {}
         for key, column in batch.items():
             if key.startswith(_STATE_PREFIX):
@@ -307,15 +322,16 @@ class ImpalaLearner(keras.Model):
             stacks = frames_lib.rebuild_stacks(frames, tf.transpose(restarts))
             out[OBS] = tf.transpose(stacks, [1, 0, 2, 3, 4])
         else:  # Flat [B * T].
-            horizon = int(self.config.rollout_fragment_length)
+            horizon = self.spec.rollout_fragment_length
             stacks = frames_lib.rebuild_stacks(frames, tf.reshape(restarts, [-1, horizon]))
             out[OBS] = tf.reshape(stacks, tf.concat([[-1], tf.shape(stacks)[2:]], axis=0))
         return out
 
     def _schedules(self) -> tuple[tf.Tensor, tf.Tensor]:
         steps = self.num_agent_steps_trained
-        cur_lr = piecewise_linear(self._lr_points, steps, self.config.lr)
-        entropy_coeff = piecewise_linear(self._entropy_points, steps, self.config.entropy_coeff)
+        spec = self.spec
+        cur_lr = piecewise_linear(spec.lr_schedule, steps, spec.lr)
+        entropy_coeff = piecewise_linear(spec.entropy_coeff_schedule, steps, spec.entropy_coeff)
         return cur_lr, entropy_coeff
 
     def train_step(self, data):
@@ -377,14 +393,12 @@ class ImpalaLearner(keras.Model):
           (grads, sums, rows): for each `(optimizer, variables)` of `self._groups` the list of
           float gradients (zeros where a variable has none); the `LossSums`; int64 env steps.
         """
-        config = self.config
+        spec = self.spec
         rows = tf.cast(tf.size(batch["rewards"]), tf.int64)
         mask, sequence_ends = None, None
         if any(k.startswith(_STATE_PREFIX) for k in batch):
             # RLlib's `max_seq_len`: sequences of at most L steps from their recorded start states.
-            batch, mask, sequence_ends = sequences.chunk_time_major(
-                batch, config.model["max_seq_len"]
-            )
+            batch, mask, sequence_ends = sequences.chunk_time_major(batch, spec.max_seq_len)
         terminateds = tf.cast(batch["terminateds"], tf.bool)
         truncateds = tf.cast(batch["truncateds"], tf.bool)
         dones = tf.logical_or(terminateds, truncateds)
@@ -414,12 +428,12 @@ class ImpalaLearner(keras.Model):
                 ),
                 values_bootstrapped=batch["values_bootstrapped"],
                 mask=mask,
-                gamma=config.gamma,
-                clip_rho_threshold=config.vtrace_clip_rho_threshold,
-                clip_pg_rho_threshold=config.vtrace_clip_pg_rho_threshold,
-                vf_loss_coeff=config.vf_loss_coeff,
+                gamma=spec.gamma,
+                clip_rho_threshold=spec.vtrace_clip_rho_threshold,
+                clip_pg_rho_threshold=spec.vtrace_clip_pg_rho_threshold,
+                vf_loss_coeff=spec.vf_loss_coeff,
                 entropy_coeff=entropy_coeff,
-                drop_last_ts=config.vtrace_drop_last_ts,
+                drop_last_ts=spec.vtrace_drop_last_ts,
             )
             if self._separate_vf:
                 group_losses = [
@@ -437,7 +451,7 @@ class ImpalaLearner(keras.Model):
         # The diagnostic's steps are the loss's (`vtrace_drop_last_ts` leaves out the last).
         step_mask = tf.ones_like(logits[..., 0]) if mask is None else tf.cast(mask, tf.float32)
         logit_range = tf.reduce_max(logits, axis=-1) - tf.reduce_min(logits, axis=-1)
-        if config.vtrace_drop_last_ts:
+        if spec.vtrace_drop_last_ts:
             step_mask, logit_range = step_mask[:-1], logit_range[:-1]
         sums = out.sums._replace(
             logit_range=tf.stop_gradient(tf.reduce_sum(step_mask * logit_range))
@@ -453,7 +467,7 @@ class ImpalaLearner(keras.Model):
         entropy_coeff: tf.Tensor,
     ) -> dict[str, tf.Tensor]:
         """All-reduces this replica's gradients and sums, clips, applies; returns the stats."""
-        config = self.config
+        spec = self.spec
         ctx = tf.distribute.get_replica_context()
         self.policy_optimizer.learning_rate.assign(cur_lr)
         # Sum over replicas = the gradient of the whole batch's summed loss. One all-reduce for
@@ -471,8 +485,8 @@ class ImpalaLearner(keras.Model):
         for _, variables in self._groups:
             group = all_grads[offset : offset + len(variables)]
             offset += len(variables)
-            if config.grad_clip is not None:
-                group, _ = tf.clip_by_global_norm(group, config.grad_clip)
+            if spec.grad_clip is not None:
+                group, _ = tf.clip_by_global_norm(group, spec.grad_clip)
             clipped_groups.append(group)
         # A non-finite loss or gradient skips the whole update (weights, optimizer state,
         # counters); `update_skipped` tells the caller.
@@ -495,7 +509,7 @@ class ImpalaLearner(keras.Model):
             "grad_gnorm": tf.linalg.global_norm([g for group in clipped_groups for g in group]),
             "grad_gnorm_unclipped": grad_gnorm_unclipped,
             "total_loss": (
-                sums.pi_loss + config.vf_loss_coeff * sums.vf_loss - entropy_coeff * sums.entropy
+                sums.pi_loss + spec.vf_loss_coeff * sums.vf_loss - entropy_coeff * sums.entropy
             )
             / num_valid,
             "num_agent_steps_trained": self.num_agent_steps_trained.read_value(),

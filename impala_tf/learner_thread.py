@@ -152,27 +152,27 @@ class LearnerThread(threading.Thread):
         accelerator: bool | None = None,
     ):
         super().__init__(name="impala-learner", daemon=True)
-        config = learner.config
+        spec = learner.spec
         self.learner = learner
         self.strategy = strategy
         self.num_replicas = strategy.num_replicas_in_sync
-        self.num_microbatches = pipeline.microbatches_per_batch(config, self.num_replicas)
-        self._micro_rows = pipeline.microbatch_rows(config, self.num_replicas)
+        self.num_microbatches = pipeline.microbatches_per_batch(spec, self.num_replicas)
+        self._micro_rows = pipeline.microbatch_rows(spec, self.num_replicas)
         self.microbatching = self._micro_rows is not None
         self._signature = signature
-        self.inqueue: queue.Queue = queue.Queue(maxsize=int(config.learner_queue_size))
+        self.inqueue: queue.Queue = queue.Queue(maxsize=int(spec.learner_queue_size))
         self.outqueue: queue.Queue = queue.Queue()
         self._stopped = threading.Event()
-        self._timeout = float(config.learner_queue_timeout)
-        size, passes = config.minibatch_ring_size, int(config.num_sgd_iter)
+        self._timeout = float(spec.learner_queue_timeout)
+        size, passes = spec.minibatch_ring_size, int(spec.num_sgd_iter)
         if self.microbatching:
             # Passes re-stream the host batch: the ring holds train batches off the inqueue.
             self.minibatch_buffer = MinibatchBuffer(self._wait_for_batch, size, passes)
-            self.num_slots = int(config.num_multi_gpu_tower_stacks)
+            self.num_slots = int(spec.num_multi_gpu_tower_stacks)
         else:
             # Passes reuse the device batch: the ring holds units out of the dataset.
             self.minibatch_buffer = MinibatchBuffer(self._next_unit, size, passes)
-            self.num_slots = max(int(config.num_multi_gpu_tower_stacks), self.minibatch_buffer.size)
+            self.num_slots = max(int(spec.num_multi_gpu_tower_stacks), self.minibatch_buffer.size)
         self.accelerator = (
             devices.on_accelerator(strategy) if accelerator is None else bool(accelerator)
         )
@@ -218,7 +218,7 @@ class LearnerThread(threading.Thread):
         self._generation_lock = threading.Lock()
         self.num_units_dropped = 0
         # Skipped (non-finite) updates; `nonfinite.directory` is where their batches go.
-        self.nonfinite = NonFiniteGuard(config.max_nonfinite_updates)
+        self.nonfinite = NonFiniteGuard(spec.max_nonfinite_updates)
         self._callbacks = keras.callbacks.CallbackList(
             callbacks or [], add_history=False, add_progbar=False, model=learner
         )
@@ -228,7 +228,7 @@ class LearnerThread(threading.Thread):
             strategy,
             buffer_size=self.num_slots,
             accelerator=self.accelerator,
-            threads=int(config.num_gpu_loader_threads),
+            threads=int(spec.num_gpu_loader_threads),
         )
         # `num_grad_updates` on the host (module docstring); None: read the variable at the
         # next use (after `flush`, when a restore is about to load it).

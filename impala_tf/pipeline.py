@@ -29,8 +29,7 @@ import numpy as np
 import tensorflow as tf
 
 from impala_tf import distributions
-from impala_tf.batching import BatchBuilder, rows_per_batch  # TF-free: aggregators use them
-from impala_tf.config.base import AlgorithmConfig
+from impala_tf.batching import BatchBuilder, BatchShape, rows_per_batch  # TF-free
 from impala_tf.sample_batch import (
     OBS_FRAMES,
     OBS_RESTARTS,
@@ -52,7 +51,7 @@ __all__ = [
 ]
 
 
-def microbatch_rows(config: AlgorithmConfig, num_replicas: int = 1) -> int | None:
+def microbatch_rows(config: BatchShape, num_replicas: int = 1) -> int | None:
     """Sequences per microbatch, `microbatch_size / rollout_fragment_length`; None without one.
 
     Raises:
@@ -79,7 +78,7 @@ def microbatch_rows(config: AlgorithmConfig, num_replicas: int = 1) -> int | Non
     return rows
 
 
-def microbatches_per_batch(config: AlgorithmConfig, num_replicas: int = 1) -> int:
+def microbatches_per_batch(config: BatchShape, num_replicas: int = 1) -> int:
     """Microbatches in one train batch (one update); 1 without `microbatch_size`.
 
     Raises:
@@ -98,14 +97,14 @@ def microbatches_per_batch(config: AlgorithmConfig, num_replicas: int = 1) -> in
     return rows // micro
 
 
-def unit_rows(config: AlgorithmConfig, num_replicas: int = 1) -> int:
+def unit_rows(config: BatchShape, num_replicas: int = 1) -> int:
     """Sequences per unit the device receives: a microbatch, or else the whole train batch."""
     micro = microbatch_rows(config, num_replicas)
     return micro if micro is not None else rows_per_batch(config, num_replicas)
 
 
 def batch_signature(
-    config: AlgorithmConfig,
+    config: BatchShape,
     observation_space: gym.Space,
     action_space: gym.Space,
     num_replicas: int = 1,

@@ -14,7 +14,9 @@ import tensorflow as tf
 
 from impala_tf import distributions, gradients, losses
 from impala_tf.config import ImpalaConfig
+from impala_tf.config.base import AlgorithmConfig
 from impala_tf.learner import DIAGNOSTIC_KEYS, STATS_KEYS, ImpalaLearner, piecewise_linear
+from impala_tf.learner_spec import learner_spec
 from impala_tf.models import build_model
 from tests.support import batches as fakes
 from tests.support import strategies
@@ -459,3 +461,17 @@ def test_what_the_learner_cannot_apply_itself_is_rejected():
         ImpalaLearner(config, OBS, ACT, model=model)
     with pytest.raises(ValueError, match="weight_decay"):
         gradients.check_plain_optimizer(keras.optimizers.Adam(weight_decay=0.1), [])
+
+
+def test_a_learner_keeps_its_settings_and_no_config():
+    config = _config(lr=0.003, gamma=0.9, lr_schedule=[[0, 0.003], [1000, 0.001]])
+    config.model["max_seq_len"] = 7
+    learner = ImpalaLearner(config, OBS, ACT)
+    assert learner.spec == learner_spec(config)
+    assert (learner.spec.lr, learner.spec.gamma, learner.spec.max_seq_len) == (0.003, 0.9, 7)
+    assert learner.spec.lr_schedule == ((0.0, 0.003), (1000.0, 0.001))
+    assert not [k for k, v in vars(learner).items() if isinstance(v, AlgorithmConfig)]
+    # A spec builds the same learner: RLlib's keys are read once, by `learner_spec`.
+    again = ImpalaLearner(learner.spec, OBS, ACT)
+    assert again.spec == learner.spec
+    assert [v.shape for v in again.model.weights] == [v.shape for v in learner.model.weights]

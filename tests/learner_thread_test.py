@@ -391,7 +391,7 @@ def test_jit_compile_update_compiles_the_gradients_and_gives_the_same_update(nam
 
 def test_jit_compile_update_auto_is_off_on_a_cpu_and_bad_values_name_the_key():
     thread = _thread(tf.distribute.get_strategy())
-    assert thread.learner.config.jit_compile_update == "auto"
+    assert thread.learner.spec.jit_compile_update == "auto"
     assert thread.learner.jit_compile_update is False
     for value in ("yes", 1, None, "on"):
         with pytest.raises(ValueError, match="jit_compile_update"):

@@ -219,14 +219,14 @@ def test_a_bfloat16_learner_updates_on_two_devices_as_on_one():
     # Adam's first step moves each weight by about lr: a gradient element near zero may take
     # either sign when the devices round their halves in bfloat16, so weights agree to lr only.
     for a, b in zip(one.get_policy_weights(), two.get_policy_weights()):
-        np.testing.assert_allclose(b, a, atol=2 * one.config.lr)
+        np.testing.assert_allclose(b, a, atol=2 * one.spec.lr)
 
 
 def test_weights_broadcast_from_a_bfloat16_learner_round_trip_as_float32_arrays():
     learner = _learner(BF16)
     tf.function(learner.train_step)(_batch())
     weights = learner.get_policy_weights()
-    actor = ActorPolicy(VEC, ACT, learner.config.model, precision=BF16)
+    actor = ActorPolicy(VEC, ACT, learner.spec.model, precision=BF16)
     assert actor.model.torso.compute_dtype == "bfloat16"
     actor.set_weights(weights)
     for sent, held in zip(weights, actor.get_weights()):

@@ -31,6 +31,7 @@ from impala_tf.config.base import AlgorithmConfig
 from impala_tf.config.policies import policy_config
 from impala_tf.driver.plan import RuntimePlan
 from impala_tf.learner import ImpalaLearner
+from impala_tf.learner_spec import learner_spec
 from impala_tf.learner_thread import LearnerThread
 from impala_tf.minibatch import TrainBatch
 from impala_tf.nonfinite import NonFiniteUpdatesError
@@ -66,7 +67,10 @@ class LearnerGroup:
         self.strategy = strategy
         self.policy_ids = plan.policy_ids
         self.trained = list(plan.trained)
-        self.configs = {p: policy_config(config, p) for p in self.policy_ids}
+        # Each policy's learner settings, read once from its config (overrides applied).
+        self.specs = {
+            p: learner_spec(policy_config(config, p), plan.models[p]) for p in self.policy_ids
+        }
         self.learners: dict[str, ImpalaLearner] = {}
         self.threads: dict[str, LearnerThread] = {}
         self._fixed_versions: dict[str, int] = {}  # Untrained policies' `num_grad_updates`.
@@ -77,19 +81,17 @@ class LearnerGroup:
             for pid in self.policy_ids:
                 name = "impala_learner" if single else f"learner_{pid}"
                 obs, act = plan.spaces.policies[pid]
-                self.learners[pid] = ImpalaLearner(
-                    self.configs[pid], obs, act, model=plan.models[pid], name=name
-                )
+                self.learners[pid] = ImpalaLearner(self.specs[pid], obs, act, name=name)
         for pid in self.trained:
-            pconfig, learner = self.configs[pid], self.learners[pid]
+            spec, learner = self.specs[pid], self.learners[pid]
             state_shapes = sequences.state_column_shapes(
-                pconfig.rollout_fragment_length,
-                pconfig.model["max_seq_len"],
+                spec.rollout_fragment_length,
+                spec.max_seq_len,
                 tuple(tuple(s.shape[1:]) for s in learner.model.initial_state(1)),
             )
-            self.rows[pid] = pipeline.rows_per_batch(pconfig, replicas)
+            self.rows[pid] = pipeline.rows_per_batch(spec, replicas)
             signature = pipeline.batch_signature(
-                pconfig,
+                spec,
                 *plan.spaces.policies[pid],
                 replicas,
                 state_shapes,
