@@ -58,7 +58,7 @@ from impala_tf.driver.aggregation import AggregationStage
 from impala_tf.driver.broadcast import Broadcaster
 from impala_tf.driver.learners import LearnerGroup
 from impala_tf.driver.metrics import Metrics
-from impala_tf.driver.plan import RuntimePlan, check_deterministic, derived_seed, make_plan
+from impala_tf.driver.plan import RuntimePlan, check_deterministic, make_plan
 from impala_tf.driver.sampling import EnvRunnerGroup, make_backend
 from impala_tf.driver.schedule import make_schedule
 from impala_tf.driver.specs import aggregator_spec
@@ -68,8 +68,8 @@ from impala_tf.learner import ImpalaLearner
 from impala_tf.learner_thread import LearnerThread
 from impala_tf.models.catalog import build_model
 from impala_tf.models.spec import register_stored_models
-from impala_tf.rollout.base import sampler_seeds
 from impala_tf.rollout.fragment import DEFAULT_POLICY_ID
+from impala_tf.seeds import Stream, sampler_seeds, stream_seed
 from impala_tf.trained_policy import Policy
 
 __all__ = ["Impala", "MultiAgentImpala", "check_deterministic", "make_strategy"]
@@ -606,7 +606,7 @@ class Impala:
             self.broadcaster.latest(),
             self.actors.filters_to_send(),
             int(self.config.evaluation_duration),
-            derived_seed(self.config.seed, self.progress.iteration, 1),
+            stream_seed(self.config.seed, Stream.EVALUATION, self.progress.iteration),
         )
         name = f"iteration_{self.progress.iteration:06d}"
         media = evaluation_media(self._evaluator, self.logdir, name)

@@ -5,7 +5,7 @@ adapter around a custom model, whose `.net` is the user's own), its spaces, its 
 config and its observation filter, and computes actions as the env runners do: the same acting
 path (`impala_tf.numpy_policy.make_policy`: numpy for the catalog's MLPs, the model's compiled
 step otherwise) and the same action sampler, seeded as the driver's evaluation runner seeds it
-(`impala_tf.rollout.base.sampler_seeds`, worker index 0). So with the same seed it takes the
+(`impala_tf.seeds.sampler_seeds`, worker index 0). So with the same seed it takes the
 actions `impala-evaluate` takes: every episode with `explore=False`, and the episodes'
 sampled actions too as long as the calls come in the same order.
 

@@ -57,7 +57,7 @@ def test_a_checkpoint_loads_in_a_fresh_process_and_acts_as_impala_evaluate(check
         import json, multiprocessing
         import gymnasium as gym
         from impala_tf import Impala
-        from impala_tf.envs.make import env_seed
+        from impala_tf.seeds import env_seed
 
         out = {{}}
         for explore in (False, True):

@@ -50,6 +50,7 @@ from impala_tf.minibatch import BatchHandle, BatchLost, release_unread
 from impala_tf.replay import MixInReplayBuffer
 from impala_tf.rollout.fragment import Fragment
 from impala_tf.sample_batch import SampleBatch, decompress
+from impala_tf.seeds import replay_seed
 from impala_tf.workers import (
     RestartPolicy,
     StoredValue,
@@ -112,7 +113,7 @@ class Aggregator:
                 self._replay[pid] = MixInReplayBuffer(
                     capacity=capacity,
                     replay_ratio=ratio,
-                    seed=None if seed is None else int(seed) + 10_000 + index + 1000 * k,
+                    seed=replay_seed(seed, index, k),
                 )
 
     def process(

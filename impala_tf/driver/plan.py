@@ -43,7 +43,6 @@ __all__ = [
     "TENSORFLOW_PRELOAD",
     "RuntimePlan",
     "check_deterministic",
-    "derived_seed",
     "make_plan",
     "policy_model",
 ]
@@ -183,11 +182,3 @@ def check_deterministic(config: AlgorithmConfig) -> None:
         )
     if problems:
         raise ValueError("deterministic=True needs " + "; ".join(problems) + ".")
-
-
-def derived_seed(seed: int | None, *keys: int) -> int | None:
-    """A seed for a new random stream of a seeded run (None for an unseeded one)."""
-    if seed is None:
-        return None
-    entropy = [int(seed) % 2**63, *(int(k) for k in keys)]
-    return int(np.random.SeedSequence(entropy).generate_state(1)[0])

@@ -42,10 +42,11 @@ from typing import Any
 
 from impala_tf import filters as filter_lib
 from impala_tf.config.base import AlgorithmConfig
-from impala_tf.driver.plan import RuntimePlan, derived_seed, largest_observation_space
+from impala_tf.driver.plan import RuntimePlan, largest_observation_space
 from impala_tf.envs.faults import StepProgress, env_name
 from impala_tf.rollout.fragment import Fragment
 from impala_tf.rollout.host import make_runner_host
+from impala_tf.seeds import Stream, stream_seed
 from impala_tf.workers import (
     ProcessBackend,
     RestartPolicy,
@@ -261,7 +262,7 @@ class EnvRunnerGroup:
             seed = self.config.seed
             if seed is not None:  # A new process would replay its predecessor's episodes.
                 restarts = int(self.counters["num_env_runner_restarts"])
-                reseed = derived_seed(seed, restarts, 4, failure.worker_id)
+                reseed = stream_seed(seed, Stream.RESTARTED_ACTOR, restarts, failure.worker_id)
                 self._call(failure.worker_id, "set_state", {"seed": reseed}, reply=False)
 
     # Weights, filters and states ----------------------------------------------------------------

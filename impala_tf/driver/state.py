@@ -35,10 +35,11 @@ from impala_tf.driver.aggregation import AggregationStage
 from impala_tf.driver.broadcast import Broadcaster
 from impala_tf.driver.learners import LearnerGroup
 from impala_tf.driver.metrics import Metrics
-from impala_tf.driver.plan import RuntimePlan, derived_seed
+from impala_tf.driver.plan import RuntimePlan
 from impala_tf.driver.sampling import EnvRunnerGroup
 from impala_tf.models.spec import registered_paths
 from impala_tf.rollout.fragment import DEFAULT_POLICY_ID
+from impala_tf.seeds import Stream, stream_seed
 
 __all__ = ["Progress", "SavedState", "check_pixel_centering"]
 
@@ -163,13 +164,15 @@ class SavedState:
         self.actors.restarts.restarts = int(counters["num_env_runner_restarts"])
         steps, seed = int(counters["num_env_steps_sampled"]), self.config.seed
         # A fresh replay stream (unless the checkpoint has the buffers), not the first one.
-        self.aggregation.reset(derived_seed(seed, steps, 2), runtime.get("aggregator"))
+        self.aggregation.reset(
+            stream_seed(seed, Stream.RESTORED_REPLAY, steps), runtime.get("aggregator")
+        )
         snapshots = runtime.get("actors") or {}
         states: dict[int, dict] = {}
         for actor_id in self.actors.healthy_ids():
             actor_state = dict(snapshots.get(actor_id) or {})
             if actor_state.get("envs") is None:
-                actor_state["seed"] = derived_seed(seed, steps, 3, actor_id)
+                actor_state["seed"] = stream_seed(seed, Stream.RESTORED_ACTOR, steps, actor_id)
             states[actor_id] = actor_state
         self.actors.drop_in_flight()
         self.actors.set_states(states)

@@ -4,9 +4,9 @@
 (`impala_tf.driver.specs.env_spec`) and sent to every actor. `make_env(spec, worker_index,
 vector_index)` builds one env (DeepMind preprocessing for Atari, `impala_tf.envs.atari`);
 `make_env_batch` builds an env runner's envs as one `EnvBatch` (ale-py's native vector env where
-it covers the spec); `env_seed` is RLlib's seed of env j of runner i. A user's env creator
-receives an `EnvContext`: its `env_config` with RLlib's `worker_index`, `vector_index` and
-`num_workers`.
+it covers the spec), seeded as RLlib seeds env j of runner i (`impala_tf.seeds.env_seed`). A
+user's env creator receives an `EnvContext`: its `env_config` with RLlib's `worker_index`,
+`vector_index` and `num_workers`.
 """
 
 from __future__ import annotations
@@ -27,11 +27,9 @@ from impala_tf.envs.batch import (
     resets_in_the_ending_step,
 )
 from impala_tf.envs.faults import EnvGuard
+from impala_tf.seeds import env_seed
 
-__all__ = ["EnvContext", "EnvSpec", "env_seed", "make_env", "make_env_batch"]
-
-#: Seeds of env j in env runner i are `seed + i * _MAX_ENVS_PER_RUNNER + j`, as RLlib derives them.
-_MAX_ENVS_PER_RUNNER = 1000
+__all__ = ["EnvContext", "EnvSpec", "make_env", "make_env_batch"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -92,13 +90,6 @@ class EnvContext(dict):
         self.vector_index = vector_index
         self.num_workers = num_workers
         self.num_envs = num_envs
-
-
-def env_seed(seed: int | None, worker_index: int, vector_index: int) -> int | None:
-    """The seed of env `vector_index` of env runner `worker_index` (None if `seed` is None)."""
-    if seed is None:
-        return None
-    return int(seed) + worker_index * _MAX_ENVS_PER_RUNNER + vector_index
 
 
 def make_env(

@@ -8,7 +8,7 @@ once so that the two cannot drift.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import gymnasium as gym
@@ -17,7 +17,6 @@ import numpy as np
 from impala_tf.algorithm_callbacks import Callbacks
 from impala_tf.algorithm_callbacks import Episode as CallbackEpisode
 from impala_tf.envs.faults import StepProgress
-from impala_tf.envs.make import env_seed
 from impala_tf.filters import Filter, get_filter
 from impala_tf.models.spec import ModelSpec
 from impala_tf.numpy_policy import make_policy
@@ -25,29 +24,7 @@ from impala_tf.remote_policy import RemotePolicy
 from impala_tf.rollout.fragment import Episode
 from impala_tf.rollout.spec import RunnerSpec
 
-__all__ = ["RunnerBase", "sampler_seeds"]
-
-#: Policy k of a multi-agent runner samples from `env_seed(seed, worker_index, 0) + k' * this`.
-_SEED_STRIDE = 7919
-
-
-def sampler_seeds(
-    seed: int | None, worker_index: int, policy_ids: Sequence[str], multi_agent: bool
-) -> dict[str, int | None]:
-    """The action samplers' seeds of a runner's policies (None in an unseeded run).
-
-    A single-agent runner's one policy samples from `env_seed(seed, worker_index, 0)`; policy k
-    (sorted ids) of a multi-agent runner from that plus `7919 * (k + 1)`. Everything that acts
-    as a runner would (`impala_tf.trained_policy`) takes its seeds from here.
-    """
-    base = env_seed(seed, worker_index, 0)
-    if not multi_agent:
-        return {pid: base for pid in policy_ids}
-    return {
-        pid: None if base is None else base + _SEED_STRIDE * (k + 1)
-        for k, pid in enumerate(sorted(policy_ids))
-    }
-
+__all__ = ["RunnerBase"]
 
 #: With central inference: the actor's connection to the driver's inference server and
 #: {policy_id: per-env shapes of the model's recurrent state}.

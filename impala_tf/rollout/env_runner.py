@@ -81,12 +81,13 @@ from impala_tf.algorithm_callbacks import Episode as CallbackEpisode
 from impala_tf.envs import atari
 from impala_tf.envs.batch import AtariVectorEnvBatch, GymEnvBatch, sent_frame_stack
 from impala_tf.envs.faults import EnvGuard, StepProgress, env_name
-from impala_tf.envs.make import env_seed, make_env_batch
+from impala_tf.envs.make import make_env_batch
 from impala_tf.filters import Filter, filter_from_state
-from impala_tf.rollout.base import Remote, RunnerBase, sampler_seeds
+from impala_tf.rollout.base import Remote, RunnerBase
 from impala_tf.rollout.fragment import DEFAULT_POLICY_ID, POLICY_VERSION, Episode, Fragment
 from impala_tf.rollout.spec import RunnerSpec
 from impala_tf.sample_batch import OBS, OBS_FRAMES, OBS_RESTARTS, SampleBatch
+from impala_tf.seeds import env_seed, sampler_seeds
 
 __all__ = ["EnvRunner", "Weights"]
 

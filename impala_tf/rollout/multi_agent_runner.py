@@ -70,7 +70,7 @@ import impala_tf.config.policies as policy_specs
 from impala_tf.actions import ActionAdapter
 from impala_tf.algorithm_callbacks import Episode as CallbackEpisode
 from impala_tf.envs.faults import StepProgress
-from impala_tf.envs.make import env_seed, make_env
+from impala_tf.envs.make import make_env
 from impala_tf.filters import Filter, filter_from_state
 from impala_tf.multi_agent.env import ALL, MultiAgentEnv
 from impala_tf.rollout.agent_streams import (
@@ -82,11 +82,12 @@ from impala_tf.rollout.agent_streams import (
     AgentStream,
     emit_sequences,
 )
-from impala_tf.rollout.base import Remote, RunnerBase, sampler_seeds
+from impala_tf.rollout.base import Remote, RunnerBase
 from impala_tf.rollout.env_runner import Weights
 from impala_tf.rollout.fragment import Episode, Fragment
 from impala_tf.rollout.spec import RunnerSpec
 from impala_tf.sample_batch import MultiAgentBatch, SampleBatch
+from impala_tf.seeds import env_seed, sampler_seeds
 
 __all__ = ["MultiAgentEnvRunner"]
 
