@@ -114,3 +114,38 @@ def test_the_floor_is_a_validated_config_key():
     config = ImpalaConfig(env="CartPole-v1").training(min_time_s_per_broadcast=-1)
     with pytest.raises(ValueError, match="min_time_s_per_broadcast"):
         config.validate()
+
+
+def test_restarted_actors_get_the_newest_weights_and_the_others_the_next_broadcast():
+    clock = Clock()
+    actors = Actors(3)
+    broadcaster = Broadcaster(Learners(clock, 10.0), actors, 1, collections.Counter())
+    broadcaster.send(actors.healthy_ids())  # Version 0 to everyone.
+    clock.now = 1.0  # Version 10 now.
+    broadcaster.restarted([2])
+    assert actors.sends[-1] == (10, [2])
+    assert broadcaster.sent["default_policy"][1] == 0  # The others still hold version 0...
+    assert broadcaster.step([0, 1])
+    assert actors.sends[-1] == (10, [0, 1])  # ...so the next broadcast sends them version 10.
+    broadcaster.restarted([])
+    assert len(actors.sends) == 3
+
+
+def test_broadcast_state_round_trips_and_a_restore_resumes_from_what_actors_hold():
+    clock = Clock()
+    actors = Actors(2)
+    broadcaster = Broadcaster(Learners(clock, 10.0), actors, 3, collections.Counter())
+    broadcaster.send(actors.healthy_ids())
+    broadcaster.step([0])
+    state = broadcaster.get_state()
+    assert state == {"steps_since_broadcast": 1}
+    other = Broadcaster(Learners(clock, 10.0), actors, 3, collections.Counter())
+    other.set_state(state)
+    assert other.get_state() == state
+    clock.now = 2.0
+    held = {"default_policy": ([np.ones(2, np.float32)], 7)}
+    other.resume({0: held, 1: None})  # Actor 1's snapshot has no weights: it gets version 20.
+    assert actors.sends[-1] == (20, [1])
+    assert other.sent["default_policy"][1] == 20
+    other.resume({0: held, 1: held})  # Every actor holds its own: broadcasts go on from those.
+    assert other.sent["default_policy"][1] == 7

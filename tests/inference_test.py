@@ -213,7 +213,8 @@ def test_central_actors_label_the_servers_versions_and_a_restarted_one_reconnect
         actors.request_idle()
         fragments, failures = _fetch(actors, 2, timeout_s=60)
         assert [f.worker_id for f in failures] == [0]
-        actors.handle_failures(failures, lambda: {"default_policy": (weights, 10)})
+        assert actors.handle_failures(failures) == [0]
+        actors.broadcast({"default_policy": (weights, 10)}, [0])
         assert counters["num_env_runner_restarts"] == 1
         mine = []
         while not mine:  # Actor 1's fragments may come first.

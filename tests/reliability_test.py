@@ -144,7 +144,7 @@ def test_a_restarted_actor_gets_fresh_seeds_and_replays_no_episode(algo):
     os.kill(algo.actors.pids()[0], signal.SIGKILL)
     failures: list = []
     assert wait_until(lambda: failures.extend(algo.actors.fetch(1.0)[1]) or failures, 60)
-    algo.actors.handle_failures(failures, algo.broadcaster.latest)
+    algo.broadcaster.restarted(algo.actors.handle_failures(failures))
     algo.actors.top_up()
     again = _next_fragment(algo).batches[PID]["obs"][:, 0]
     assert algo.metrics.counters["num_env_runner_restarts"] == 1

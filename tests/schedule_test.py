@@ -27,8 +27,9 @@ class _Actors:
         self.waits.append(timeout_s)
         return [], []
 
-    def handle_failures(self, failures, weights):
+    def handle_failures(self, failures):
         assert not list(failures)
+        return []
 
     def top_up(self):
         pass
@@ -58,8 +59,8 @@ class _Learners:
 
 
 class _Broadcaster:
-    def latest(self):
-        return {}
+    def restarted(self, actor_ids):
+        assert not list(actor_ids)
 
     def step(self, sampled):
         assert list(sampled) == []

@@ -369,7 +369,8 @@ def test_local_actors_get_exactly_the_broadcast_weights_and_no_segment_outlives_
         failures = []
         while not failures and time.monotonic() < deadline:
             _, failures = group.fetch(0.1)
-        group.handle_failures(failures, lambda: weights)
+        assert group.handle_failures(failures) == [0]
+        group.broadcast(weights, [0])
         _assert_held(group, weights)
         assert counters["num_env_runner_restarts"] == 1
         assert len(_segments()) == len(before) + len(weights)

@@ -43,7 +43,8 @@ from __future__ import annotations
 
 import collections
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
 
 import numpy as np
 
@@ -110,6 +111,31 @@ class Broadcaster:
     def latest(self) -> Weights:
         """Every policy's newest weights, read between updates (evaluation, restarts)."""
         return self.learners.weights()
+
+    def restarted(self, actor_ids: Iterable[int]) -> None:
+        """Sends the newest weights to restarted actors. What the others were sent is
+        unchanged: they still get the next broadcast."""
+        actor_ids = sorted(actor_ids)
+        if actor_ids:
+            self.actors.broadcast(self.latest(), actor_ids)
+
+    def get_state(self) -> dict[str, int]:
+        """Plain data: the training steps since the last broadcast."""
+        return {"steps_since_broadcast": self.steps_since_broadcast}
+
+    def set_state(self, state: Mapping[str, Any]) -> None:
+        """Restores `get_state()`."""
+        self.steps_since_broadcast = int(state.get("steps_since_broadcast", 0))
+
+    def resume(self, held: Mapping[int, Weights | None]) -> None:
+        """After a restore: `held` is {actor id: the weights its restored snapshot holds, or
+        None}. Actors without weights get the learners' (restored) ones; when every actor
+        holds its own, broadcasts go on from those."""
+        weights = self.learners.weights()
+        self.send([i for i, w in held.items() if w is None], weights)
+        kept = [w for w in held.values() if w is not None]
+        if kept and len(kept) == len(held):
+            self.sent = {**weights, **kept[0]}
 
     def step(self, sampled: Iterable[int]) -> bool:
         """One training step's broadcast decision; True when weights were sent."""

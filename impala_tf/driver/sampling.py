@@ -247,10 +247,10 @@ class EnvRunnerGroup:
             fragments.append(fragment)
         return fragments, failures
 
-    def handle_failures(
-        self, failures: Iterable[WorkerFailure], weights: Callable[[], Mapping]
-    ) -> None:
-        """Restarts failed actors with `weights()` or raises (the `RestartPolicy` rules)."""
+    def handle_failures(self, failures: Iterable[WorkerFailure]) -> list[int]:
+        """Restarts failed actors or raises (the `RestartPolicy` rules); returns the restarted
+        ones, which need weights (`impala_tf.driver.broadcast.Broadcaster.restarted`)."""
+        restarted = []
         for failure in failures:
             self.in_flight[failure.worker_id] = 0
             self.counters["num_env_runner_failures"] += 1
@@ -258,12 +258,13 @@ class EnvRunnerGroup:
             logger.warning("Restarting actor %d after: %s", failure.worker_id, failure.error)
             self.workers.restart(failure.worker_id)
             self.counters["num_env_runner_restarts"] += 1
-            self.broadcast(weights(), [failure.worker_id])
+            restarted.append(failure.worker_id)
             seed = self.config.seed
             if seed is not None:  # A new process would replay its predecessor's episodes.
                 restarts = int(self.counters["num_env_runner_restarts"])
                 reseed = stream_seed(seed, Stream.RESTARTED_ACTOR, restarts, failure.worker_id)
                 self._call(failure.worker_id, "set_state", {"seed": reseed}, reply=False)
+        return restarted
 
     # Weights, filters and states ----------------------------------------------------------------
 
@@ -294,6 +295,19 @@ class EnvRunnerGroup:
         return self.workers.call_and_wait(
             self.workers.healthy_ids(), "get_state", timeout_s=_STATE_TIMEOUT_S
         )
+
+    def get_state(self) -> dict[str, Any]:
+        """Plain data: the merged observation filters."""
+        return {"observation_filters": {p: f.get_state() for p, f in self.filters.items()}}
+
+    def set_state(self, state: Mapping[str, Any]) -> None:
+        """Restores `get_state()` (a policy's filter not in `state` stays as it is) and, from
+        `num_env_runner_restarts`, the restarts counted against `max_num_env_runner_restarts`."""
+        for pid, saved in (state.get("observation_filters") or {}).items():
+            if saved is not None and pid in self.filters:
+                self.filters[pid] = filter_lib.filter_from_state(saved)
+        if "num_env_runner_restarts" in state:
+            self.restarts.restarts = int(state["num_env_runner_restarts"])
 
     def set_states(self, states: Mapping[int, dict]) -> None:
         """Applies each actor's runner state (in order with the other calls sent to it)."""

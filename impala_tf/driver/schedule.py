@@ -83,7 +83,7 @@ class AsyncSchedule:
         """One pass of the driver loop."""
         self.learners.check()
         fragments, failures = self.actors.fetch(self.fetch_wait_s)
-        self.actors.handle_failures(failures, self.broadcaster.latest)
+        self.broadcaster.restarted(self.actors.handle_failures(failures))
         batches = []
         for fragment in fragments:
             self.metrics.record_fragment(fragment)
@@ -118,7 +118,7 @@ class LockstepSchedule(AsyncSchedule):
             self.learners.check()
             self.actors.request_idle()
             fragments, failures = self.actors.fetch(_LOCKSTEP_POLL_S)
-            self.actors.handle_failures(failures, self.broadcaster.latest)
+            self.broadcaster.restarted(self.actors.handle_failures(failures))
         batches = []
         for fragment in fragments:
             self.metrics.record_fragment(fragment)

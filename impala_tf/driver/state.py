@@ -20,7 +20,6 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
-from impala_tf import filters as filter_lib
 from impala_tf.checkpoints.store import (
     learner_checkpoint,
     learner_prefix,
@@ -95,11 +94,11 @@ class SavedState:
             "iteration": self.progress.iteration,
             "time_total_s": self.progress.time_total_s,
             **self.metrics.get_state(),
-            "steps_since_broadcast": self.broadcaster.steps_since_broadcast,
+            **self.broadcaster.get_state(),
             "deterministic": deterministic,
             "multi_agent": self.plan.multi_agent,
             "policy_ids": self.plan.policy_ids,
-            "observation_filters": {p: f.get_state() for p, f in self.actors.filters.items()},
+            **self.actors.get_state(),
             # So that another process can build registered custom models (`load_config`).
             "custom_models": registered_paths(self.plan.models),
         }
@@ -156,12 +155,10 @@ class SavedState:
         self.progress.iteration = int(state["iteration"])
         self.progress.time_total_s = float(state["time_total_s"])
         self.metrics.set_state(state)
-        self.broadcaster.steps_since_broadcast = int(state.get("steps_since_broadcast", 0))
-        for pid, saved in state["observation_filters"].items():
-            if saved is not None and pid in self.actors.filters:
-                self.actors.filters[pid] = filter_lib.filter_from_state(saved)
+        self.broadcaster.set_state(state)
         counters = self.metrics.counters
-        self.actors.restarts.restarts = int(counters["num_env_runner_restarts"])
+        restarts = int(counters["num_env_runner_restarts"])
+        self.actors.set_state({**state, "num_env_runner_restarts": restarts})
         steps, seed = int(counters["num_env_steps_sampled"]), self.config.seed
         # A fresh replay stream (unless the checkpoint has the buffers), not the first one.
         self.aggregation.reset(
@@ -176,12 +173,9 @@ class SavedState:
             states[actor_id] = actor_state
         self.actors.drop_in_flight()
         self.actors.set_states(states)
-        weights = self.learners.weights()
-        self.broadcaster.send([i for i, s in states.items() if s.get("weights") is None], weights)
-        held = [_keyed_weights(s) for s in states.values() if s.get("weights") is not None]
-        if held and len(held) == len(states):
-            # The actors continue with the weights they held: broadcasts go on from those.
-            self.broadcaster.sent = {**weights, **held[0]}
+        self.broadcaster.resume(
+            {i: None if s.get("weights") is None else _keyed_weights(s) for i, s in states.items()}
+        )
 
 
 def check_pixel_centering(
