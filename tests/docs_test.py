@@ -7,6 +7,7 @@ import dataclasses
 import pathlib
 import re
 
+import numpy as np
 import pytest
 
 from impala_tf.config.base import AlgorithmConfig
@@ -188,3 +189,15 @@ def test_a_published_page_names_no_session_issue_temporary_path_or_run_of_ours(p
             if not (in_code and path in USER_EXAMPLE_TMP_PATHS):
                 found.append(f"{page}:{number}: a temporary path: {path!r}")
     assert not found, "history belongs in notes/, not on a published page:\n" + "\n".join(found)
+
+
+def test_the_architecture_page_starts_from_a_one_process_map_that_trains():
+    text = (ROOT / "docs" / "architecture.md").read_text(encoding="utf-8")
+    assert '--8<-- "examples/one_process.py"' in text
+    assert text.index("one_process") < text.index("## Layers")
+    from examples import one_process
+
+    out = one_process.main(env_steps=40_000, target=float("inf"))
+    assert out["sampled"] >= 40_000
+    assert out["updates"] > 0 and 0 < out["trained"] <= out["sampled"]
+    assert np.isfinite(out["return"])
