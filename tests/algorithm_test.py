@@ -21,6 +21,7 @@ import pytest
 from impala_tf.algorithm import Impala
 from impala_tf.learner_thread import LearnerQueueTimeout, LearnerThread
 from impala_tf.rollout.fragment import DEFAULT_POLICY_ID
+from impala_tf.rollout.host import RunnerHost
 from impala_tf.sample_batch import SampleBatch
 from tests.support import envs
 from tests.support.batches import sequence_batch
@@ -173,7 +174,7 @@ def _returns_promptly(fn: Callable[[], Any], timeout_s: float = 20.0) -> Any:
 def _versions_held(algo: Impala) -> dict[int, int]:
     """{actor id: `num_grad_updates` of the weights the actor holds} (weights sent before the
     call are applied before it)."""
-    states = algo.actors.workers.call_and_wait([0, 1], "get_state", timeout_s=60)
+    states = algo.actors.workers.call_and_wait([0, 1], RunnerHost.get_state, timeout_s=60)
     return {i: int(state["weights"][DEFAULT_POLICY_ID][1]) for i, state in states.items()}
 
 

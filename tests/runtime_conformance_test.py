@@ -27,6 +27,7 @@ from impala_tf import Impala, checkpoints
 from impala_tf.config import ImpalaConfig
 from impala_tf.config.base import AlgorithmConfig
 from impala_tf.config.policies import PolicySpec
+from impala_tf.driver.aggregation import AggregatorHost
 from impala_tf.workers.shared_arrays import SEGMENT_PREFIX
 from tests.support import envs, models
 from tests.support.configs import BACKENDS, POLICY_COUNTS, small_config
@@ -215,7 +216,7 @@ def test_aggregation_workers_get_fragments_by_reference_and_the_driver_only_trai
     call = algo.aggregation.workers.call
 
     def recording_call(worker, method, *args, **kwargs):
-        if method == "process_parts":
+        if method is AggregatorHost.process_parts:
             handed.append(args[0])
         return call(worker, method, *args, **kwargs)
 

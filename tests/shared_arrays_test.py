@@ -23,6 +23,7 @@ import time
 import numpy as np
 import pytest
 
+from impala_tf.rollout.host import RunnerHost
 from impala_tf.workers import WorkerHost
 from impala_tf.workers import shared_arrays as sa
 from impala_tf.workers.group import StoredValue
@@ -304,18 +305,18 @@ def test_the_worker_host_fetches_a_stored_argument_only_when_its_call_runs():
 # The local actors of a run ---------------------------------------------------------------------
 
 
-def make_probe_host(actor_id, *args, **kwargs):
+class ProbeHost(RunnerHost):
     """An actor that also answers which weights it holds (imported by the actor processes)."""
-    from impala_tf.rollout.host import RunnerHost
 
-    class ProbeHost(RunnerHost):
-        def held(self) -> dict:
-            runner = self.runner
-            versions = getattr(runner, "versions", None)
-            if versions is None:
-                versions = {"default_policy": runner.policy_version}
-            return {pid: (w, int(versions[pid])) for pid, w in runner.get_weights().items()}
+    def held(self) -> dict:
+        runner = self.runner
+        versions = getattr(runner, "versions", None)
+        if versions is None:
+            versions = {"default_policy": runner.policy_version}
+        return {pid: (w, int(versions[pid])) for pid, w in runner.get_weights().items()}
 
+
+def make_probe_host(actor_id, *args, **kwargs):
     return ProbeHost(actor_id, *args, **kwargs)
 
 
@@ -333,7 +334,7 @@ def _random_weights(config, plan, seed: int) -> dict:
 
 
 def _assert_held(group, weights: dict) -> None:
-    held = group.workers.call_and_wait(group.healthy_ids(), "held", timeout_s=_WAIT_S)
+    held = group.workers.call_and_wait(group.healthy_ids(), ProbeHost.held, timeout_s=_WAIT_S)
     assert sorted(held) == group.healthy_ids()
     for actor_held in held.values():
         assert sorted(actor_held) == sorted(weights)

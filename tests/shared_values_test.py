@@ -189,12 +189,12 @@ def test_a_body_passed_to_another_workers_call_is_read_there_never_in_the_driver
     monkeypatch.setattr(sv.SharedValue, "get", lambda self: read_here.append(self) or get(self))
     group = _group(2)
     try:
-        call = group.call(0, "make", 7, parts=True)
+        call = group.call(0, Parts.make, 7, parts=True)
         ((reply,), _) = _answers(group, replies=1)
         head, body = reply.value
         assert (reply.call_id, head) == (call, 7)
         assert isinstance(body, sv.SharedValue) and _segments() == [body.name]
-        group.call(1, "total", body)
+        group.call(1, Parts.total, body)
         ((reply,), _) = _answers(group, replies=1)
         assert reply.value == (float(_body(7)["logp"].sum()), True)
         assert read_here == []  # The driver passed a name; worker 1 read the arrays ...
@@ -213,7 +213,7 @@ def test_a_worker_killed_after_writing_its_body_leaves_no_segment(monkeypatch):
     monkeypatch.setattr(sv, "_unlink", lambda name: removed.append((name, unlink(name))))
     group = _group(mode="die after writing")
     try:
-        call = group.call(0, "make", 1, parts=True)
+        call = group.call(0, Parts.make, 1, parts=True)
         _, (failure,) = _answers(group, failures=1)
         assert failure.lost_calls == (call,)
         assert [made for _, made in removed] == [True]  # It had made the segment.
@@ -226,7 +226,7 @@ def test_stop_removes_the_segments_the_driver_still_holds():
     group = _group()
     try:
         for seed in (1, 2):
-            group.call(0, "make", seed, parts=True)
+            group.call(0, Parts.make, seed, parts=True)
         replies, _ = _answers(group, replies=2)
         assert len(_segments()) == 2
     finally:
@@ -241,7 +241,7 @@ def test_without_room_in_shared_memory_bodies_go_by_value_with_one_warning(caplo
     try:
         with caplog.at_level(logging.WARNING, logger=sv.__name__):
             for seed in (1, 2):
-                group.call(0, "make", seed, parts=True)
+                group.call(0, Parts.make, seed, parts=True)
             replies, _ = _answers(group, replies=2)
         for seed, reply in zip((1, 2), replies):
             _assert_same(reply.value[1], _body(seed))  # The body itself, not a handle.
@@ -255,9 +255,9 @@ def test_a_killed_driver_leaves_its_segments_to_the_resource_tracker(tmp_path):
     script = textwrap.dedent(
         """
         import time
-        from tests.shared_values_test import _answers, _group
+        from tests.shared_values_test import Parts, _answers, _group
         group = _group()
-        group.call(0, "make", 1, parts=True)
+        group.call(0, Parts.make, 1, parts=True)
         (reply,), _ = _answers(group, replies=1)
         print(reply.value[1].name, flush=True)
         time.sleep(600)

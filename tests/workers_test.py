@@ -85,6 +85,9 @@ class Counter:
         time.sleep(seconds)
         return seconds
 
+    def _private_helper(self) -> None:
+        """Not callable through the group (private)."""
+
     def env(self, *names: str) -> dict[str, str | None]:
         return {k: os.environ.get(k) for k in names}
 
@@ -250,7 +253,7 @@ def test_replies_come_in_call_order_with_increasing_ids(make_group, backend):
     group, starts = make_group(2)
     assert starts == [0, 1]
     assert group.healthy_ids() == [0, 1]
-    ids = [group.call(i, "incr", 1) for _ in range(3) for i in (0, 1)]
+    ids = [group.call(i, Counter.incr, 1) for _ in range(3) for i in (0, 1)]
     assert ids == sorted(ids) and len(set(ids)) == 6
     assert group.outstanding(0) == 3
     replies, failures = _collect(group, replies=6)
@@ -260,7 +263,7 @@ def test_replies_come_in_call_order_with_increasing_ids(make_group, backend):
         mine = [r for r in replies if r.worker_id == worker_id]
         assert [r.value for r in mine] == [start + 1, start + 2, start + 3]
         assert [r.call_id for r in mine] == ids[worker_id::2]
-        assert {r.method for r in mine} == {"incr"}
+        assert {r.method for r in mine} == {Counter.incr}
         assert group.outstanding(worker_id) == 0
     pids = group.pids()
     assert sorted(pids) == [0, 1] and os.getpid() not in pids.values()
@@ -275,16 +278,16 @@ def test_replies_come_in_call_order_with_increasing_ids(make_group, backend):
 def test_coalesced_calls_apply_only_the_newest_before_the_next_call(make_group):
     group, _ = make_group(1)
     with pytest.raises(ValueError, match="reply=False"):
-        group.call(0, "set_weights", 0, coalesce=True)
+        group.call(0, Counter.set_weights, 0, coalesce=True)
     for version in (1, 2, 3):
-        assert group.call(0, "set_weights", version, coalesce=True, reply=False) is not None
-    first = group.call(0, "get")
+        assert group.call(0, Counter.set_weights, version, coalesce=True, reply=False) is not None
+    first = group.call(0, Counter.get)
     assert group.outstanding(0) == 1  # Coalesced calls are never answered.
     replies, _ = _collect(group, replies=1)
     assert [(r.call_id, r.value["weights"]) for r in replies] == [(first, [3])]
-    group.call(0, "set_weights", 4, coalesce=True, reply=False)
-    group.call(0, "set_weights", 5, coalesce=True, reply=False)
-    second = group.call(0, "get")
+    group.call(0, Counter.set_weights, 4, coalesce=True, reply=False)
+    group.call(0, Counter.set_weights, 5, coalesce=True, reply=False)
+    second = group.call(0, Counter.get)
     replies, _ = _collect(group, replies=1)
     assert [(r.call_id, r.value["weights"]) for r in replies] == [(second, [3, 5])]
 
@@ -299,10 +302,10 @@ def test_arrays_cross_as_private_writable_copies(make_group, backend, monkeypatc
     group, _ = make_group(2)
     weights = np.arange(40_000.0)  # Big enough for Ray's object store (zero-copy, read-only).
     for i in range(2):  # One broadcast.
-        group.call(i, "set_weights", weights, coalesce=True, reply=False)
-    writable = group.call_and_wait([0, 1], "writable", timeout_s=_WAIT_S)
+        group.call(i, Counter.set_weights, weights, coalesce=True, reply=False)
+    writable = group.call_and_wait([0, 1], Counter.writable, timeout_s=_WAIT_S)
     assert writable == {0: [True], 1: [True]}
-    got = group.call_and_wait([0], "get", timeout_s=_WAIT_S)[0]["weights"][0]
+    got = group.call_and_wait([0], Counter.get, timeout_s=_WAIT_S)[0]["weights"][0]
     np.testing.assert_array_equal(got, weights)
     got[0] = -1.0  # A private copy: writable, nothing points into Ray's object store.
     if isinstance(backend, RayBackend):
@@ -312,17 +315,17 @@ def test_arrays_cross_as_private_writable_copies(make_group, backend, monkeypatc
 def test_a_killed_worker_is_reported_once_and_restarts_with_fresh_args(make_group):
     group, starts = make_group(2, max_restarts=1)
     pid = group.pids()[0]
-    lost = [group.call(0, "sleep", 30.0), group.call(0, "incr")]
+    lost = [group.call(0, Counter.sleep, 30.0), group.call(0, Counter.incr)]
     os.kill(pid, signal.SIGKILL)
     _, failures = _collect(group, failures=1)
     assert [(f.worker_id, f.lost_calls, f.fatal) for f in failures] == [(0, tuple(lost), False)]
     assert group.healthy_ids() == [1] and group.outstanding(0) == 0
-    assert group.call(0, "get") is None
+    assert group.call(0, Counter.get) is None
 
     group.restart(0)
     assert starts == [0, 1, 0]  # make_args ran again for the restart.
     assert group.healthy_ids() == [0, 1]
-    fresh = group.call(0, "get")
+    fresh = group.call(0, Counter.get)
     replies, failures = _collect(group, replies=1)
     assert failures == []  # The death was reported once.
     assert [(r.call_id, r.value["start"]) for r in replies] == [(fresh, 300)]
@@ -331,8 +334,8 @@ def test_a_killed_worker_is_reported_once_and_restarts_with_fresh_args(make_grou
 
 def test_an_exception_is_reported_with_its_traceback_and_fatal_flag(make_group):
     group, _ = make_group(2)
-    plain = group.call(0, "fail")
-    fatal = group.call(1, "fail_fatal")
+    plain = group.call(0, Counter.fail)
+    fatal = group.call(1, Counter.fail_fatal)
     _, failures = _collect(group, failures=2)
     by_worker = {f.worker_id: f for f in failures}
     assert by_worker[0].lost_calls == (plain,) and by_worker[1].lost_calls == (fatal,)
@@ -350,7 +353,7 @@ def test_a_hung_call_is_killed_after_timeout_s(make_group, backend):
 
     group, _ = make_group(1, timeout_s=1.0, shared_progress=True, describe_hang=describe_hang)
     pid = group.pids()[0]
-    hung = group.call(0, "sleep", 60.0)
+    hung = group.call(0, Counter.sleep, 60.0)
     started = time.monotonic()
     _, failures = _collect(group, failures=1)
     assert 1.0 <= time.monotonic() - started < 10.0
@@ -371,19 +374,19 @@ def test_the_call_timeout_counts_from_when_a_worker_is_up_not_from_its_start(mak
     machine took longer than a 3 s `sample_timeout_s` and was killed again and again."""
     group, _ = make_group(1, factory=_toys().SlowCounter, timeout_s=0.5, max_restarts=1)
     assert group.spec.timeout_s * 2 < SlowCounter.SLOW_START_S
-    first = group.call(0, "incr")
+    first = group.call(0, Counter.incr)
     replies, failures = _collect(group, replies=1)
     assert failures == [] and [(r.call_id, r.value) for r in replies] == [(first, 101)]
 
     group.restart(0)  # Slow again; and the call still waits for it.
-    again = group.call(0, "incr")
+    again = group.call(0, Counter.incr)
     replies, failures = _collect(group, replies=1)
     assert failures == [] and [(r.call_id, r.value) for r in replies] == [(again, 201)]
 
 
 def test_a_worker_that_does_not_start_within_start_timeout_s_is_killed(make_group):
     group, _ = make_group(1, factory=_toys().HangingCounter, timeout_s=0.5, start_timeout_s=1.5)
-    lost = group.call(0, "incr")
+    lost = group.call(0, Counter.incr)
     started = time.monotonic()
     _, failures = _collect(group, failures=1)
     assert time.monotonic() - started < 10.0
@@ -398,19 +401,19 @@ def test_a_worker_that_does_not_start_within_start_timeout_s_is_killed(make_grou
 
 def test_call_and_wait_holds_other_replies_and_failures_for_the_next_poll(make_group):
     group, _ = make_group(2)
-    other = group.call(0, "incr", 5)
-    group.call(1, "fail")
-    states = group.call_and_wait([0, 1], "get", timeout_s=_WAIT_S)
+    other = group.call(0, Counter.incr, 5)
+    group.call(1, Counter.fail)
+    states = group.call_and_wait([0, 1], Counter.get, timeout_s=_WAIT_S)
     assert states == {0: {"start": 100, "count": 105, "weights": []}}
     replies, failures = group.poll(0.0)
     assert [(r.call_id, r.value) for r in replies] == [(other, 105)]
     assert [f.worker_id for f in failures] == [1]
 
-    group.call(0, "sleep", 1.0, reply=False)
+    group.call(0, Counter.sleep, 1.0, reply=False)
     with pytest.raises(TimeoutError, match=r"actor \[0\] did not answer 'sleep'"):
-        group.call_and_wait([0], "sleep", 0.0, timeout_s=0.2)
+        group.call_and_wait([0], Counter.sleep, 0.0, timeout_s=0.2)
     # The abandoned reply comes before this one, and is dropped.
-    assert group.call_and_wait([0], "incr", 1, timeout_s=_WAIT_S) == {0: 106}
+    assert group.call_and_wait([0], Counter.incr, 1, timeout_s=_WAIT_S) == {0: 106}
     assert group.poll(0.0) == ([], [])
 
 
@@ -418,7 +421,7 @@ def test_workers_run_one_thread_per_numeric_library_and_no_gpu(make_group):
     group, _ = make_group(1)
     want = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "TF_NUM_INTRAOP_THREADS": "1"}
     want["CUDA_VISIBLE_DEVICES"] = ""
-    assert group.call_and_wait([0], "env", *want, timeout_s=_WAIT_S) == {0: want}
+    assert group.call_and_wait([0], Counter.env, *want, timeout_s=_WAIT_S) == {0: want}
 
 
 def test_stop_ends_every_worker_and_is_idempotent(make_group, tmp_path):
@@ -426,12 +429,12 @@ def test_stop_ends_every_worker_and_is_idempotent(make_group, tmp_path):
     pids = list(group.pids().values())
     markers = [tmp_path / f"busy-{i}" for i in (0, 1)]
     for i, marker in enumerate(markers):  # Busy workers never read "stop".
-        group.call(i, "sleep", 30.0, str(marker))
+        group.call(i, Counter.sleep, 30.0, str(marker))
     assert _wait_until(lambda: all(m.exists() for m in markers))
     group.stop()
     group.stop()
     assert _wait_until(lambda: not any(_alive(p) for p in pids))
-    assert group.call(1, "get") is None
+    assert group.call(1, Counter.get) is None
 
 
 def test_ray_refuses_a_custom_resource_that_no_node_offers(ray_cluster):
@@ -492,7 +495,7 @@ def test_a_script_without_main_guard_is_not_rerun_in_its_workers(tmp_path):
 
             spec = WorkerSpec(role="actor", factory=Echo, make_args=lambda i: (f"w{i}",))
             group = WorkerGroup(ProcessBackend(), spec, 2)
-            print(group.call_and_wait([0, 1], "hello", "!", timeout_s=30.0))
+            print(group.call_and_wait([0, 1], Echo.hello, "!", timeout_s=30.0))
             group.stop()
             """
         )
@@ -508,3 +511,12 @@ def test_a_script_without_main_guard_is_not_rerun_in_its_workers(tmp_path):
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "{0: 'w0!', 1: 'w1!'}"
     assert len((tmp_path / "runs.txt").read_text().split()) == 1
+
+
+def test_calls_name_the_hosted_classs_method_not_a_string():
+    from impala_tf.workers.group import method_name
+
+    assert method_name(Counter.incr) == "incr"
+    for wrong in ("incr", lambda: None, Counter._private_helper, 3):
+        with pytest.raises(TypeError):
+            method_name(wrong)

@@ -324,7 +324,7 @@ class AggregationStage:
             if free:
                 worker = self._rng.choice(free)
                 call_id = self.workers.call(
-                    worker, "process_parts", fragment.batches, versions, parts=True
+                    worker, AggregatorHost.process_parts, fragment.batches, versions, parts=True
                 )
                 if call_id is not None:
                     self._calls[call_id] = (fragment.env_steps, fragment.batches)
@@ -396,7 +396,7 @@ class AggregationStage:
         if self.workers is not None:
             self._barrier = self._last_call + 1
             for worker in self.workers.healthy_ids():
-                self.workers.call(worker, "reset", seed, reply=False)
+                self.workers.call(worker, AggregatorHost.reset, seed, reply=False)
 
     def _drop_ready(self) -> None:
         """Drops the train batches kept for the next `fetch`, freeing the stores of handles."""

@@ -45,7 +45,7 @@ from impala_tf.config.base import AlgorithmConfig
 from impala_tf.driver.plan import RuntimePlan, largest_observation_space
 from impala_tf.envs.faults import StepProgress, env_name
 from impala_tf.rollout.fragment import Fragment
-from impala_tf.rollout.host import make_runner_host
+from impala_tf.rollout.host import RunnerHost, make_runner_host
 from impala_tf.seeds import Stream, stream_seed
 from impala_tf.workers import (
     ProcessBackend,
@@ -198,10 +198,10 @@ class EnvRunnerGroup:
 
     def _sample(self, actor_id: int) -> int | None:
         if self._parts:
-            return self._call(actor_id, "sample_parts", parts=True)
-        return self._call(actor_id, "sample")
+            return self._call(actor_id, RunnerHost.sample_parts, parts=True)
+        return self._call(actor_id, RunnerHost.sample)
 
-    def _call(self, actor_id: int, method: str, *args, **kwargs) -> int | None:
+    def _call(self, actor_id: int, method: Callable[..., Any], *args, **kwargs) -> int | None:
         call_id = self.workers.call(actor_id, method, *args, **kwargs)
         if call_id is not None:
             self._last_call = max(self._last_call, call_id)
@@ -230,12 +230,12 @@ class EnvRunnerGroup:
         replies, failures = self.workers.poll(timeout_s)
         fragments = []
         for reply in replies:
-            if reply.method not in ("sample", "sample_parts"):
+            if reply.method not in (RunnerHost.sample, RunnerHost.sample_parts):
                 continue
             self.in_flight[reply.worker_id] = max(0, self.in_flight[reply.worker_id] - 1)
             self.restarts.succeeded(reply.worker_id)
             fragment = reply.value
-            if reply.method == "sample_parts":  # The batches: a `StoredValue`.
+            if reply.method is RunnerHost.sample_parts:  # The batches: a `StoredValue`.
                 head, batches = fragment
                 fragment = dataclasses.replace(head, batches=batches)
             if reply.call_id < self._barrier:
@@ -263,7 +263,7 @@ class EnvRunnerGroup:
             if seed is not None:  # A new process would replay its predecessor's episodes.
                 restarts = int(self.counters["num_env_runner_restarts"])
                 reseed = stream_seed(seed, Stream.RESTARTED_ACTOR, restarts, failure.worker_id)
-                self._call(failure.worker_id, "set_state", {"seed": reseed}, reply=False)
+                self._call(failure.worker_id, RunnerHost.set_state, {"seed": reseed}, reply=False)
         return restarted
 
     # Weights, filters and states ----------------------------------------------------------------
@@ -288,12 +288,14 @@ class EnvRunnerGroup:
             weights = self._rings.share(weights)
         filters = self.filters_to_send()
         for actor_id in actor_ids:
-            self._call(actor_id, "set_weights", weights, filters, coalesce=True, reply=False)
+            self._call(
+                actor_id, RunnerHost.set_weights, weights, filters, coalesce=True, reply=False
+            )
 
     def get_states(self) -> dict[int, dict]:
         """Snapshots of the idle actors' runners (`get_state`), for an exact resume."""
         return self.workers.call_and_wait(
-            self.workers.healthy_ids(), "get_state", timeout_s=_STATE_TIMEOUT_S
+            self.workers.healthy_ids(), RunnerHost.get_state, timeout_s=_STATE_TIMEOUT_S
         )
 
     def get_state(self) -> dict[str, Any]:
@@ -312,7 +314,7 @@ class EnvRunnerGroup:
     def set_states(self, states: Mapping[int, dict]) -> None:
         """Applies each actor's runner state (in order with the other calls sent to it)."""
         for actor_id, state in states.items():
-            self._call(actor_id, "set_state", state, reply=False)
+            self._call(actor_id, RunnerHost.set_state, state, reply=False)
 
     def drop_in_flight(self) -> None:
         """Fragments of sample requests sent before now will be dropped (a restore)."""

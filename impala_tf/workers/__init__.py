@@ -3,15 +3,16 @@
 The driver runs its env runners ("actor") and aggregation workers ("aggregation worker") on one
 mechanism. A `WorkerSpec` names a factory of the hosted object (opaque here) and how to place
 it; a `WorkerGroup` starts N of them on a backend, `ProcessBackend` (local processes) or
-`RayBackend` (Ray actors), and calls their methods asynchronously: `call` returns a call id,
+`RayBackend` (Ray actors), and calls their methods asynchronously, each named by the hosted
+class's function (`RunnerHost.sample`, not a string): `call` returns a call id,
 `poll` returns the `Reply`s and the `WorkerFailure`s (a death, an exception, a call unanswered
 for `WorkerSpec.timeout_s`). Inside every worker a `WorkerHost` runs the calls in order,
 applying only the newest of each coalesced method (weights) before the next call.
 `RestartPolicy` holds the rules for a failure: raise, or restart the worker.
 
     group = WorkerGroup(ProcessBackend(), spec, num_workers=4)
-    group.call(0, "set_weights", weights, coalesce=True, reply=False)
-    group.call(0, "sample")
+    group.call(0, RunnerHost.set_weights, weights, coalesce=True, reply=False)
+    group.call(0, RunnerHost.sample)
     replies, failures = group.poll(timeout_s=1.0)
 
 Importing this package imports neither TensorFlow nor Ray.

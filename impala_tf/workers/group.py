@@ -40,6 +40,7 @@ __all__ = [
     "WorkerFailure",
     "WorkerGroup",
     "WorkerSpec",
+    "method_name",
     "release",
     "resolve",
 ]
@@ -145,6 +146,24 @@ def release(value: Any) -> None:
         value.release()
 
 
+def method_name(method: Callable[..., Any]) -> str:
+    """The name a worker dispatches a call on: `method` is a function of the hosted class
+    (`RunnerHost.sample`), so that a reader (or a tool) can go from a call to its callee.
+
+    Raises:
+      TypeError: `method` is not a named, public function (a string, a lambda, `_private`).
+    """
+    name = getattr(method, "__name__", "")
+    if not callable(method) or isinstance(method, str) or not name.isidentifier():
+        raise TypeError(
+            f"WorkerGroup.call takes the hosted class's method (e.g. RunnerHost.sample), not "
+            f"{method!r}."
+        )
+    if name.startswith("_"):
+        raise TypeError(f"WorkerGroup.call: {name!r} is private; call a public method.")
+    return name
+
+
 @dataclasses.dataclass(frozen=True)
 class Reply:
     """The return value of one reply-bearing call.
@@ -152,13 +171,13 @@ class Reply:
     Attributes:
       worker_id: Which worker (0-based) answered.
       call_id: The id `WorkerGroup.call` returned.
-      method: The method called.
+      method: The method called (the hosted class's function passed to `WorkerGroup.call`).
       value: What it returned (a private copy: nothing points into Ray's object store).
     """
 
     worker_id: int
     call_id: int
-    method: str
+    method: Callable[..., Any]
     value: Any
 
 
@@ -250,7 +269,8 @@ class _Worker:
 
     def __init__(self):
         self.healthy = True
-        self.calls: dict[int, str] = {}  # Unanswered reply-bearing call id -> method, oldest first.
+        # Unanswered reply-bearing call id -> method, oldest first.
+        self.calls: dict[int, Callable[..., Any]] = {}
         self.starting()
 
     def starting(self) -> None:
@@ -296,7 +316,7 @@ class WorkerGroup:
     def call(
         self,
         worker_id: int,
-        method: str,
+        method: Callable[..., Any],
         *args: Any,
         coalesce: bool = False,
         reply: bool = True,
@@ -306,7 +326,8 @@ class WorkerGroup:
 
         Args:
           worker_id: Which worker.
-          method: The hosted object's method.
+          method: The hosted class's method, as a function (`RunnerHost.sample`): the worker
+            calls the method of that name on its object (`method_name`).
           *args: Its arguments (pickled; on Ray, object refs among them are resolved).
           coalesce: Replace a stored, not yet applied call of the same method (see
             `WorkerHost`); such a call is never answered, so it needs `reply=False`.
@@ -322,14 +343,15 @@ class WorkerGroup:
         Returns:
           The call id (increasing across the group), or None if the worker is not healthy.
         """
+        name = method_name(method)
         if coalesce and reply:
             raise ValueError(
-                f"call({method!r}, coalesce=True): a coalesced call is never answered (a newer "
+                f"call({name!r}, coalesce=True): a coalesced call is never answered (a newer "
                 "one may replace it); pass reply=False"
             )
         if parts and not reply:
             raise ValueError(
-                f"call({method!r}, parts=True): parts come with the reply; pass reply=True"
+                f"call({name!r}, parts=True): parts come with the reply; pass reply=True"
             )
         worker = self._workers[worker_id]
         if self._stopped or not worker.healthy:
@@ -339,7 +361,7 @@ class WorkerGroup:
             if not worker.calls and worker.up:
                 worker.waiting_since = time.monotonic()
             worker.calls[call_id] = method
-        self._impl.send(worker_id, call_id, method, args, coalesce, reply, parts)
+        self._impl.send(worker_id, call_id, name, args, coalesce, reply, parts)
         return call_id
 
     def poll(self, timeout_s: float) -> tuple[list[Reply], list[WorkerFailure]]:
@@ -354,7 +376,7 @@ class WorkerGroup:
         return replies, failures
 
     def call_and_wait(
-        self, worker_ids: list[int], method: str, *args: Any, timeout_s: float
+        self, worker_ids: list[int], method: Callable[..., Any], *args: Any, timeout_s: float
     ) -> dict[int, Any]:
         """Calls `method(*args)` on each healthy worker of `worker_ids` and waits for them.
 
@@ -388,7 +410,8 @@ class WorkerGroup:
             if wait <= 0:
                 self._abandoned.update(missing)
                 raise TimeoutError(
-                    f"{self.spec.role} {sorted(missing.values())} did not answer {method!r} "
+                    f"{self.spec.role} {sorted(missing.values())} did not answer "
+                    f"{method_name(method)!r} "
                     f"within {timeout_s:g} s"
                 )
 
@@ -482,7 +505,8 @@ class WorkerGroup:
             else:
                 where = "" if describe is None else f": {describe(self._impl.progress(i))}"
                 error = (
-                    f"{role} {i} did not answer a {next(iter(w.calls.values()))} request "
+                    f"{role} {i} did not answer a {method_name(next(iter(w.calls.values())))} "
+                    "request "
                     f"within {self.spec.timeout_key}={self.spec.timeout_s:g} s{where} (the "
                     f"{role} was killed)"
                 )
