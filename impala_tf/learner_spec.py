@@ -31,18 +31,31 @@ class LearnerSpec:
       rollout_fragment_length: Steps per sequence (T).
       train_batch_size: Env steps per update.
       microbatch_size: Env steps per accumulated microbatch (None: whole batches).
-      lr: Learning rate; `lr_schedule` its piecewise-linear schedule over steps trained.
-      entropy_coeff: Entropy bonus; `entropy_coeff_schedule` its schedule.
-      gamma, vf_loss_coeff, vtrace_clip_rho_threshold, vtrace_clip_pg_rho_threshold,
-        vtrace_drop_last_ts, grad_clip: The V-trace loss and clipping (RLlib's meanings).
-      opt_type, decay, momentum, epsilon: The optimizer ("adam" or "rmsprop" with RMSProp's
-        settings).
-      separate_vf_optimizer, lr_vf: RLlib's `_separate_vf_optimizer` and `_lr_vf`.
+      lr: Learning rate.
+      lr_schedule: `lr`'s piecewise-linear schedule over agent steps trained (None: constant).
+      entropy_coeff: Entropy bonus coefficient.
+      entropy_coeff_schedule: Its schedule (None: constant).
+      gamma: Discount.
+      vf_loss_coeff: Weight of the value loss in the summed loss.
+      vtrace_clip_rho_threshold: V-trace's rho-bar (None: no clipping).
+      vtrace_clip_pg_rho_threshold: The policy gradient's rho clip (None: no clipping).
+      vtrace_drop_last_ts: Leave each sequence's last step out of the loss.
+      grad_clip: Global-norm gradient clip (None: none).
+      opt_type: "adam" or "rmsprop".
+      decay: RMSProp's decay.
+      momentum: RMSProp's momentum.
+      epsilon: RMSProp's epsilon.
+      separate_vf_optimizer: RLlib's `_separate_vf_optimizer`.
+      lr_vf: RLlib's `_lr_vf`, the value optimizer's learning rate.
       jit_compile_update: XLA for the update's per-device part ("auto", True or False).
-      learner_queue_size, learner_queue_timeout, minibatch_ring_size, num_sgd_iter,
-        num_multi_gpu_tower_stacks, num_gpu_loader_threads, max_nonfinite_updates: The learner
-        thread and its loader (`minibatch_ring_size`: the minibatch buffer's slots, from
-        `minibatch_buffer_size` or, with several learner devices, `num_multi_gpu_tower_stacks`).
+      learner_queue_size: Train batches the learner thread's queue holds.
+      learner_queue_timeout: Seconds without a batch before the thread stops.
+      minibatch_ring_size: The minibatch buffer's slots (`minibatch_buffer_size`, or with
+        several learner devices `num_multi_gpu_tower_stacks`).
+      num_sgd_iter: Passes over each train batch.
+      num_multi_gpu_tower_stacks: Loader slots.
+      num_gpu_loader_threads: The loader's threads.
+      max_nonfinite_updates: Non-finite updates in a row before the thread stops.
     """
 
     model: ModelSpec
