@@ -280,7 +280,6 @@ class AggregationStage:
         backend: Any = None,
     ):
         self.spec = spec
-        self.rows = dict(spec.rows)
         self.counters = counters
         self.local = Aggregator(spec)
         self.max_in_flight = int(config.max_requests_in_flight_per_aggregator_worker)

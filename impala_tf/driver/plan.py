@@ -60,9 +60,8 @@ class RuntimePlan:
     Attributes:
       spaces: The env's policies and spaces, probed once.
       runner: What every actor's env runner is built from (`impala_tf.driver.specs.runner_spec`):
-        the actors receive it instead of the config.
-      models: {policy_id: the policy's resolved model}.
-      callbacks: The resolved `callbacks` class (None: none), for the runners and the driver.
+        the actors receive it instead of the config. It holds each policy's resolved model
+        (`models`) and the resolved `callbacks` class, which the driver's parts read from it.
       trained: The ids of the policies the learners update (`policies_to_train`).
       backend: Where actors and aggregation workers run: "process" or "ray".
       central_inference: The driver's inference server acts for every actor.
@@ -72,8 +71,6 @@ class RuntimePlan:
 
     spaces: EnvSpaces
     runner: RunnerSpec
-    models: dict[str, ModelSpec]
-    callbacks: Portable | None
     trained: tuple[str, ...]
     backend: str
     central_inference: bool
@@ -87,6 +84,16 @@ class RuntimePlan:
     @property
     def multi_agent(self) -> bool:
         return self.spaces.multi_agent
+
+    @property
+    def models(self) -> dict[str, ModelSpec]:
+        """{policy_id: the policy's resolved model}."""
+        return {pid: acting.model for pid, acting in self.runner.policies.items()}
+
+    @property
+    def callbacks(self) -> Portable | None:
+        """The resolved `callbacks` class (None: none), for the runners and the driver."""
+        return self.runner.callbacks
 
     @property
     def preload(self) -> tuple[str, ...]:
@@ -122,8 +129,6 @@ def make_plan(
     return RuntimePlan(
         spaces=spaces,
         runner=runner_spec(config, spaces, models, callbacks),
-        models=models,
-        callbacks=callbacks,
         trained=tuple(p for p in policy_ids_to_train(config) if p in spaces.policies),
         backend=backend,
         central_inference=central,

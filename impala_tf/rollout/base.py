@@ -67,10 +67,6 @@ class RunnerBase:
         self.callbacks = Callbacks(spec.callbacks, where)
         self._episode_count = 0
 
-    def model_of(self, policy_id: str) -> ModelSpec:
-        """The resolved model of `policy_id`."""
-        return self.spec.policies[policy_id].model
-
     def _make_policy(
         self,
         policy_id: str,
