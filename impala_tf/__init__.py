@@ -18,6 +18,8 @@ __version__ = "0.1.0"
 
 _EXPORTS = {
     "ImpalaConfig": "impala_tf.config",
+    "APPOConfig": "impala_tf.appo",
+    "AppoLearner": "impala_tf.appo",
     "normalize_stop_criteria": "impala_tf.config",
     "Impala": "impala_tf.algorithm",
     "MultiAgentImpala": "impala_tf.algorithm",

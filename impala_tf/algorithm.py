@@ -45,13 +45,7 @@ from impala_tf import devices
 from impala_tf import filters as filter_lib
 from impala_tf.actions import ActionAdapter
 from impala_tf.algorithm_callbacks import Callbacks
-from impala_tf.checkpoints.store import (
-    read_config_dict,
-    read_driver_state,
-    read_state,
-    resolve_checkpoint_dir,
-    restore_model,
-)
+from impala_tf.checkpoints import load_config, read_state, resolve_checkpoint_dir, restore_model
 from impala_tf.config.base import AlgorithmConfig
 from impala_tf.config.policies import policy_config
 from impala_tf.driver.aggregation import AggregationStage
@@ -67,7 +61,6 @@ from impala_tf.evaluation import Evaluator, evaluation_media, evaluation_metrics
 from impala_tf.learner import ImpalaLearner
 from impala_tf.learner_thread import LearnerThread
 from impala_tf.models.catalog import build_model
-from impala_tf.models.spec import register_stored_models
 from impala_tf.rollout.fragment import DEFAULT_POLICY_ID
 from impala_tf.seeds import Stream, sampler_seeds, stream_seed
 from impala_tf.trained_policy import Policy
@@ -286,10 +279,8 @@ class Impala:
             invalid.
         """
         checkpoint_dir = resolve_checkpoint_dir(checkpoint)
-        if config is None:  # As `impala_tf.checkpoints.load_config`.
-            stored = read_config_dict(checkpoint_dir)
-            register_stored_models(read_driver_state(checkpoint_dir).get("custom_models") or {})
-            config = AlgorithmConfig.from_dict(stored)
+        if config is None:
+            config = load_config(checkpoint_dir)
         config.validate(require_env=True)
         algo = cls.__new__(cls)
         algo._setup(config, make_plan(config), logdir)

@@ -165,6 +165,12 @@ class Categorical:
         """Returns the most likely action, int64 [...]."""
         return tf.argmax(self.logits, axis=-1, output_type=tf.int64)
 
+    def kl(self, other: Categorical) -> tf.Tensor:
+        """Returns KL(self || other) = sum_a p(a) (log p(a) - log q(a)), float32 [...]."""
+        log_p = tf.nn.log_softmax(self.logits)
+        log_q = tf.nn.log_softmax(other.logits)
+        return tf.reduce_sum(tf.math.multiply_no_nan(log_p - log_q, tf.exp(log_p)), axis=-1)
+
     def sample(self, seed: Any = None) -> tf.Tensor:
         """Draws int64 actions [...]; a seed (an int or a [2] tensor) makes the draw repeatable."""
         flat = tf.reshape(self.logits, [-1, tf.shape(self.logits)[-1]])
@@ -203,6 +209,17 @@ class DiagGaussian:
     def mode(self) -> tf.Tensor:
         """Returns the mean, float32 [..., *event]."""
         return self.mean
+
+    def kl(self, other: DiagGaussian) -> tf.Tensor:
+        """Returns KL(self || other), summed over the event axes, float32 [...]."""
+        var, other_var = tf.exp(2.0 * self.log_std), tf.exp(2.0 * other.log_std)
+        per_dim = (
+            other.log_std
+            - self.log_std
+            + (var + tf.square(self.mean - other.mean)) / (2.0 * other_var)
+            - 0.5
+        )
+        return tf.reduce_sum(per_dim, axis=self._axes)
 
     def sample(self, seed: Any = None) -> tf.Tensor:
         """Draws float32 actions [..., *event]; a seed makes the draw repeatable."""
@@ -250,6 +267,10 @@ class MultiCategorical:
         """Returns the most likely int64 action [..., n] (the argmax of each component)."""
         return tf.stack([d.mode() for d in self.components], axis=-1)
 
+    def kl(self, other: MultiCategorical) -> tf.Tensor:
+        """Returns the summed KL(self_i || other_i) of the components, float32 [...]."""
+        return tf.add_n([d.kl(o) for d, o in zip(self.components, other.components, strict=True)])
+
 
 def make_distribution(action_space: gym.Space, logits: tf.Tensor) -> Any:
     """Builds the action distribution pi(.|x) for `action_space` from the model's logits.
@@ -259,11 +280,11 @@ def make_distribution(action_space: gym.Space, logits: tf.Tensor) -> Any:
         logits: float32 [..., logits_size(action_space)], any number of leading dims.
 
     Returns:
-        An object with `log_prob(actions)` and `entropy()` (both float32 [...], summed over
-        action components/dims), `sample(seed=None)` and `mode()` (actions of
-        `action_dtype(action_space)`, shaped [..., *action_shape(action_space)]):
-        a `Categorical` (Discrete), a `MultiCategorical` (MultiDiscrete) or a `DiagGaussian`
-        (Box; feed it float32 actions).
+        An object with `log_prob(actions)`, `entropy()` and `kl(other)` (KL(self || other)),
+        all float32 [...] and summed over action components/dims, and `sample(seed=None)` and
+        `mode()` (actions of `action_dtype(action_space)`, shaped
+        [..., *action_shape(action_space)]): a `Categorical` (Discrete), a `MultiCategorical`
+        (MultiDiscrete) or a `DiagGaussian` (Box; feed it float32 actions).
 
     Raises:
         ValueError: for unsupported spaces.

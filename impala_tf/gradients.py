@@ -81,10 +81,6 @@ def apply_summed(
     optimizer.iterations.assign_add(1)
 
 
-#: Which entries of the stacked `LossSums` accumulate by maximum (`losses.MAX_FIELDS`).
-_MAX_MASK = [name in losses.MAX_FIELDS for name in losses.LossSums._fields]
-
-
 class GradientAccumulators:
     """Per-replica sums of microbatch gradients, loss sums and env steps (gradient accumulation).
 
@@ -94,9 +90,14 @@ class GradientAccumulators:
 
     Args:
       groups: The learner's `(optimizer, variables)` pairs; one accumulator per variable.
+      sums_type: The loss's sums (a NamedTuple of float32 scalars, `losses.LossSums` by
+        default); its `losses.MAX_FIELDS` accumulate by maximum, the others by sum.
     """
 
-    def __init__(self, groups):
+    def __init__(self, groups, sums_type: type = losses.LossSums):
+        self.sums_type = sums_type
+        # Which entries of the stacked sums accumulate by maximum.
+        self._max_mask = [name in losses.MAX_FIELDS for name in sums_type._fields]
         local = dict(
             trainable=False,
             synchronization=tf.VariableSynchronization.ON_READ,
@@ -109,7 +110,7 @@ class GradientAccumulators:
             ]
             for _, variables in groups
         ]
-        self.sums = tf.Variable(tf.zeros([len(losses.LossSums._fields)]), name="sums", **local)
+        self.sums = tf.Variable(tf.zeros([len(sums_type._fields)]), name="sums", **local)
         self.rows = tf.Variable(tf.constant(0, tf.int64), name="rows", **local)
 
     def add(self, grads: list[list[tf.Tensor]], sums: losses.LossSums, rows: tf.Tensor) -> None:
@@ -117,12 +118,12 @@ class GradientAccumulators:
             for accumulator, grad in zip(accumulators, group):
                 accumulator.assign_add(grad)
         current, new = self.sums.read_value(), tf.stack(list(sums))
-        self.sums.assign(tf.where(_MAX_MASK, tf.maximum(current, new), current + new))
+        self.sums.assign(tf.where(self._max_mask, tf.maximum(current, new), current + new))
         self.rows.assign_add(rows)
 
     def read(self) -> tuple[list[list[tf.Tensor]], losses.LossSums, tf.Tensor]:
         grads = [[a.read_value() for a in accumulators] for accumulators in self.grads]
-        return grads, losses.LossSums(*tf.unstack(self.sums.read_value())), self.rows.read_value()
+        return grads, self.sums_type(*tf.unstack(self.sums.read_value())), self.rows.read_value()
 
     def reset(self) -> None:
         for accumulators in self.grads:

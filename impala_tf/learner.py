@@ -64,7 +64,7 @@ replica context could not hold.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Any, NamedTuple
 
 import gymnasium as gym
 import keras
@@ -75,12 +75,12 @@ from impala_tf import devices, distributions, losses, sequences
 from impala_tf import frames as frames_lib
 from impala_tf.config.base import AlgorithmConfig
 from impala_tf.gradients import GradientAccumulators, apply_summed, check_plain_optimizer
-from impala_tf.learner_spec import LearnerSpec, learner_spec
+from impala_tf.learner_spec import LearnerSpec
 from impala_tf.models.catalog import build_model
 from impala_tf.models.spec import ModelSpec
 from impala_tf.sample_batch import OBS, OBS_FRAMES, OBS_RESTARTS
 
-__all__ = ["DIAGNOSTIC_KEYS", "ImpalaLearner", "piecewise_linear", "STATS_KEYS"]
+__all__ = ["DIAGNOSTIC_KEYS", "ImpalaLearner", "LossInputs", "piecewise_linear", "STATS_KEYS"]
 
 #: Diagnostics of each update `train_step` also returns (ours; over the valid steps): the
 #: importance ratio rho = pi/mu (mean, max, and the fractions above `vtrace_clip_rho_threshold`
@@ -152,7 +152,8 @@ def _all_reduce_sums(ctx: tf.distribute.ReplicaContext, sums: losses.LossSums) -
     `losses.MAX_FIELDS` by maximum. `ReduceOp` has no MAX, so each replica puts its value in its
     own slot of a vector of one slot per replica (zeros elsewhere; the values are >= 0), and
     the max of the summed vector is the batch's."""
-    summed = [name for name in losses.LossSums._fields if name not in losses.MAX_FIELDS]
+    kind = type(sums)
+    summed = [name for name in kind._fields if name not in losses.MAX_FIELDS]
     slot = tf.one_hot(ctx.replica_id_in_sync_group, ctx.num_replicas_in_sync)
     parts = [getattr(sums, name) for name in summed]
     parts += [slot * getattr(sums, name) for name in losses.MAX_FIELDS]
@@ -161,7 +162,32 @@ def _all_reduce_sums(ctx: tf.distribute.ReplicaContext, sums: losses.LossSums) -
     values.update(
         (name, tf.reduce_max(v)) for name, v in zip(losses.MAX_FIELDS, reduced[len(summed) :])
     )
-    return losses.LossSums(**values)
+    return kind(**values)
+
+
+class LossInputs(NamedTuple):
+    """What `ImpalaLearner.compute_loss` receives: one replica's time-major batch and the
+    trained model's outputs on it.
+
+    Attributes:
+      batch: The time-major columns ([T, B, ...]; recurrent batches cut into sequences).
+      logits: float32 [T, B, ...], the trained policy's action-distribution inputs.
+      values: float32 [T, B], the trained value function's V(x_t).
+      resets: bool [T, B], where the model's recurrent state restarts (after an episode end).
+      state: The recurrent state at each sequence's start (empty for feed-forward models).
+      terminateds: bool [T, B].
+      truncateds: bool [T, B]; a sequence's end counts as one (it bootstraps there).
+      mask: float32 [T, B] of valid steps, or None when every step is valid.
+    """
+
+    batch: dict[str, tf.Tensor]
+    logits: tf.Tensor
+    values: tf.Tensor
+    resets: tf.Tensor
+    state: tuple[tf.Tensor, ...]
+    terminateds: tf.Tensor
+    truncateds: tf.Tensor
+    mask: tf.Tensor | None
 
 
 class ImpalaLearner(keras.Model):
@@ -173,7 +199,7 @@ class ImpalaLearner(keras.Model):
 
     Args:
       spec: The policy's learner settings (`impala_tf.learner_spec.LearnerSpec`), or a config
-        (an `ImpalaConfig`: its settings are read once, `learner_spec(config)`; the learner
+        (an `ImpalaConfig`: its settings are read once, `config.learner_spec()`; the learner
         keeps no config).
       observation_space: The policy's observation space.
       action_space: The policy's action space.
@@ -191,6 +217,11 @@ class ImpalaLearner(keras.Model):
       num_agent_steps_trained: int64 variable, steps trained so far; drives the schedules.
     """
 
+    #: The loss's sums (`compute_loss`): what is all-reduced and accumulated.
+    sums_type: type = losses.LossSums
+    #: Stats that are counts (the learner thread reports them as ints, as RLlib does).
+    count_keys: tuple[str, ...] = ("num_agent_steps_trained", "num_grad_updates_lifetime")
+
     def __init__(
         self,
         spec: LearnerSpec | AlgorithmConfig,
@@ -201,7 +232,7 @@ class ImpalaLearner(keras.Model):
     ):
         super().__init__(name=name)
         if not isinstance(spec, LearnerSpec):
-            spec = learner_spec(spec, model if isinstance(model, ModelSpec) else None)
+            spec = spec.learner_spec(model if isinstance(model, ModelSpec) else None)
         elif isinstance(model, ModelSpec):
             spec = dataclasses.replace(spec, model=model)
         self.spec = spec
@@ -242,7 +273,9 @@ class ImpalaLearner(keras.Model):
         self.num_grad_updates = tf.Variable(0, name="num_grad_updates", **counter)
         self.num_agent_steps_trained = tf.Variable(0, name="num_agent_steps_trained", **counter)
         self._accumulators: GradientAccumulators | None = (
-            GradientAccumulators(self._groups) if spec.microbatch_size is not None else None
+            GradientAccumulators(self._groups, self.sums_type)
+            if spec.microbatch_size is not None
+            else None
         )
         # `jit_compile_update`: XLA compiles the part of the update that is one device's own
         # work (forward, V-trace, backward). The rest (all-reduce, clipping, the optimizers in
@@ -405,20 +438,15 @@ class ImpalaLearner(keras.Model):
         # The stored initial state already starts each sequence; reset after each episode end.
         resets = tf.concat([tf.zeros_like(dones[:1]), dones[:-1]], axis=0)
         state = tuple(batch[k] for k in sorted(k for k in batch if k.startswith(_STATE_PREFIX)))
-        actions = batch["actions"]
 
-        with tf.GradientTape(persistent=self._separate_vf) as tape:
+        with tf.GradientTape(persistent=len(self._groups) > 1) as tape:
             logits, values, _ = self.model.unroll(batch["obs"], resets, state, training=True)
-            target = distributions.make_distribution(self.action_space, logits)
-            behaviour = distributions.make_distribution(
-                self.action_space, tf.cast(batch["action_dist_inputs"], tf.float32)
-            )
-            out = losses.vtrace_loss(
-                target_log_probs=target.log_prob(actions),
-                behaviour_log_probs=behaviour.log_prob(actions),
-                entropy=target.entropy(),
+            inputs = LossInputs(
+                batch=batch,
+                logits=logits,
                 values=values,
-                rewards=batch["rewards"],
+                resets=resets,
+                state=state,
                 terminateds=terminateds,
                 # A sequence's end bootstraps from the next value as a truncation does.
                 truncateds=(
@@ -426,22 +454,9 @@ class ImpalaLearner(keras.Model):
                     if sequence_ends is None
                     else tf.logical_or(truncateds, sequence_ends)
                 ),
-                values_bootstrapped=batch["values_bootstrapped"],
                 mask=mask,
-                gamma=spec.gamma,
-                clip_rho_threshold=spec.vtrace_clip_rho_threshold,
-                clip_pg_rho_threshold=spec.vtrace_clip_pg_rho_threshold,
-                vf_loss_coeff=spec.vf_loss_coeff,
-                entropy_coeff=entropy_coeff,
-                drop_last_ts=spec.vtrace_drop_last_ts,
             )
-            if self._separate_vf:
-                group_losses = [
-                    out.sums.pi_loss - entropy_coeff * out.sums.entropy,
-                    out.sums.vf_loss,
-                ]
-            else:
-                group_losses = [out.total_loss]
+            group_losses, sums = self.compute_loss(inputs, entropy_coeff)
 
         grads = []
         for loss, (_, variables) in zip(group_losses, self._groups):
@@ -453,10 +468,76 @@ class ImpalaLearner(keras.Model):
         logit_range = tf.reduce_max(logits, axis=-1) - tf.reduce_min(logits, axis=-1)
         if spec.vtrace_drop_last_ts:
             step_mask, logit_range = step_mask[:-1], logit_range[:-1]
-        sums = out.sums._replace(
-            logit_range=tf.stop_gradient(tf.reduce_sum(step_mask * logit_range))
-        )
+        sums = sums._replace(logit_range=tf.stop_gradient(tf.reduce_sum(step_mask * logit_range)))
         return grads, sums, rows
+
+    def compute_loss(
+        self, inputs: LossInputs, entropy_coeff: tf.Tensor
+    ) -> tuple[list[tf.Tensor], losses.LossSums]:
+        """The loss of one replica's batch: RLlib's summed V-trace loss (`losses.vtrace_loss`).
+
+        Called inside the gradient tape; a subclass (APPO) replaces the loss here.
+
+        Args:
+          inputs: The batch and the trained model's outputs on it.
+          entropy_coeff: float32 scalar, the entropy coefficient.
+
+        Returns:
+          (losses, sums): one scalar loss per `(optimizer, variables)` group (the total loss;
+          with `_separate_vf_optimizer` the policy loss and the value loss) and the loss's
+          `sums_type` sums.
+        """
+        spec = self.spec
+        batch, actions = inputs.batch, inputs.batch["actions"]
+        target = distributions.make_distribution(self.action_space, inputs.logits)
+        behaviour = distributions.make_distribution(
+            self.action_space, tf.cast(batch["action_dist_inputs"], tf.float32)
+        )
+        out = losses.vtrace_loss(
+            target_log_probs=target.log_prob(actions),
+            behaviour_log_probs=behaviour.log_prob(actions),
+            entropy=target.entropy(),
+            values=inputs.values,
+            rewards=batch["rewards"],
+            terminateds=inputs.terminateds,
+            truncateds=inputs.truncateds,
+            values_bootstrapped=batch["values_bootstrapped"],
+            mask=inputs.mask,
+            gamma=spec.gamma,
+            clip_rho_threshold=spec.vtrace_clip_rho_threshold,
+            clip_pg_rho_threshold=spec.vtrace_clip_pg_rho_threshold,
+            vf_loss_coeff=spec.vf_loss_coeff,
+            entropy_coeff=entropy_coeff,
+            drop_last_ts=spec.vtrace_drop_last_ts,
+        )
+        if self._separate_vf:
+            return [out.sums.pi_loss - entropy_coeff * out.sums.entropy, out.sums.vf_loss], out.sums
+        return [out.total_loss], out.sums
+
+    def gradient_scale(self, sums: Any) -> tf.Tensor | None:
+        """What the batch's all-reduced gradient is multiplied by before clipping: None (RLlib's
+        IMPALA trains on the sums of its per-step losses). A subclass whose loss is a mean over
+        the batch's valid steps returns 1 / `sums.num_valid`."""
+        del sums
+        return None
+
+    def update_stats(self, sums: Any, entropy_coeff: tf.Tensor) -> dict[str, tf.Tensor]:
+        """The stats of one update that the loss decides (`total_loss`; a subclass adds its
+        own), from the batch's all-reduced sums. Read after the update is applied."""
+        num_valid = tf.maximum(sums.num_valid, 1.0)
+        spec = self.spec
+        return {
+            "total_loss": (
+                sums.pi_loss + spec.vf_loss_coeff * sums.vf_loss - entropy_coeff * sums.entropy
+            )
+            / num_valid
+        }
+
+    def after_update(self, sums: Any) -> None:
+        """Runs in cross-replica context after each applied update (not after a skipped one),
+        with the batch's all-reduced sums. Nothing for IMPALA; APPO updates its target network
+        and KL coefficient here."""
+        del sums
 
     def _apply(
         self,
@@ -478,6 +559,9 @@ class ImpalaLearner(keras.Model):
         sums = _all_reduce_sums(ctx, sums)
         num_valid = tf.maximum(sums.num_valid, 1.0)
         rows = ctx.all_reduce(tf.distribute.ReduceOp.SUM, rows)
+        scale = self.gradient_scale(sums)
+        if scale is not None:
+            all_grads = [g * scale for g in all_grads]
         grad_gnorm_unclipped = tf.linalg.global_norm(all_grads)
         # Each optimizer clips its own group by global norm (RLlib clips each tensor alone).
         clipped_groups = []
@@ -496,7 +580,7 @@ class ImpalaLearner(keras.Model):
         )
 
         # Out of replica context, so that the optimizers apply the summed gradients as they are.
-        ctx.merge_call(self._cross_replica_update, args=(clipped_groups, rows, finite))
+        ctx.merge_call(self._cross_replica_update, args=(clipped_groups, rows, finite, sums))
         return {
             "cur_lr": cur_lr,
             "policy_loss": sums.pi_loss / num_valid,
@@ -508,10 +592,7 @@ class ImpalaLearner(keras.Model):
             # RLlib reports the norm after clipping (its grad_stats_fn sees clipped gradients).
             "grad_gnorm": tf.linalg.global_norm([g for group in clipped_groups for g in group]),
             "grad_gnorm_unclipped": grad_gnorm_unclipped,
-            "total_loss": (
-                sums.pi_loss + spec.vf_loss_coeff * sums.vf_loss - entropy_coeff * sums.entropy
-            )
-            / num_valid,
+            **self.update_stats(sums, entropy_coeff),
             "num_agent_steps_trained": self.num_agent_steps_trained.read_value(),
             "num_grad_updates_lifetime": self.num_grad_updates.read_value(),
             # DIAGNOSTIC_KEYS (ours).
@@ -529,6 +610,19 @@ class ImpalaLearner(keras.Model):
             "update_skipped": 1.0 - tf.cast(finite, tf.float32),
         }
 
+    def checkpoint_parts(self) -> dict[str, Any]:
+        """What a checkpoint holds of this learner, by part name (`tf.train.Checkpoint` keys):
+        the model, the optimizers and the step counters."""
+        parts = {
+            "model": self.model,
+            "policy_optimizer": self.policy_optimizer,
+            "num_grad_updates": self.num_grad_updates,
+            "num_agent_steps_trained": self.num_agent_steps_trained,
+        }
+        if self.value_optimizer is not None:
+            parts["value_optimizer"] = self.value_optimizer
+        return parts
+
     def state_variables(self) -> list[tf.Variable]:
         """The variables one update changes: model, optimizer state, step counters."""
         variables = list(self.model.variables)
@@ -542,6 +636,7 @@ class ImpalaLearner(keras.Model):
         groups: list[list[Any]],
         rows: Any,
         finite: Any,
+        sums: Any,
     ) -> None:
         """The update in cross-replica context (a `merge_call`); a no-op when not `finite`.
 
@@ -551,17 +646,20 @@ class ImpalaLearner(keras.Model):
             device, per-replica values (equal on every replica) under a strategy.
           rows: int64 scalar, env steps of the whole batch (per replica, all equal).
           finite: bool scalar, whether the update is finite (per replica, all equal).
+          sums: The batch's all-reduced loss sums (per replica, all equal), for `after_update`.
         """
         # Every replica computed `finite` and `rows` from the same all-reduced values; replica 0's
         # decide for all, so the copies of the variables cannot diverge.
         finite = strategy.experimental_local_results(finite)[0]
         rows = strategy.experimental_local_results(rows)[0]
+        sums = type(sums)(*(strategy.experimental_local_results(v)[0] for v in sums))
 
         def update() -> tf.Tensor:
             for (optimizer, variables), grads in zip(self._groups, groups):
                 apply_summed(strategy, optimizer, grads, variables)
             self.num_grad_updates.assign_add(1)
             self.num_agent_steps_trained.assign_add(rows)
+            self.after_update(sums)
             return tf.constant(True)
 
         # No cross-replica synchronisation runs inside: the `tf.cond` holds on every strategy.

@@ -96,8 +96,6 @@ logger = logging.getLogger(__name__)
 
 _POLL_S = 0.1
 _END_OF_DATA = (StopIteration, tf.errors.OutOfRangeError, EOFError)
-#: Stats that are counts: ints, as RLlib reports them.
-_COUNT_KEYS = ("num_agent_steps_trained", "num_grad_updates_lifetime")
 
 
 class LearnerQueueTimeout(RuntimeError):
@@ -160,7 +158,8 @@ class LearnerThread(threading.Thread):
         self._micro_rows = pipeline.microbatch_rows(spec, self.num_replicas)
         self.microbatching = self._micro_rows is not None
         self._signature = signature
-        self.inqueue: queue.Queue = queue.Queue(maxsize=int(spec.learner_queue_size))
+        # RLlib's learner queue, or the algorithm's own (APPO: its circular buffer).
+        self.inqueue = spec.make_queue()
         self.outqueue: queue.Queue = queue.Queue()
         self._stopped = threading.Event()
         self._timeout = float(spec.learner_queue_timeout)
@@ -370,7 +369,7 @@ class LearnerThread(threading.Thread):
     def _unpack(self, packed: tf.Tensor) -> dict[str, Any]:
         """The update's one read back to the host: its stats, as Python numbers."""
         stats = dict(zip(self._stat_keys, packed.numpy().tolist()))
-        for key in _COUNT_KEYS:
+        for key in self.learner.count_keys:
             stats[key] = int(stats[key])
         return stats
 
@@ -623,13 +622,7 @@ class LearnerThread(threading.Thread):
         self._set_version(None)  # A restore loads the counter next: read it at the next use.
         with self._generation_lock:
             self.generation += 1
-            removed = 0
-            while True:
-                try:
-                    self.inqueue.get_nowait().release()
-                    removed += 1
-                except queue.Empty:
-                    break
+            removed = self.inqueue.drain()
         if self.microbatching:
             self._reset_fn()
         return removed
@@ -645,7 +638,7 @@ class LearnerThread(threading.Thread):
     def add_learner_metrics(self, result: dict[str, Any]) -> dict[str, Any]:
         """Adds `info.learner_queue` and `info.timing_breakdown` to a result dict (RLlib's)."""
         info = result.setdefault("info", {})
-        info["learner_queue"] = self.learner_queue_size.stats()
+        info["learner_queue"] = {**self.learner_queue_size.stats(), **self.inqueue.stats()}
         info["timing_breakdown"] = {
             "learner_grad_time_ms": timer_ms(self.grad_timer),
             "learner_load_time_ms": timer_ms(self.load_timer),

@@ -21,7 +21,15 @@ import tensorflow as tf
 
 from impala_tf import vtrace
 
-__all__ = ["LossOutputs", "LossSums", "vtrace_loss", "explained_variance"]
+__all__ = [
+    "LossOutputs",
+    "LossSums",
+    "Steps",
+    "count_above",
+    "explained_variance",
+    "prepare_steps",
+    "vtrace_loss",
+]
 
 
 class LossSums(NamedTuple):
@@ -128,52 +136,30 @@ def vtrace_loss(
     Returns:
       `LossOutputs` with the total (summed) loss, the sums for stats and the V-trace targets.
     """
-    rewards = tf.cast(rewards, tf.float32)
-    values = tf.cast(values, tf.float32)
-    values_bootstrapped = tf.cast(values_bootstrapped, tf.float32)
-    terminateds = tf.cast(terminateds, tf.float32)
-    truncateds = tf.cast(truncateds, tf.float32)
-    mask = tf.ones_like(rewards) if mask is None else tf.cast(mask, tf.float32)
-
-    # A truncated step bootstraps from V(final observation) and cuts the trace; a terminated step
-    # just cuts it. Folding the bootstrap into the reward keeps V-trace itself unchanged.
-    discounts = gamma * (1.0 - tf.maximum(terminateds, truncateds))
-    rewards = rewards + gamma * truncateds * (1.0 - terminateds) * values_bootstrapped
-    if drop_last_ts:
-        bootstrap_value = values[-1]
-        target_log_probs, behaviour_log_probs, entropy, values, rewards, discounts, mask = (
-            x[:-1]
-            for x in (
-                target_log_probs,
-                behaviour_log_probs,
-                entropy,
-                values,
-                rewards,
-                discounts,
-                mask,
-            )
-        )
-    else:
-        bootstrap_value = values_bootstrapped[-1]
-
-    log_rhos = target_log_probs - behaviour_log_probs
-    returns = vtrace.from_importance_weights(
-        log_rhos=log_rhos,
-        discounts=discounts,
-        rewards=rewards,
+    steps = prepare_steps(
+        {
+            "target_log_probs": target_log_probs,
+            "behaviour_log_probs": behaviour_log_probs,
+            "entropy": entropy,
+        },
         values=values,
-        bootstrap_value=tf.stop_gradient(bootstrap_value),
-        clip_rho_threshold=clip_rho_threshold,
-        clip_pg_rho_threshold=clip_pg_rho_threshold,
+        rewards=rewards,
+        terminateds=terminateds,
+        truncateds=truncateds,
+        values_bootstrapped=values_bootstrapped,
+        mask=mask,
+        gamma=gamma,
+        drop_last_ts=drop_last_ts,
     )
+    target_log_probs = steps.columns["target_log_probs"]
+    behaviour_log_probs = steps.columns["behaviour_log_probs"]
+    entropy = steps.columns["entropy"]
+    values, mask = steps.values, steps.mask
+    log_rhos = target_log_probs - behaviour_log_probs
+    returns = steps.vtrace(log_rhos, clip_rho_threshold, clip_pg_rho_threshold)
     vs, pg_advantages = returns.vs, returns.pg_advantages
     err = vs - values
     rhos = tf.exp(tf.stop_gradient(log_rhos))
-
-    def above(threshold: float | None) -> tf.Tensor:
-        if threshold is None:
-            return tf.constant(0.0)
-        return tf.reduce_sum(mask * tf.cast(rhos > threshold, tf.float32))
 
     sums = LossSums(
         pi_loss=-tf.reduce_sum(mask * target_log_probs * pg_advantages),
@@ -185,8 +171,8 @@ def vtrace_loss(
         err=tf.stop_gradient(tf.reduce_sum(mask * err)),
         err_sq=tf.stop_gradient(tf.reduce_sum(mask * tf.square(err))),
         rho=tf.reduce_sum(mask * rhos),
-        rho_clipped=above(clip_rho_threshold),
-        pg_rho_clipped=above(clip_pg_rho_threshold),
+        rho_clipped=count_above(rhos, mask, clip_rho_threshold),
+        pg_rho_clipped=count_above(rhos, mask, clip_pg_rho_threshold),
         pg_adv=tf.reduce_sum(mask * pg_advantages),
         pg_adv_sq=tf.reduce_sum(mask * tf.square(pg_advantages)),
         logit_range=tf.constant(0.0),
@@ -194,6 +180,104 @@ def vtrace_loss(
     )
     total = sums.pi_loss + vf_loss_coeff * sums.vf_loss - entropy_coeff * sums.entropy
     return LossOutputs(total_loss=total, sums=sums, vs=vs, pg_advantages=pg_advantages)
+
+
+class Steps(NamedTuple):
+    """A time-major batch made ready for V-trace (`prepare_steps`).
+
+    Attributes:
+      columns: The caller's per-step columns, trimmed as the others.
+      values: float32 [T', B], V(x_t).
+      rewards: float32 [T', B], r_t with a truncation's bootstrap folded in.
+      discounts: float32 [T', B], gamma_t (zero where an episode ends).
+      mask: float32 [T', B] of valid steps.
+      bootstrap_value: float32 [B], the value after each sequence's last step (no gradient).
+    """
+
+    columns: dict[str, tf.Tensor]
+    values: tf.Tensor
+    rewards: tf.Tensor
+    discounts: tf.Tensor
+    mask: tf.Tensor
+    bootstrap_value: tf.Tensor
+
+    def vtrace(
+        self,
+        log_rhos: tf.Tensor,
+        clip_rho_threshold: float | None,
+        clip_pg_rho_threshold: float | None,
+    ) -> vtrace.VTraceReturns:
+        """V-trace targets and pg advantages (no gradient) for `log_rhos` [T', B]."""
+        return vtrace.from_importance_weights(
+            log_rhos=log_rhos,
+            discounts=self.discounts,
+            rewards=self.rewards,
+            values=self.values,
+            bootstrap_value=self.bootstrap_value,
+            clip_rho_threshold=clip_rho_threshold,
+            clip_pg_rho_threshold=clip_pg_rho_threshold,
+        )
+
+
+def prepare_steps(
+    columns: dict[str, tf.Tensor],
+    *,
+    values: tf.Tensor,
+    rewards: tf.Tensor,
+    terminateds: tf.Tensor,
+    truncateds: tf.Tensor,
+    values_bootstrapped: tf.Tensor,
+    mask: tf.Tensor | None,
+    gamma: float,
+    drop_last_ts: bool,
+) -> Steps:
+    """What every V-trace loss does first (the module docstring's two details).
+
+    A truncated step bootstraps from V(final observation) and cuts the trace; a terminated
+    step just cuts it. Folding the bootstrap into the reward keeps V-trace itself unchanged.
+    With `drop_last_ts` every per-step tensor (`columns` too) loses its last step, and the
+    sequence bootstraps from the trained V at that step (RLlib's `vtrace_drop_last_ts`).
+
+    Args:
+      columns: Further per-step [T, B] tensors of the loss, trimmed as the others.
+      values: float32 [T, B], V(x_t) of the value function being trained.
+      rewards: float32 [T, B], r_t.
+      terminateds: bool [T, B].
+      truncateds: bool [T, B].
+      values_bootstrapped: float32 [T, B] (`vtrace_loss`).
+      mask: float32 or bool [T, B] of valid steps, or None for all valid.
+      gamma: The discount.
+      drop_last_ts: RLlib's legacy `vtrace_drop_last_ts`.
+    """
+    rewards = tf.cast(rewards, tf.float32)
+    values = tf.cast(values, tf.float32)
+    values_bootstrapped = tf.cast(values_bootstrapped, tf.float32)
+    terminateds = tf.cast(terminateds, tf.float32)
+    truncateds = tf.cast(truncateds, tf.float32)
+    mask = tf.ones_like(rewards) if mask is None else tf.cast(mask, tf.float32)
+    discounts = gamma * (1.0 - tf.maximum(terminateds, truncateds))
+    rewards = rewards + gamma * truncateds * (1.0 - terminateds) * values_bootstrapped
+    if drop_last_ts:
+        bootstrap_value = values[-1]
+        values, rewards, discounts, mask = (x[:-1] for x in (values, rewards, discounts, mask))
+        columns = {k: v[:-1] for k, v in columns.items()}
+    else:
+        bootstrap_value = values_bootstrapped[-1]
+    return Steps(
+        columns=dict(columns),
+        values=values,
+        rewards=rewards,
+        discounts=discounts,
+        mask=mask,
+        bootstrap_value=tf.stop_gradient(bootstrap_value),
+    )
+
+
+def count_above(rhos: tf.Tensor, mask: tf.Tensor, threshold: float | None) -> tf.Tensor:
+    """The valid steps whose rho exceeds `threshold` (0 without a threshold)."""
+    if threshold is None:
+        return tf.constant(0.0)
+    return tf.reduce_sum(mask * tf.cast(rhos > threshold, tf.float32))
 
 
 def explained_variance(sums: LossSums) -> tf.Tensor:

@@ -6,12 +6,20 @@ numpy only: the driver puts `TrainBatch`es on the learner queues without importi
 from __future__ import annotations
 
 import abc
+import queue
 from collections.abc import Callable
 from typing import Any
 
 from impala_tf.sample_batch import SampleBatch
 
-__all__ = ["BatchHandle", "BatchLost", "MinibatchBuffer", "TrainBatch", "release_unread"]
+__all__ = [
+    "BatchHandle",
+    "BatchLost",
+    "LearnerQueue",
+    "MinibatchBuffer",
+    "TrainBatch",
+    "release_unread",
+]
 
 
 class BatchLost(RuntimeError):
@@ -79,6 +87,32 @@ def release_unread(batch: SampleBatch | BatchHandle) -> None:
     `SampleBatch` holds no store)."""
     if isinstance(batch, BatchHandle):
         batch.release()
+
+
+class LearnerQueue(queue.Queue):
+    """RLlib's learner queue: FIFO, `learner_queue_size` train batches at most.
+
+    The learner thread takes batches with `get`; the driver puts them with `put_nowait` (a
+    full queue raises `queue.Full`: the driver drops and counts the batch) or a waiting `put`.
+    Another algorithm's queue (APPO's circular buffer) has the same methods.
+    """
+
+    def __init__(self, maxsize: int):
+        super().__init__(maxsize=int(maxsize))
+
+    def drain(self) -> int:
+        """Removes and releases every queued batch; returns how many there were."""
+        removed = 0
+        while True:
+            try:
+                self.get_nowait().release()
+            except queue.Empty:
+                return removed
+            removed += 1
+
+    def stats(self) -> dict[str, float]:
+        """Counters of the queue's own for the result dict's `info.learner_queue` (none)."""
+        return {}
 
 
 class MinibatchBuffer:

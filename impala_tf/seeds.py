@@ -8,9 +8,9 @@
 * Mix-in replay: policy k's buffer in aggregator n (0: the driver's) draws from
   `seed + 10000 + n + 1000 k` (`replay_seed`).
 * Streams the driver starts during a run (`Stream`): evaluation episodes of each iteration, the
-  replay and actors after a restore, a restarted actor. Each is `derived_seed(seed, key,
-  stream)`, a `numpy.random.SeedSequence` of the run's seed and the stream's key, so no two draw
-  alike.
+  replay and actors after a restore, a restarted actor, the draws of APPO's circular buffer.
+  Each is `derived_seed(seed, key, stream)`, a `numpy.random.SeedSequence` of the run's seed
+  and the stream's key, so no two draw alike (the buffers of several APPO policies share one).
 
 An unseeded run (`seed=None`) gets None everywhere: each stream seeds itself from the OS.
 """
@@ -50,6 +50,8 @@ class Stream(enum.IntEnum):
     RESTORED_ACTOR = 3
     #: A restarted actor (keyed by the run's restarts so far and the actor id).
     RESTARTED_ACTOR = 4
+    #: The draws of a learner's queue when it samples (APPO's circular buffer; key 0).
+    LEARNER_BUFFER = 5
 
 
 def env_seed(seed: int | None, worker_index: int, vector_index: int) -> int | None:

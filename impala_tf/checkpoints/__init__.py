@@ -1,7 +1,7 @@
 """Checkpoints: the on-disk layout (`impala_tf.checkpoints.store`) and loading a run's config.
 
 Everything of `store` is re-exported here (`write_checkpoint`, `resolve_checkpoint_dir`,
-`restore_model`, ...), plus `load_config`, which rebuilds the `ImpalaConfig` a checkpoint was
+`restore_model`, ...), plus `load_config`, which rebuilds the config a checkpoint was
 trained with. Evaluating or exporting a checkpoint's policies is `impala_tf.evaluation`'s.
 """
 
@@ -30,7 +30,8 @@ from impala_tf.checkpoints.store import (
     untracked_variables,
     write_checkpoint,
 )
-from impala_tf.config import ImpalaConfig
+from impala_tf.config.base import AlgorithmConfig
+from impala_tf.config.registry import config_class
 from impala_tf.models.spec import register_stored_models
 
 __all__ = [
@@ -59,8 +60,9 @@ __all__ = [
 ]
 
 
-def load_config(checkpoint_dir: str) -> ImpalaConfig:
-    """Rebuilds the `ImpalaConfig` a checkpoint was trained with.
+def load_config(checkpoint_dir: str) -> AlgorithmConfig:
+    """Rebuilds the config a checkpoint was trained with: an `ImpalaConfig`, or the config
+    class of the algorithm the checkpoint names (`"algorithm"`, e.g. an `APPOConfig`).
 
     Custom models the run named by a registered name (`ModelCatalog.register_custom_model`)
     are registered again here from the import paths the checkpoint keeps
@@ -75,5 +77,7 @@ def load_config(checkpoint_dir: str) -> ImpalaConfig:
         JSON cannot store), or a registered custom model's path does not import here.
     """
     config = read_config_dict(checkpoint_dir)
-    register_stored_models(read_driver_state(checkpoint_dir).get("custom_models") or {})
-    return ImpalaConfig.from_dict(config)
+    state = read_driver_state(checkpoint_dir)
+    register_stored_models(state.get("custom_models") or {})
+    # Checkpoints written before APPO existed name no algorithm: they are IMPALA's.
+    return config_class(state.get("algorithm", "IMPALA")).from_dict(config)

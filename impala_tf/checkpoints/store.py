@@ -95,23 +95,16 @@ def learner_checkpoint(learner: Any) -> Any:
     """The `tf.train.Checkpoint` of everything the learner trains or counts.
 
     Args:
-      learner: An `impala_tf.learner.ImpalaLearner`.
+      learner: An `impala_tf.learner.ImpalaLearner` (or an algorithm's subclass).
 
     Returns:
-      A checkpoint with parts `model`, `policy_optimizer`, `num_grad_updates`,
-      `num_agent_steps_trained` and, when the learner has one, `value_optimizer`.
+      A checkpoint of the learner's `checkpoint_parts()`: `model`, `policy_optimizer`,
+      `num_grad_updates`, `num_agent_steps_trained`, `value_optimizer` when the learner has
+      one, and the algorithm's own parts (APPO's target network and KL coefficient).
     """
     import tensorflow as tf
 
-    parts = {
-        "model": learner.model,
-        "policy_optimizer": learner.policy_optimizer,
-        "num_grad_updates": learner.num_grad_updates,
-        "num_agent_steps_trained": learner.num_agent_steps_trained,
-    }
-    if learner.value_optimizer is not None:
-        parts["value_optimizer"] = learner.value_optimizer
-    return tf.train.Checkpoint(**parts)
+    return tf.train.Checkpoint(**learner.checkpoint_parts())
 
 
 def json_default(value: Any) -> Any:
@@ -231,6 +224,7 @@ def write_checkpoint(
             learner_checkpoint(learner).write(os.path.join(tmp, POLICIES_DIR, pid, LEARNER_PREFIX))
         state = {"format": FORMAT, "policy_ids": sorted(learners), **dict(driver_state or {})}
         state["config"] = storable_config(config)
+        state["algorithm"] = config.algo_name
         with open(os.path.join(tmp, DRIVER_STATE_FILE), "w", encoding="utf-8") as f:
             json.dump(state, f, default=json_default)
         if runtime_state is not None:

@@ -45,9 +45,10 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import functools
 import os
 from collections.abc import Callable, Mapping
-from typing import Any, NamedTuple
+from typing import Any, ClassVar, NamedTuple
 
 from impala_tf.config.keys import (
     ALIASES,
@@ -69,7 +70,7 @@ from impala_tf.config.keys import (
 )
 from impala_tf.config.validation import validate
 
-__all__ = ["AlgorithmConfig", "Experiment"]
+__all__ = ["AlgorithmConfig", "Experiment", "config_key"]
 
 
 class Experiment(NamedTuple):
@@ -89,8 +90,9 @@ class Experiment(NamedTuple):
     pass_criteria: list[dict[str, float]]
 
 
-def _key(default: Any, group: str) -> Any:
-    """Declares one config key: its RLlib default and the builder method that sets it."""
+def config_key(default: Any, group: str) -> Any:
+    """Declares one config key: its RLlib default and the builder method that sets it (an
+    algorithm's config class declares its own keys with it, `impala_tf.appo.config`)."""
     metadata = {"group": group}
     if isinstance(default, (dict, list)):
         return dataclasses.field(default_factory=lambda: copy.deepcopy(default), metadata=metadata)
@@ -137,151 +139,159 @@ class AlgorithmConfig:
     """
 
     # environment()
-    env: str | Callable[[dict], Any] | None = _key(None, "environment")
-    env_config: dict = _key({}, "environment")
-    clip_rewards: bool | float | None = _key(None, "environment")
+    env: str | Callable[[dict], Any] | None = config_key(None, "environment")
+    env_config: dict = config_key({}, "environment")
+    clip_rewards: bool | float | None = config_key(None, "environment")
     # Box actions: the policy acts in [-1, 1], unsquashed to the bounds (see impala_tf.actions).
-    normalize_actions: bool = _key(True, "environment")
-    clip_actions: bool = _key(False, "environment")
+    normalize_actions: bool = config_key(True, "environment")
+    clip_actions: bool = config_key(False, "environment")
     # RLlib's `render_env` and RLlib 1.x's `record_env` (True or a directory): here they record
     # evaluation episodes only, as GIFs in TensorBoard and, with `record_env`, in files
     # (impala_tf.video); training env runners never render.
-    render_env: bool = _key(False, "environment")
-    record_env: bool | str = _key(False, "environment")
+    render_env: bool = config_key(False, "environment")
+    record_env: bool | str = config_key(False, "environment")
 
     # env_runners()
-    num_env_runners: int = _key(2, "env_runners")
-    num_envs_per_env_runner: int = _key(1, "env_runners")
-    rollout_fragment_length: int = _key(50, "env_runners")
-    batch_mode: str = _key("truncate_episodes", "env_runners")
-    explore: bool = _key(True, "env_runners")
-    max_requests_in_flight_per_env_runner: int = _key(2, "env_runners")
-    compress_observations: bool = _key(False, "env_runners")
-    preprocessor_pref: str | None = _key("deepmind", "env_runners")
-    observation_filter: str = _key("NoFilter", "env_runners")
-    sample_timeout_s: float | None = _key(60.0, "env_runners")
-    drop_nonfinite_episodes: bool = _key(False, "env_runners")
+    num_env_runners: int = config_key(2, "env_runners")
+    num_envs_per_env_runner: int = config_key(1, "env_runners")
+    rollout_fragment_length: int = config_key(50, "env_runners")
+    batch_mode: str = config_key("truncate_episodes", "env_runners")
+    explore: bool = config_key(True, "env_runners")
+    max_requests_in_flight_per_env_runner: int = config_key(2, "env_runners")
+    compress_observations: bool = config_key(False, "env_runners")
+    preprocessor_pref: str | None = config_key("deepmind", "env_runners")
+    observation_filter: str = config_key("NoFilter", "env_runners")
+    sample_timeout_s: float | None = config_key(60.0, "env_runners")
+    drop_nonfinite_episodes: bool = config_key(False, "env_runners")
     # Where the acting policy runs (impala_tf.inference): in each actor, or in the driver for all
     # ("central", SEED RL style); "auto" keeps it in the actors unless local TensorFlow actors
     # would not fit in memory (impala_tf.driver.plan decides, once per build).
-    inference: str = _key("auto", "env_runners")
+    inference: str = config_key("auto", "env_runners")
     # Ray resources of each actor (`actor_backend="ray"` only; see impala_tf.workers.ray_backend).
-    num_cpus_per_env_runner: float = _key(1, "env_runners")
-    custom_resources_per_env_runner: dict = _key({}, "env_runners")
+    num_cpus_per_env_runner: float = config_key(1, "env_runners")
+    custom_resources_per_env_runner: dict = config_key({}, "env_runners")
 
     # training(): general
-    gamma: float = _key(0.99, "training")
-    lr: float = _key(0.0005, "training")
-    train_batch_size: int = _key(500, "training")
-    model: dict = _key(MODEL_DEFAULTS, "training")
+    gamma: float = config_key(0.99, "training")
+    lr: float = config_key(0.0005, "training")
+    train_batch_size: int = config_key(500, "training")
+    model: dict = config_key(MODEL_DEFAULTS, "training")
     # training(): V-trace
-    vtrace: bool = _key(True, "training")
-    vtrace_clip_rho_threshold: float | None = _key(1.0, "training")
-    vtrace_clip_pg_rho_threshold: float | None = _key(1.0, "training")
-    vtrace_drop_last_ts: bool = _key(False, "training")
+    vtrace: bool = config_key(True, "training")
+    vtrace_clip_rho_threshold: float | None = config_key(1.0, "training")
+    vtrace_clip_pg_rho_threshold: float | None = config_key(1.0, "training")
+    vtrace_drop_last_ts: bool = config_key(False, "training")
     # training(): data flow into the learner
-    num_multi_gpu_tower_stacks: int = _key(1, "training")
+    num_multi_gpu_tower_stacks: int = config_key(1, "training")
     # Threads of the loader's `tf.data` pipeline when it copies onto learner devices (an
     # accelerator, or several devices): its private thread pool, which runs the prefetching and
     # the host->device copies (RLlib's loader threads copy batches into the towers). Cutting a
     # batch into device shards stays one Python thread, which keeps units in order. No effect
     # on one CPU device, where the loader is a plain prefetching dataset.
-    num_gpu_loader_threads: int = _key(8, "training")
-    minibatch_buffer_size: int = _key(1, "training")
-    num_sgd_iter: int = _key(1, "training")
-    learner_queue_size: int = _key(16, "training")
-    learner_queue_timeout: float = _key(300, "training")
-    microbatch_size: int | None = _key(None, "training")
-    timeout_s_sampler_manager: float = _key(0.0, "training")
-    timeout_s_aggregator_manager: float = _key(0.0, "training")
-    max_requests_in_flight_per_aggregator_worker: int = _key(2, "training")
-    broadcast_interval: int = _key(1, "training")
+    num_gpu_loader_threads: int = config_key(8, "training")
+    minibatch_buffer_size: int = config_key(1, "training")
+    num_sgd_iter: int = config_key(1, "training")
+    learner_queue_size: int = config_key(16, "training")
+    learner_queue_timeout: float = config_key(300, "training")
+    microbatch_size: int | None = config_key(None, "training")
+    timeout_s_sampler_manager: float = config_key(0.0, "training")
+    timeout_s_aggregator_manager: float = config_key(0.0, "training")
+    max_requests_in_flight_per_aggregator_worker: int = config_key(2, "training")
+    broadcast_interval: int = config_key(1, "training")
     # Not an RLlib key: the least seconds between two weight broadcasts, so that weight traffic
     # stays bounded however fast the learner updates (`impala_tf.driver.broadcast`). "auto":
     # the weights' bytes / 40 MB/s (0.1 s for the 4 MB Pong CNN, 7 ms for the CartPole MLP);
     # 0 sends after every training step with a new update, as RLlib does. Ignored in
     # deterministic (lockstep) runs.
-    min_time_s_per_broadcast: float | str = _key("auto", "training")
-    num_aggregation_workers: int = _key(0, "training")
+    min_time_s_per_broadcast: float | str = config_key("auto", "training")
+    num_aggregation_workers: int = config_key(0, "training")
     # training(): replay
-    replay_proportion: float = _key(0.0, "training")
-    replay_buffer_num_slots: int = _key(0, "training")
+    replay_proportion: float = config_key(0.0, "training")
+    replay_buffer_num_slots: int = config_key(0, "training")
     # training(): optimisation
-    grad_clip: float | None = _key(40.0, "training")
-    opt_type: str = _key("adam", "training")
-    lr_schedule: list | None = _key(None, "training")
-    decay: float = _key(0.99, "training")
-    momentum: float = _key(0.0, "training")
-    epsilon: float = _key(0.1, "training")
-    vf_loss_coeff: float = _key(0.5, "training")
-    entropy_coeff: float = _key(0.01, "training")
-    entropy_coeff_schedule: list | float | None = _key(None, "training")
-    _separate_vf_optimizer: bool = _key(False, "training")
-    _lr_vf: float = _key(0.0005, "training")
+    grad_clip: float | None = config_key(40.0, "training")
+    opt_type: str = config_key("adam", "training")
+    lr_schedule: list | None = config_key(None, "training")
+    decay: float = config_key(0.99, "training")
+    momentum: float = config_key(0.0, "training")
+    epsilon: float = config_key(0.1, "training")
+    vf_loss_coeff: float = config_key(0.5, "training")
+    entropy_coeff: float = config_key(0.01, "training")
+    entropy_coeff_schedule: list | float | None = config_key(None, "training")
+    _separate_vf_optimizer: bool = config_key(False, "training")
+    _lr_vf: float = config_key(0.0005, "training")
     # Not an RLlib key: updates with a non-finite loss or gradient are skipped; this many in a
     # row raise (`impala_tf.nonfinite`).
-    max_nonfinite_updates: int = _key(10, "training")
+    max_nonfinite_updates: int = config_key(10, "training")
     # Not an RLlib key: XLA-compile each device's part of the update (forward, V-trace,
     # backward; the all-reduce and the optimizer step stay outside XLA). True, False, or "auto"
     # (`impala_tf.devices.resolve_jit_compile`: off on a CPU, where it measured slower).
-    jit_compile_update: bool | str = _key("auto", "training")
+    jit_compile_update: bool | str = config_key("auto", "training")
     # Not an RLlib key (RLlib's TF policies have no mixed precision): the Keras dtype policy the
     # learner's model is built under, and the acting models' (TF actors, the inference server,
     # evaluation, export) unless `inference_precision` is set. "mixed_bfloat16": torsos compute
     # in bfloat16, variables, heads, LSTM core, V-trace and the loss stay float32
     # (`impala_tf.models.precision`). Numpy MLP actors act in float32 either way.
-    precision: str = _key("float32", "training")
+    precision: str = config_key("float32", "training")
     # Not an RLlib key: the dtype policy of the models that act (TF actors, the inference
     # server, evaluation, export) when it differs from the learner's `precision`; None: the
     # same as `precision` (`acting_precision`). bfloat16 pays at the learner's batch of
     # hundreds and can cost at an actor's batch of 16 (BENCHMARKS.md `bench_learner_bf16`).
-    inference_precision: str | None = _key(None, "training")
+    inference_precision: str | None = config_key(None, "training")
 
     # resources()
-    num_gpus: float = _key(1, "resources")
-    _fake_gpus: bool = _key(False, "resources")
+    num_gpus: float = config_key(1, "resources")
+    _fake_gpus: bool = config_key(False, "resources")
     # Not RLlib keys: where the actors and aggregation workers run. "local": local processes
     # (the default); "ray": Ray actors, on a Ray started here (`ray_address=None`) or on the
     # running cluster at `ray_address` ("auto" or "HOST:PORT").
-    actor_backend: str = _key("local", "resources")
-    ray_address: str | None = _key(None, "resources")
+    actor_backend: str = config_key("local", "resources")
+    ray_address: str | None = config_key(None, "resources")
 
     # debugging()
-    seed: int | None = _key(None, "debugging")
+    seed: int | None = config_key(None, "debugging")
 
     # reporting()
-    min_time_s_per_iteration: float | None = _key(10, "reporting")
-    min_sample_timesteps_per_iteration: int | None = _key(0, "reporting")
-    metrics_num_episodes_for_smoothing: int = _key(100, "reporting")
+    min_time_s_per_iteration: float | None = config_key(10, "reporting")
+    min_sample_timesteps_per_iteration: int | None = config_key(0, "reporting")
+    metrics_num_episodes_for_smoothing: int = config_key(100, "reporting")
 
     # fault_tolerance()
-    restart_failed_env_runners: bool = _key(True, "fault_tolerance")
-    max_num_env_runner_restarts: int = _key(1000, "fault_tolerance")
+    restart_failed_env_runners: bool = config_key(True, "fault_tolerance")
+    max_num_env_runner_restarts: int = config_key(1000, "fault_tolerance")
 
     # evaluation()
-    evaluation_interval: int | None = _key(None, "evaluation")
-    evaluation_duration: int = _key(10, "evaluation")
-    evaluation_config: dict | None = _key({}, "evaluation")
+    evaluation_interval: int | None = config_key(None, "evaluation")
+    evaluation_duration: int = config_key(10, "evaluation")
+    evaluation_config: dict | None = config_key({}, "evaluation")
     # Not RLlib keys: the bounds of the videos `render_env` / `record_env` record
     # (impala_tf.video): episodes per evaluation, frames per episode, frame width in pixels
     # (None: the env's), and every how many evaluations one records.
-    video_episodes: int = _key(1, "evaluation")
-    video_max_frames: int = _key(500, "evaluation")
-    video_max_width: int | None = _key(256, "evaluation")
-    video_interval: int = _key(1, "evaluation")
+    video_episodes: int = config_key(1, "evaluation")
+    video_max_frames: int = config_key(500, "evaluation")
+    video_max_width: int | None = config_key(256, "evaluation")
+    video_interval: int = config_key(1, "evaluation")
 
     # checkpointing()
-    keep_checkpoints_num: int | None = _key(None, "checkpointing")
-    checkpoint_freq: int = _key(1, "checkpointing")
+    keep_checkpoints_num: int | None = config_key(None, "checkpointing")
+    checkpoint_freq: int = config_key(1, "checkpointing")
 
     # callbacks() (YAML and dicts: `callbacks`): RLlib's DefaultCallbacks subclass, an import
     # path to one, or a list of them (impala_tf.algorithm_callbacks); None: no callbacks.
-    callbacks_class: Any = _key(None, "callbacks")
+    callbacks_class: Any = config_key(None, "callbacks")
 
     # multi_agent() (YAML: the `multiagent:` block; see impala_tf.multi_agent)
-    policies: dict | list | set | tuple | None = _key(None, "multi_agent")
-    policy_mapping_fn: Any = _key(None, "multi_agent")
-    policies_to_train: list | None = _key(None, "multi_agent")
+    policies: dict | list | set | tuple | None = config_key(None, "multi_agent")
+    policy_mapping_fn: Any = config_key(None, "multi_agent")
+    policies_to_train: list | None = config_key(None, "multi_agent")
+
+    #: The algorithm's name: a YAML's `run:` and the checkpoints' `"algorithm"`
+    #: (`impala_tf.config.registry`).
+    algo_name: ClassVar[str] = "IMPALA"
+    #: RLlib keys accepted and ignored, with the reason the warning gives (`keys.IGNORED`).
+    ignored_keys: ClassVar[Mapping[str, str]] = IGNORED
+    #: RLlib keys refused unless None, with the reason (`keys.UNSUPPORTED`).
+    unsupported_keys: ClassVar[Mapping[str, str]] = UNSUPPORTED
 
     def __init__(self, **settings: Any) -> None:
         for f in dataclasses.fields(self):
@@ -393,17 +403,22 @@ class AlgorithmConfig:
                         f"Config key `{key}` is deprecated; use `{name}` (value applied to it).",
                         DeprecatedKeyWarning,
                     )
-            if name in IGNORED:
-                warn_once(name, f"Config key `{name}` is ignored: {IGNORED[name]}.", ConfigWarning)
+            ignored, unsupported = self.ignored_keys, self.unsupported_keys
+            if name in ignored:
+                warn_once(name, f"Config key `{name}` is ignored: {ignored[name]}.", ConfigWarning)
                 continue
-            if name in UNSUPPORTED:
+            if name in unsupported:
                 if value is None:
                     warn_once(name, f"Config key `{name}` is ignored (None).", ConfigWarning)
                     continue
-                raise ValueError(f"Config key `{name}` is not supported: {UNSUPPORTED[name]}.")
-            field = _FIELDS.get(name)
+                raise ValueError(f"Config key `{name}` is not supported: {unsupported[name]}.")
+            fields = _fields(type(self))
+            field = fields.get(name)
             if field is None:
-                raise ValueError(f"Unknown IMPALA config key `{key}`.{suggest(key, _ALL_KEYS)}")
+                known = [*fields, *ALIASES, *ignored, *unsupported]
+                raise ValueError(
+                    f"Unknown {self.algo_name} config key `{key}`.{suggest(key, known)}"
+                )
             if group is not None and field.metadata["group"] != group:
                 raise TypeError(
                     f"`{key}` is not a setting of `.{group}()`; set it with "
@@ -470,7 +485,9 @@ class AlgorithmConfig:
     def from_yaml(cls, path: str | os.PathLike) -> tuple[AlgorithmConfig, dict[str, float]]:
         """Reads an RLlib tuned example: `name: {env, run: IMPALA, stop: {...}, config: {...}}`.
 
-        The file holds exactly one top entry. `env` may sit at the entry level or inside
+        The file holds exactly one top entry. Its `run` picks the config class, whichever class
+        this is called on: `run: APPO` gives an `impala_tf.appo.APPOConfig`
+        (`impala_tf.config.registry`). `env` may sit at the entry level or inside
         `config` (not both with different values). `checkpoint_freq` and `keep_checkpoints_num`
         may also sit at the entry level (Tune's place for them). A `pass_criteria` block (the
         learning suite's, see `read_experiment`) is checked and otherwise ignored. The config is
@@ -485,7 +502,7 @@ class AlgorithmConfig:
           `normalize_stop_criteria` (canonical keys only).
 
         Raises:
-          ValueError: for a malformed file, `run` other than IMPALA, or a bad key.
+          ValueError: for a malformed file, a `run` that names no algorithm, or a bad key.
         """
         experiment = cls.read_experiment(path)
         return experiment.config, experiment.stop
@@ -524,9 +541,15 @@ class AlgorithmConfig:
         }  # fmt: skip
         if unknown:
             raise ValueError(f"{path}: unknown keys {sorted(unknown)} in entry `{name}`.")
+        from impala_tf.config.registry import ALGORITHMS, config_class
+
         run = entry.get("run")
-        if not isinstance(run, str) or run.upper() != "IMPALA":
-            raise ValueError(f"{path}: `run` must be IMPALA, got {run!r}.")
+        try:
+            algorithm = config_class(run)
+        except ValueError:
+            raise ValueError(
+                f"{path}: `run` must be one of {', '.join(ALGORITHMS)}, got {run!r}."
+            ) from None
         if not isinstance(entry.get("config") or {}, Mapping):
             raise ValueError(f"{path}: `config` of entry `{name}` must be a mapping.")
         try:
@@ -546,7 +569,7 @@ class AlgorithmConfig:
                 settings[key] = entry[key]
         return Experiment(
             name=str(name),
-            config=cls.from_dict(settings),
+            config=algorithm.from_dict(settings),
             stop=normalize_stop_criteria(entry.get("stop")),
             pass_criteria=pass_criteria,
         )
@@ -611,6 +634,24 @@ class AlgorithmConfig:
             raise ValueError(f"`evaluation_config`: {e}") from e
         return evaluation
 
+    # What the runtime is built from ------------------------------------------------------------
+
+    def learner_spec(self, model: Any = None) -> Any:
+        """The learner settings of this (policy's) config: a `LearnerSpec`
+        (`impala_tf.learner_spec`), which builds the learner and its queue.
+
+        Args:
+          model: The policy's resolved `ModelSpec` (None: resolves `model` here).
+        """
+        from impala_tf.learner_spec import learner_spec
+
+        return learner_spec(self, model)
+
+    def lockstep_problems(self) -> list[str]:
+        """What this config's algorithm needs, beyond the runtime's own needs, to train in
+        lockstep (`deterministic=True`), each as "needs ..." would end; empty for IMPALA."""
+        return []
+
     # Validation -------------------------------------------------------------------------------
 
     def validate(self, *, require_env: bool = False) -> None:
@@ -640,5 +681,7 @@ class AlgorithmConfig:
         return f"{type(self).__name__}({', '.join([f'env={self.env!r}', *changed[:6]])}{more})"
 
 
-_FIELDS: dict[str, dataclasses.Field] = {f.name: f for f in dataclasses.fields(AlgorithmConfig)}
-_ALL_KEYS = [*_FIELDS, *ALIASES, *IGNORED, *UNSUPPORTED]
+@functools.cache
+def _fields(cls: type) -> dict[str, dataclasses.Field]:
+    """The config keys of a config class (`AlgorithmConfig` or a subclass), by name."""
+    return {f.name: f for f in dataclasses.fields(cls)}

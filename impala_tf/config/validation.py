@@ -151,8 +151,8 @@ def _sampling(config) -> None:
 def _learning(config) -> None:
     if config.vtrace is not True:
         raise ValueError(
-            "`vtrace`: IMPALA does not support vtrace=False (RLlib removed the A3C-style "
-            "loss); set `vtrace=True`."
+            f"`vtrace`: {config.algo_name} does not support vtrace=False (RLlib removed the "
+            "A3C-style loss); set `vtrace=True`."
         )
     check_bool(config, "vtrace_drop_last_ts")
     for key in ("vtrace_clip_rho_threshold", "vtrace_clip_pg_rho_threshold"):

@@ -31,7 +31,6 @@ from impala_tf.config.base import AlgorithmConfig
 from impala_tf.config.policies import policy_config
 from impala_tf.driver.plan import RuntimePlan
 from impala_tf.learner import ImpalaLearner
-from impala_tf.learner_spec import learner_spec
 from impala_tf.learner_thread import LearnerThread
 from impala_tf.minibatch import TrainBatch
 from impala_tf.nonfinite import NonFiniteUpdatesError
@@ -69,7 +68,7 @@ class LearnerGroup:
         self.trained = list(plan.trained)
         # Each policy's learner settings, read once from its config (overrides applied).
         self.specs = {
-            p: learner_spec(policy_config(config, p), plan.models[p]) for p in self.policy_ids
+            p: policy_config(config, p).learner_spec(plan.models[p]) for p in self.policy_ids
         }
         self.learners: dict[str, ImpalaLearner] = {}
         self.threads: dict[str, LearnerThread] = {}
@@ -81,7 +80,7 @@ class LearnerGroup:
             for pid in self.policy_ids:
                 name = "impala_learner" if single else f"learner_{pid}"
                 obs, act = plan.spaces.policies[pid]
-                self.learners[pid] = ImpalaLearner(self.specs[pid], obs, act, name=name)
+                self.learners[pid] = self.specs[pid].make_learner(obs, act, name)
         for pid in self.trained:
             spec, learner = self.specs[pid], self.learners[pid]
             state_shapes = sequences.state_column_shapes(
@@ -258,7 +257,8 @@ class LearnerGroup:
         info = result.setdefault("info", {})
         if not self.threads:
             return result
-        info["learner_queue"] = self.threads[self.first].learner_queue_size.stats()
+        first = self.threads[self.first]
+        info["learner_queue"] = {**first.learner_queue_size.stats(), **first.inqueue.stats()}
         timers = collections.defaultdict(list)
         for t in self.threads.values():
             timers["learner_grad_time_ms"].append(timer_ms(t.grad_timer))

@@ -185,5 +185,6 @@ def check_deterministic(config: AlgorithmConfig) -> None:
             "`minibatch_buffer_size=1` or `num_sgd_iter=1` (the buffer would wait for "
             "further batches before finishing the passes over the first)"
         )
+    problems += config.lockstep_problems()
     if problems:
         raise ValueError("deterministic=True needs " + "; ".join(problems) + ".")
