@@ -297,6 +297,26 @@ def test_appo_config_checks_name_the_key(key, value, message):
         config.validate()
 
 
+def test_the_appo_page_lists_every_appo_key_with_its_default():
+    import ast
+    import dataclasses
+    import pathlib
+
+    page = (pathlib.Path(__file__).parents[1] / "docs" / "appo.md").read_text(encoding="utf-8")
+    table = page.split("## Keys", 1)[1].split("\n## ", 1)[0]
+    rows = {}
+    for line in table.splitlines():
+        if line.startswith("| `"):
+            cells = [c.strip() for c in line.strip("|").split("|")]
+            rows[cells[0].strip("`")] = cells[1].strip("`")
+    own = {f.name for f in dataclasses.fields(APPOConfig)} - {
+        f.name for f in dataclasses.fields(ImpalaConfig)
+    }
+    assert set(rows) == own
+    for key, default in rows.items():
+        assert ast.literal_eval(default) == getattr(APPOConfig(), key), key
+
+
 def test_yaml_run_picks_the_algorithm(tmp_path):
     path = tmp_path / "appo.yaml"
     path.write_text(
@@ -499,3 +519,21 @@ def test_appo_trains_saves_and_resumes_on_the_shared_runtime(tmp_path):
         assert result["info"]["learner"]["default_policy"]["learner_stats"][
             "num_grad_updates_lifetime"
         ] > int(trained)
+
+
+def test_each_policy_of_a_multi_agent_config_gets_an_appo_learner():
+    config = APPOConfig.from_dict(small_config(policies=2).to_dict())
+    config.multi_agent(
+        policies={"p0": (None, None, None, {"clip_param": 0.1}), "p1": (None, None, None, {})}
+    )
+    with config.build() as algo:
+        learners = algo.learners.learners
+        assert all(isinstance(learners[p], AppoLearner) for p in ("p0", "p1"))
+        assert learners["p0"].spec.clip_param == 0.1 and learners["p1"].spec.clip_param == 0.4
+        seen = set()
+        for _ in range(20):  # Until each policy has reported an update.
+            info = algo.train()["info"]["learner"]
+            seen |= {p for p in ("p0", "p1") if "kl" in info.get(p, {}).get("learner_stats", {})}
+            if len(seen) == 2:
+                break
+        assert seen == {"p0", "p1"}
