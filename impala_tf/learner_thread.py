@@ -6,17 +6,10 @@ RLlib's contract (its old-stack `LearnerThread`): the driver puts train batches 
 an unbounded `outqueue`, one entry per update. If no batch arrives for `learner_queue_timeout`
 seconds the thread stops with a `LearnerQueueTimeout` that names the settings to change.
 
-Loading (RLlib's multi-GPU tower stacks). A `tf.data` pipeline (`impala_tf.pipeline`) is the
-loader: its source, running in a tf.data thread, takes batches off the inqueue, splits each unit
-(the batch, or its microbatches) into per-device shards and hands them to the dataset, which
-copies them onto the learner devices. Units occupy *slots*: `num_multi_gpu_tower_stacks` of them
-(at least `minibatch_buffer_size`, so the buffer's ring always fits). The loader fills a free slot
-while the learner trains on the others, and a slot is freed only when its unit has had its last
-pass. So at most that many units are on the devices or in the pipeline, and with one slot loading
-and training alternate, as in RLlib. Departure from RLlib: when the learner runs on an
-accelerator (`devices.on_accelerator`) there are at least two slots, so that the next unit is
-cut, copied and waiting on the device while the current one trains (a second train batch of
-device memory); on a CPU, where loading and training share the cores, the slots are as above.
+Loading (RLlib's multi-GPU tower stacks) is `impala_tf.learner_loader.Loader`'s: a `tf.data`
+pipeline whose source takes batches off the queue and cuts them into device shards, in *slots*
+the thread frees after each unit's last pass, with flush generations; its module docstring says
+how.
 
 Without `microbatch_size`, the unit is the train batch and the minibatch buffer holds *device*
 batches: each of the `num_sgd_iter` passes reuses the batch already on the devices. With
@@ -25,20 +18,17 @@ accumulators and applies them after the last microbatch of the train batch (one 
 minibatch buffer then holds the host batch and every pass streams its microbatches again, so the
 full train batch never lives on a device.
 
-Timers (mean milliseconds in `info.timing_breakdown`): `learner_dequeue_time_ms` the loader waiting
-on the inqueue; `learner_load_time_ms` the loader's work per unit (fetching a train batch that an
-aggregation worker left in the store, `impala_tf.minibatch.BatchHandle`; decompression, cutting
-into device shards, layout and dtype conversion, checks; the host->device copy then runs
-asynchronously in the dataset); `learner_load_wait_time_ms` the learner waiting for its next unit
-(nonzero when loading, or sampling, is slower than training); `learner_grad_time_ms` one update.
-With microbatches the learner stats add the seed's `sample_time_ms` (waiting for a microbatch),
-`grad_time_ms` (one microbatch's gradients), `update_time_ms` (applying the accumulated gradients;
-RLlib's timed its synchronous weight broadcast here, ours is the driver's), `opt_peak_throughput`
-and `sample_peak_throughput` (env steps/s of those two) and `opt_samples` (env steps per
-microbatch).
+Timers (mean milliseconds in `info.timing_breakdown`): the loader's `learner_dequeue_time_ms`
+and `learner_load_time_ms` (`impala_tf.learner_loader`); `learner_load_wait_time_ms` the learner
+waiting for its next unit (nonzero when loading, or sampling, is slower than training);
+`learner_grad_time_ms` one update. With microbatches the learner stats add the seed's
+`sample_time_ms` (waiting for a microbatch), `grad_time_ms` (one microbatch's gradients),
+`update_time_ms` (applying the accumulated gradients; RLlib's timed its synchronous weight
+broadcast here, ours is the driver's), `opt_peak_throughput` and `sample_peak_throughput` (env
+steps/s of those two) and `opt_samples` (env steps per microbatch).
 
-A loader that fails (a malformed batch, a timeout) stores its exception in `error` and ends the
-dataset, so the thread ends and the driver raises from it; it never leaves the learner waiting.
+A loader that fails (a malformed batch, a timeout) ends the dataset, so the thread ends with the
+loader's exception in `error` and the driver raises from it.
 
 Host reads. An update reads one tensor back to the host: its stats, stacked into one float64
 vector on the device (`_pack`); the device is never waited on otherwise (a microbatch's
@@ -72,7 +62,6 @@ from __future__ import annotations
 
 import collections
 import copy
-import logging
 import queue
 import threading
 import time
@@ -85,38 +74,22 @@ import tensorflow as tf
 
 from impala_tf import devices, pipeline
 from impala_tf.learner import ImpalaLearner
-from impala_tf.minibatch import BatchLost, MinibatchBuffer, TrainBatch
+from impala_tf.learner_loader import LearnerQueueTimeout, Loader, UnitInfo
+from impala_tf.minibatch import MinibatchBuffer, TrainBatch
 from impala_tf.nonfinite import NonFiniteGuard
-from impala_tf.sample_batch import SampleBatch, decompress
 from impala_tf.stats import TimerStat, WindowStat, timer_ms
 
 __all__ = ["LearnerQueueTimeout", "LearnerThread", "MinibatchBuffer", "TrainBatch"]
 
-logger = logging.getLogger(__name__)
 
-_POLL_S = 0.1
 _END_OF_DATA = (StopIteration, tf.errors.OutOfRangeError, EOFError)
-
-
-class LearnerQueueTimeout(RuntimeError):
-    """The learner waited `learner_queue_timeout` seconds without receiving a batch."""
-
-
-class _UnitInfo(NamedTuple):
-    """What the learner needs to know about a unit the loader put in the dataset."""
-
-    env_steps: int
-    policy_version: float
-    last: bool  # The last unit of its train batch's pass: the update happens after it.
-    source: TrainBatch | None = None  # Saved if the update turns out non-finite.
-    generation: int = 0  # Units of an older generation than the thread's are dropped.
 
 
 class _Pending(NamedTuple):
     """An update queued on the device whose stats are not read yet (module docstring)."""
 
     packed: tf.Tensor  # Its stats (`_pack`).
-    info: _UnitInfo
+    info: UnitInfo
     env_steps: int
     queue_s: float  # Host seconds queueing the update (on a CPU: running it).
     grad_s: float  # Microbatches: seconds of their gradients before the update; else 0.
@@ -135,6 +108,9 @@ class LearnerThread(threading.Thread):
         onto the device ahead of use, the next update queued before the stats of the last are
         read); None decides from `strategy` (`devices.on_accelerator`). Tests force True on CPU
         devices.
+      name: The thread's name.
+      nonfinite_dir: Where the batches of skipped non-finite updates are saved
+        (`impala_tf.nonfinite`; None: a temporary directory at the first one).
 
     Raises:
       ValueError: `microbatch_size` does not cut the train batch into whole, evenly sharded
@@ -148,8 +124,10 @@ class LearnerThread(threading.Thread):
         signature: dict[str, tf.TensorSpec],
         callbacks: list[keras.callbacks.Callback] | None = None,
         accelerator: bool | None = None,
+        name: str = "impala-learner",
+        nonfinite_dir: str | None = None,
     ):
-        super().__init__(name="impala-learner", daemon=True)
+        super().__init__(name=name, daemon=True)
         spec = learner.spec
         self.learner = learner
         self.strategy = strategy
@@ -158,41 +136,44 @@ class LearnerThread(threading.Thread):
         self._micro_rows = pipeline.microbatch_rows(spec, self.num_replicas)
         self.microbatching = self._micro_rows is not None
         self._signature = signature
-        # RLlib's learner queue, or the algorithm's own (APPO: its circular buffer).
-        self.inqueue = spec.make_queue()
         self.outqueue: queue.Queue = queue.Queue()
         self._stopped = threading.Event()
-        self._timeout = float(spec.learner_queue_timeout)
         size, passes = spec.minibatch_ring_size, int(spec.num_sgd_iter)
         if self.microbatching:
-            # Passes re-stream the host batch: the ring holds train batches off the inqueue.
-            self.minibatch_buffer = MinibatchBuffer(self._wait_for_batch, size, passes)
-            self.num_slots = int(spec.num_multi_gpu_tower_stacks)
+            # Passes re-stream the host batch: the ring holds train batches off the queue.
+            num_slots = int(spec.num_multi_gpu_tower_stacks)
         else:
             # Passes reuse the device batch: the ring holds units out of the dataset.
             self.minibatch_buffer = MinibatchBuffer(self._next_unit, size, passes)
-            self.num_slots = max(int(spec.num_multi_gpu_tower_stacks), self.minibatch_buffer.size)
+            num_slots = max(int(spec.num_multi_gpu_tower_stacks), self.minibatch_buffer.size)
         self.accelerator = (
             devices.on_accelerator(strategy) if accelerator is None else bool(accelerator)
         )
         if self.accelerator:  # Loading overlaps the update (module docstring).
-            self.num_slots = max(self.num_slots, 2)
+            num_slots = max(num_slots, 2)
+        # RLlib's learner queue, or the algorithm's own (APPO: its circular buffer).
+        self.loader = Loader(
+            spec.make_queue(),
+            signature,
+            self.num_replicas,
+            num_slots,
+            self._micro_rows,
+            float(spec.learner_queue_timeout),
+            self._stopped,
+        )
+        if self.microbatching:
+            self.minibatch_buffer = MinibatchBuffer(self.loader.wait_for_batch, size, passes)
+            self.loader.next_batch = lambda: self.minibatch_buffer.get()[0]
         # Whether the next update is queued before the last one's stats are read (module
         # docstring: only where the device runs while the host goes on).
         self.queues_updates = self.accelerator
         # The update queued and not read yet (`queues_updates`), and the updates read and not
         # reported yet (reported by this thread, outside `lock`).
         self._pending: _Pending | None = None
-        self._read: collections.deque[tuple[dict[str, Any], _UnitInfo, int, int]] = (
+        self._read: collections.deque[tuple[dict[str, Any], UnitInfo, int, int]] = (
             collections.deque()
         )
-        self._free_slots = threading.Semaphore(self.num_slots)
-        #: Set while the loader waits: for a train batch (the inqueue is empty), or for a free
-        #: slot (all `num_slots` units are loaded or training).
-        self.loader_waiting = threading.Event()
         self.learner_queue_size = WindowStat("size", 50)
-        self.queue_timer = TimerStat()
-        self.load_timer = TimerStat()
         self.load_wait_timer = TimerStat()
         self.grad_timer = TimerStat()
         # The microbatch optimizer's own stats (seed 004).
@@ -201,28 +182,25 @@ class LearnerThread(threading.Thread):
         self.update_timer = TimerStat()
         self.num_steps = 0
         self.stats: dict[str, Any] = {}
-        self.error: BaseException | None = None
+        self._error: BaseException | None = None
         # Held during each update (each microbatch's gradients, each apply), so a checkpoint sees
         # weights, optimizer state and counters from the same step.
         self.lock = threading.RLock()
         # Weights published after an update for a driver that would not wait (`policy_snapshot`).
         self._snapshot_wanted = False
         self._published: tuple[list[np.ndarray], int] | None = None
-        self._units: collections.deque[_UnitInfo] = collections.deque()
         self._iterator: Iterator | None = None
         self._accumulated = _Accumulation()
-        # Bumped by `flush`: batches taken before it (queued, loaded, in the minibatch buffer or
-        # half accumulated) are dropped, never trained.
-        self.generation = 0
-        self._generation_lock = threading.Lock()
+        # Units of batches taken before a `flush` (queued, loaded, in the minibatch buffer or
+        # half accumulated) are dropped, never trained; counted here.
         self.num_units_dropped = 0
         # Skipped (non-finite) updates; `nonfinite.directory` is where their batches go.
-        self.nonfinite = NonFiniteGuard(spec.max_nonfinite_updates)
+        self.nonfinite = NonFiniteGuard(spec.max_nonfinite_updates, nonfinite_dir)
         self._callbacks = keras.callbacks.CallbackList(
             callbacks or [], add_history=False, add_progbar=False, model=learner
         )
         self._dataset = pipeline.make_dataset(
-            self._shards,
+            self.loader.shards,
             signature,
             strategy,
             buffer_size=self.num_slots,
@@ -245,6 +223,42 @@ class LearnerThread(threading.Thread):
         return self._stopped.is_set()
 
     @property
+    def error(self) -> BaseException | None:
+        """The exception that ended the thread (its own, or the loader's), or None."""
+        return self._error if self._error is not None else self.loader.error
+
+    @error.setter
+    def error(self, value: BaseException | None) -> None:
+        self._error = value
+
+    @property
+    def inqueue(self) -> Any:
+        """RLlib's learner queue (`LearnerSpec.make_queue()`; APPO: its circular buffer)."""
+        return self.loader.inqueue
+
+    @property
+    def generation(self) -> int:
+        """The loader's flush generation (`impala_tf.learner_loader`)."""
+        return self.loader.generation
+
+    @property
+    def num_slots(self) -> int:
+        return self.loader.num_slots
+
+    @property
+    def loader_waiting(self) -> threading.Event:
+        """Set while the loader waits for a train batch or a free slot."""
+        return self.loader.waiting
+
+    @property
+    def queue_timer(self) -> TimerStat:
+        return self.loader.queue_timer
+
+    @property
+    def load_timer(self) -> TimerStat:
+        return self.loader.load_timer
+
+    @property
     def version(self) -> int:
         """`num_grad_updates` after the latest update, a host int (reads no device value, except
         once after `flush`)."""
@@ -257,109 +271,11 @@ class LearnerThread(threading.Thread):
         with self._version_lock:
             self._version = version
 
-    # The loader (runs in a tf.data thread) ----------------------------------------------------
-
-    def _wait_for_batch(self) -> TrainBatch:
-        """Takes the next batch off the inqueue; `queue.Empty` once stopped."""
-        deadline = time.monotonic() + self._timeout
-        while not self._stopped.is_set():
-            try:
-                # Taking a batch and stamping it are one step for `flush`.
-                with self._generation_lock:
-                    item = self.inqueue.get(
-                        timeout=min(_POLL_S, max(0.0, deadline - time.monotonic()))
-                    )
-                    item.generation = self.generation
-                self.loader_waiting.clear()
-                return item
-            except queue.Empty:
-                self.loader_waiting.set()  # Nothing queued: the loader waits for a batch.
-                if time.monotonic() >= deadline:
-                    raise LearnerQueueTimeout(
-                        f"The learner received no train batch for {self._timeout:g} s "
-                        f"(learner_queue_timeout={self._timeout:g}). The actors are sampling too "
-                        "slowly for the learner: raise `learner_queue_timeout`, or add actors "
-                        "(`num_env_runners`, `num_envs_per_env_runner`), or check that the env "
-                        "steps at all."
-                    ) from None
-        raise queue.Empty
-
-    def _acquire_slot(self) -> bool:
-        if self._free_slots.acquire(blocking=False):
-            return True
-        self.loader_waiting.set()  # Every slot holds a unit: the loader waits for one.
-        try:
-            while not self._stopped.is_set():
-                if self._free_slots.acquire(timeout=_POLL_S):
-                    return True
-            return False
-        finally:
-            self.loader_waiting.clear()
-
-    def _next_train_batch(self) -> TrainBatch:
-        start = time.perf_counter()
-        if self.microbatching:
-            item, _ = self.minibatch_buffer.get()
-        else:
-            item = self._wait_for_batch()
-        # Only completed waits count: the one that a stop interrupts is not a dequeue.
-        self.queue_timer.push(time.perf_counter() - start)
-        return item
-
-    def _cut(self, item: TrainBatch) -> list[tuple[SampleBatch, _UnitInfo]]:
-        """The units of one pass over a train batch: the batch itself, or its microbatches."""
-        batch = item.batch
-        if not self.microbatching:
-            info = _UnitInfo(batch.env_steps, item.policy_version, True, item, item.generation)
-            return [(batch, info)]
-        batch = decompress(batch)
-        rows = self._micro_rows
-        if len(batch) % rows:
-            raise ValueError(
-                f"A train batch of {len(batch)} sequences cannot be cut into microbatches of "
-                f"{rows} (`microbatch_size` / `rollout_fragment_length`)."
-            )
-        units = []
-        for start in range(0, len(batch), rows):
-            micro = batch.slice(start, start + rows)
-            last = start + rows == len(batch)
-            info = _UnitInfo(micro.env_steps, item.policy_version, last, item, item.generation)
-            units.append((micro, info))
-        return units
-
-    def _shards(self) -> Iterator[dict[str, np.ndarray]]:
-        """The dataset's source: the device shards of each unit, one slot per unit."""
-        pending: collections.deque = collections.deque()
-        try:
-            while self._acquire_slot():
-                start = None
-                while not pending:
-                    item = self._next_train_batch()
-                    start = time.perf_counter()
-                    try:  # Fetches a batch queued as a handle (`impala_tf.minibatch`).
-                        pending.extend(self._cut(item))
-                    except BatchLost as e:  # Counted by the aggregation stage; the next one.
-                        logger.warning("Skipping a train batch: %s", e)
-                unit, info = pending.popleft()
-                start = start or time.perf_counter()
-                shards = pipeline.replica_shards(unit, self._signature, self.num_replicas)
-                self.load_timer.push(time.perf_counter() - start)
-                self._units.append(info)
-                yield from shards
-        except queue.Empty:  # Stopped while waiting for a batch.
-            return
-        except GeneratorExit:  # The dataset was torn down (`stop`): not a loader failure.
-            raise
-        except BaseException as e:  # noqa: BLE001 - ends the dataset; `run` reports it.
-            if self.error is None:  # The first error is the cause; keep it.
-                self.error = e
-            return
-
     # The learner -----------------------------------------------------------------------------
 
-    def _next_unit(self) -> tuple[Any, _UnitInfo]:
+    def _next_unit(self) -> tuple[Any, UnitInfo]:
         data = next(self._iterator)
-        return data, self._units.popleft()
+        return data, self.loader.units.popleft()
 
     def _pack(self, stats: dict[str, tf.Tensor]) -> tf.Tensor:
         """The stats as one float64 vector (read back in one copy); the keys are kept."""
@@ -425,7 +341,7 @@ class LearnerThread(threading.Thread):
                 else:
                     self.step(data, info)
                 if released:
-                    self._free_slots.release()
+                    self.loader.release_slot()
             if self.error is None:
                 self._read_pending()
                 self._callbacks.on_train_end()
@@ -442,27 +358,24 @@ class LearnerThread(threading.Thread):
             # `stop` itself, a MirroredStrategy iterator took 9 to 40 s to go, measured).
             self._iterator = None
 
-    def step(self, data, info: _UnitInfo) -> None:
+    def step(self, data, info: UnitInfo) -> None:
         """Runs one update on a distributed train batch and reports it (on an accelerator maybe
         after the next update is queued: module docstring)."""
         with self.lock:
-            if info.generation != self.generation:
-                self.num_units_dropped += 1
+            if self._flushed_since(info):
                 return
         self._begin_update()
         start = time.perf_counter()
         with self.lock:
-            if info.generation != self.generation:  # Flushed meanwhile.
-                self.num_units_dropped += 1
+            if self._flushed_since(info):  # Flushed meanwhile.
                 return
             self._queue(self._train_fn, info, info.env_steps, start, 0.0, data)
         self._report_read()
 
-    def _accumulate(self, data, info: _UnitInfo) -> None:
+    def _accumulate(self, data, info: UnitInfo) -> None:
         """Adds one microbatch's gradients; after the train batch's last one, updates."""
         with self.lock:
-            if info.generation != self.generation:
-                self.num_units_dropped += 1
+            if self._flushed_since(info):
                 return
             if self._accumulated.generation != self.generation:  # `flush` zeroed the sums.
                 self._accumulated = _Accumulation(self.generation)
@@ -471,8 +384,7 @@ class LearnerThread(threading.Thread):
             self._begin_update()
         start = time.perf_counter()
         with self.lock:
-            if info.generation != self.generation:  # Flushed meanwhile.
-                self.num_units_dropped += 1
+            if self._flushed_since(info):  # Flushed meanwhile.
                 return
             # Not waited for (module docstring): on a CPU the call returns when it is done.
             self._accumulate_fn(data)
@@ -484,12 +396,19 @@ class LearnerThread(threading.Thread):
             return
         start = time.perf_counter()
         with self.lock:
-            if info.generation != self.generation:  # Flushed: the sums were zeroed.
-                self.num_units_dropped += 1
+            if self._flushed_since(info):  # Flushed: the sums were zeroed.
                 return
             self._queue(self._apply_fn, info, acc.env_steps, start, acc.grad_seconds)
         self._accumulated = _Accumulation(self.generation)
         self._report_read()
+
+    def _flushed_since(self, info: UnitInfo) -> bool:
+        """Under `lock`: whether the unit's batch was taken before a `flush` (it is dropped, and
+        counted in `num_units_dropped`)."""
+        if info.generation == self.generation:
+            return False
+        self.num_units_dropped += 1
+        return True
 
     def _begin_update(self) -> None:
         """Keras' `on_train_batch_begin`, numbered after the updates reported and queued."""
@@ -498,12 +417,12 @@ class LearnerThread(threading.Thread):
     def _unit_at_hand(self) -> bool:
         """Whether the next unit comes without waiting for a batch: it is buffered for another
         pass, or the loader has handed it to the dataset."""
-        return bool(self._units) or (
+        return bool(self.loader.units) or (
             not self.microbatching and not self.minibatch_buffer.will_fetch()
         )
 
     def _queue(
-        self, update: Any, info: _UnitInfo, env_steps: int, start: float, grad_s: float, *args
+        self, update: Any, info: UnitInfo, env_steps: int, start: float, grad_s: float, *args
     ) -> None:
         """Under `lock`: queues `update(*args)`, then reads the stats of the update before it;
         reads this one's too unless it may wait (`queues_updates` and the next unit at hand)."""
@@ -556,7 +475,7 @@ class LearnerThread(threading.Thread):
             self._report(*self._read.popleft())
 
     def _report(
-        self, stats: dict[str, Any], info: _UnitInfo, env_steps: int, updates_before: int
+        self, stats: dict[str, Any], info: UnitInfo, env_steps: int, updates_before: int
     ) -> None:
         stats["diff_num_grad_updates_vs_sampler_policy"] = float(
             updates_before - info.policy_version
@@ -620,9 +539,7 @@ class LearnerThread(threading.Thread):
         self._published = None  # Weights from before a restore must not be broadcast after it.
         self._pending = None  # Its stats are dropped with the batches (it has trained).
         self._set_version(None)  # A restore loads the counter next: read it at the next use.
-        with self._generation_lock:
-            self.generation += 1
-            removed = self.inqueue.drain()
+        removed = self.loader.flush()
         if self.microbatching:
             self._reset_fn()
         return removed
@@ -635,16 +552,76 @@ class LearnerThread(threading.Thread):
         if self.is_alive() and threading.current_thread() is not self:
             self.join(timeout)
 
-    def add_learner_metrics(self, result: dict[str, Any]) -> dict[str, Any]:
-        """Adds `info.learner_queue` and `info.timing_breakdown` to a result dict (RLlib's)."""
-        info = result.setdefault("info", {})
-        info["learner_queue"] = {**self.learner_queue_size.stats(), **self.inqueue.stats()}
-        info["timing_breakdown"] = {
+    # The driver's interface ------------------------------------------------------------------
+
+    def submit(self, item: TrainBatch, timeout: float | None = 0.0) -> bool:
+        """Queues a train batch for training; returns False when the queue stayed full.
+
+        Args:
+          item: The batch.
+          timeout: Seconds to wait for room: 0 never waits, None waits for as long as it takes.
+        """
+        try:
+            if timeout == 0.0:
+                self.inqueue.put_nowait(item)
+            else:
+                self.inqueue.put(item, timeout=timeout)
+        except queue.Full:
+            return False
+        return True
+
+    def results(self) -> list[tuple[int, int, dict[str, Any]]]:
+        """The updates reported and not yet taken: `(env_steps, agent_steps, stats)` each, in
+        order (RLlib's outqueue entries); never waits."""
+        out = []
+        while True:
+            try:
+                out.append(self.outqueue.get_nowait())
+            except queue.Empty:
+                return out
+
+    def next_result(self, timeout: float) -> tuple[int, int, dict[str, Any]] | None:
+        """The next update's `(env_steps, agent_steps, stats)`, waiting up to `timeout` seconds
+        (None if none came)."""
+        try:
+            return self.outqueue.get(timeout=timeout)
+        except queue.Empty:
+            return None
+
+    def between_updates(self) -> threading.RLock:
+        """A context manager that holds the thread between two updates (its update lock): a
+        read of the weights, optimizer state and counters from one update, or a restore."""
+        return self.lock
+
+    def discard(self) -> int:
+        """`flush`, and drops the reports not yet taken; call it `between_updates()`.
+
+        Returns:
+          The number of train batches removed from the queue.
+        """
+        removed = self.flush()
+        self.results()
+        return removed
+
+    def queue_stats(self) -> dict[str, Any]:
+        """RLlib's `info.learner_queue`: the queue's size when each update was reported, and
+        the queue's own counters (APPO's circular buffer: batches added and dropped)."""
+        return {**self.learner_queue_size.stats(), **self.inqueue.stats()}
+
+    def timing_ms(self) -> dict[str, float]:
+        """RLlib's `info.timing_breakdown` of the learner (module docstring: Timers)."""
+        return {
             "learner_grad_time_ms": timer_ms(self.grad_timer),
             "learner_load_time_ms": timer_ms(self.load_timer),
             "learner_load_wait_time_ms": timer_ms(self.load_wait_timer),
             "learner_dequeue_time_ms": timer_ms(self.queue_timer),
         }
+
+    def add_learner_metrics(self, result: dict[str, Any]) -> dict[str, Any]:
+        """Adds `info.learner_queue` and `info.timing_breakdown` to a result dict (RLlib's)."""
+        info = result.setdefault("info", {})
+        info["learner_queue"] = self.queue_stats()
+        info["timing_breakdown"] = self.timing_ms()
         return result
 
     def latest_stats(self) -> dict[str, Any]:

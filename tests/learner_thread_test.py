@@ -201,7 +201,7 @@ class _NextUnitLoaded(keras.callbacks.Callback):
 
     def on_train_batch_begin(self, batch, logs=None):
         deadline = time.monotonic() + 60
-        while self.begun < self.first and not self.thread._units:
+        while self.begun < self.first and not self.thread.loader.units:
             assert time.monotonic() < deadline, "the loader never handed over the next unit"
             time.sleep(0.002)
         self.begun += 1

@@ -18,7 +18,6 @@ from __future__ import annotations
 import collections
 import contextlib
 import os
-import queue
 from collections.abc import Iterator
 from typing import Any
 
@@ -36,7 +35,6 @@ from impala_tf.minibatch import TrainBatch
 from impala_tf.nonfinite import NonFiniteUpdatesError
 from impala_tf.rollout.fragment import DEFAULT_POLICY_ID
 from impala_tf.sample_batch import SampleBatch
-from impala_tf.stats import timer_ms
 
 __all__ = ["LearnerGroup"]
 
@@ -96,12 +94,19 @@ class LearnerGroup:
                 state_shapes,
                 frame_stack=plan.spaces.frame_stacks.get(pid),
             )
-            thread = LearnerThread(learner, strategy, signature, callbacks=callbacks)
-            if not single:
-                thread.name = f"impala-learner-{pid}"
+            nonfinite_dir = None
             if logdir is not None:
-                parts = ["nonfinite"] if single else ["nonfinite", pid]
-                thread.nonfinite.directory = os.path.join(logdir, *parts)
+                nonfinite_dir = os.path.join(
+                    logdir, *(["nonfinite"] if single else ["nonfinite", pid])
+                )
+            thread = LearnerThread(
+                learner,
+                strategy,
+                signature,
+                callbacks=callbacks,
+                name="impala-learner" if single else f"impala-learner-{pid}",
+                nonfinite_dir=nonfinite_dir,
+            )
             self.threads[pid] = thread
 
     def start(self) -> None:
@@ -140,12 +145,10 @@ class LearnerGroup:
         for pid, batch, version in batches:
             by_policy[pid].append(TrainBatch(batch, version))
         for pid, items in by_policy.items():
-            inqueue = self.threads[pid].inqueue
+            thread = self.threads[pid]
             for i, item in enumerate(items):
                 if i < len(items) - 1:
-                    try:
-                        inqueue.put_nowait(item)
-                    except queue.Full:
+                    if not thread.submit(item, timeout=0.0):
                         counters["num_times_learner_queue_full"] += 1
                         item.release()  # Dropped unread: its store goes now.
                         continue
@@ -158,36 +161,28 @@ class LearnerGroup:
         self._put_waiting(pid, TrainBatch(batch, version))
 
     def _put_waiting(self, pid: str, item: TrainBatch) -> None:
-        inqueue = self.threads[pid].inqueue
+        thread = self.threads[pid]
         while True:
             self.check()
-            try:
-                inqueue.put(item, timeout=_PUT_POLL_S)
+            if thread.submit(item, timeout=_PUT_POLL_S):
                 return
-            except queue.Full:
-                continue
 
     def drain(self) -> list[tuple[str, int, dict[str, Any]]]:
         """The outputs of the updates that finished: (policy_id, agent steps trained, stats)."""
-        out = []
-        for pid, thread in self.threads.items():
-            while True:
-                try:
-                    _, agent_steps, stats = thread.outqueue.get_nowait()
-                except queue.Empty:
-                    break
-                out.append((pid, agent_steps, stats))
-        return out
+        return [
+            (pid, agent_steps, stats)
+            for pid, thread in self.threads.items()
+            for _, agent_steps, stats in thread.results()
+        ]
 
     def wait_output(self, pid: str) -> tuple[str, int, dict[str, Any]]:
         """Waits for the next update of `pid` (lockstep), checking the learners."""
         while True:
             self.check()
-            try:
-                _, agent_steps, stats = self.threads[pid].outqueue.get(timeout=_PUT_POLL_S)
+            output = self.threads[pid].next_result(_PUT_POLL_S)
+            if output is not None:
+                _, agent_steps, stats = output
                 return pid, agent_steps, stats
-            except queue.Empty:
-                continue
 
     def flush(self) -> None:
         """Drops every batch taken so far and every output not yet drained (a restore).
@@ -196,12 +191,7 @@ class LearnerGroup:
         """
         self._fixed_versions.clear()
         for thread in self.threads.values():
-            thread.flush()
-            while True:
-                try:
-                    thread.outqueue.get_nowait()
-                except queue.Empty:
-                    break
+            thread.discard()
 
     # Weights ------------------------------------------------------------------------------------
 
@@ -243,7 +233,7 @@ class LearnerGroup:
         """Holds every learner thread's update lock (a read of all policies between updates)."""
         with contextlib.ExitStack() as stack:
             for pid in sorted(self.threads):
-                stack.enter_context(self.threads[pid].lock)
+                stack.enter_context(self.threads[pid].between_updates())
             yield
 
     # Results and shutdown -----------------------------------------------------------------------
@@ -257,14 +247,11 @@ class LearnerGroup:
         info = result.setdefault("info", {})
         if not self.threads:
             return result
-        first = self.threads[self.first]
-        info["learner_queue"] = {**first.learner_queue_size.stats(), **first.inqueue.stats()}
+        info["learner_queue"] = self.threads[self.first].queue_stats()
         timers = collections.defaultdict(list)
-        for t in self.threads.values():
-            timers["learner_grad_time_ms"].append(timer_ms(t.grad_timer))
-            timers["learner_load_time_ms"].append(timer_ms(t.load_timer))
-            timers["learner_load_wait_time_ms"].append(timer_ms(t.load_wait_timer))
-            timers["learner_dequeue_time_ms"].append(timer_ms(t.queue_timer))
+        for thread in self.threads.values():
+            for name, value in thread.timing_ms().items():
+                timers[name].append(value)
         info["timing_breakdown"] = {
             k: (v[0] if len(v) == 1 else round(float(np.mean(v)), 3)) for k, v in timers.items()
         }
