@@ -29,7 +29,6 @@ if it had not stopped (`save` then also snapshots the actors' envs).
 from __future__ import annotations
 
 import atexit
-import collections
 import contextlib
 import logging
 import time
@@ -531,15 +530,15 @@ class Impala:
         self._ensure_started()
         start = time.perf_counter()
         counters = self.metrics.counters
-        before = collections.Counter(counters)
+        before = counters.copy()
         self.metrics.episodes_this_iter = 0
         min_time = float(self.config.min_time_s_per_iteration or 0)
         min_steps = int(self.config.min_sample_timesteps_per_iteration or 0)
         while True:
             self.training_step()
             elapsed = time.perf_counter() - start
-            sampled = counters["num_env_steps_sampled"] - before["num_env_steps_sampled"]
-            trained = counters["num_env_steps_trained"] - before["num_env_steps_trained"]
+            sampled = counters.num_env_steps_sampled - before.num_env_steps_sampled
+            trained = counters.num_env_steps_trained - before.num_env_steps_trained
             if elapsed >= min_time and sampled >= min_steps and trained > 0:
                 break
         self.progress.iteration += 1

@@ -26,6 +26,7 @@ import pytest
 from impala_tf.config import ImpalaConfig
 from impala_tf.driver import aggregation
 from impala_tf.driver.aggregation import AggregationStage, Aggregator, AggregatorHost, BatchRef
+from impala_tf.driver.counters import Counters
 from impala_tf.driver.specs import aggregator_spec
 from impala_tf.minibatch import BatchLost, TrainBatch
 from impala_tf.rollout.fragment import DEFAULT_POLICY_ID, Fragment
@@ -100,9 +101,7 @@ def test_aggregator_replays_p_old_batches_per_new_one():
 def _stage(**overrides) -> AggregationStage:
     config = ImpalaConfig(env="CartPole-v1", num_aggregation_workers=1, **overrides)
     config.debugging(seed=0)
-    return AggregationStage(
-        config, aggregator_spec(config, {PID: 2}), collections.Counter(), ProcessBackend()
-    )
+    return AggregationStage(config, aggregator_spec(config, {PID: 2}), Counters(), ProcessBackend())
 
 
 def _sequences(seed: int) -> Fragment:
@@ -135,7 +134,7 @@ def test_a_worker_cuts_the_train_batches_and_the_driver_fetches_them(stage):
     ((pid, batch, version),) = _fetch_one(stage)
     assert pid == PID and version == 1.0
     np.testing.assert_array_equal(batch["obs"], fragment.batches[PID]["obs"])
-    assert stage.counters["num_times_no_aggregation_worker_available"] == 0
+    assert stage.counters.num_times_no_aggregation_worker_available == 0
 
 
 def test_a_reset_drops_what_workers_were_sent_before_it(stage):
@@ -180,12 +179,12 @@ def test_a_worker_at_max_requests_in_flight_gets_no_more_fragments_the_driver_ag
         # The worker has not answered, so it is at its limit: aggregated here.
         ((_, batch, version),) = stage.process(_sequences(2))
         assert version == 2.0
-        assert stage.counters["num_times_no_aggregation_worker_available"] == 1
+        assert stage.counters.num_times_no_aggregation_worker_available == 1
         gated()
         ((_, _, version),) = _fetch_one(stage)
         assert version == 1.0  # The worker's reply to the first fragment.
         assert stage.process(_sequences(3)) == []  # Room again: sent to the worker.
-        assert stage.counters["num_times_no_aggregation_worker_available"] == 1
+        assert stage.counters.num_times_no_aggregation_worker_available == 1
     finally:
         stage.stop()
 
@@ -211,7 +210,7 @@ def test_two_fragments_in_flight_per_worker_by_default(gated):
     try:
         assert stage.process(_sequences(1)) == [] and stage.process(_sequences(2)) == []
         assert len(stage.process(_sequences(3))) == 1  # The third waits for no one: here.
-        assert stage.counters["num_times_no_aggregation_worker_available"] == 1
+        assert stage.counters.num_times_no_aggregation_worker_available == 1
     finally:
         stage.stop()
 
@@ -267,7 +266,7 @@ def test_workers_get_fragments_by_reference_and_cut_the_train_batches_the_driver
         assert wait_until(lambda: out.extend(stage.fetch(0.5)) or len(out) == 6, timeout_s=60)
         assert not read_here  # Handles: nothing read in the driver yet.
         out = _got(out)  # As the learners' loaders fetch them.
-        assert stage.counters["num_times_no_aggregation_worker_available"] == 0
+        assert stage.counters.num_times_no_aggregation_worker_available == 0
         assert handed == [sv.SharedValue] * 6  # Names, not batches.
         # The driver read the train batches only, never a fragment's batches, and removed each
         # fragment once its worker answered.
@@ -294,7 +293,7 @@ def test_at_the_in_flight_limit_the_driver_reads_the_fragment_from_shared_memory
         ((_, batch, version),) = stage.process(second)  # Aggregated here, from the segment.
         assert version == 2.0 and read_here == [second.batches.name]
         np.testing.assert_array_equal(batch["obs"], _sequences(2).batches[PID]["obs"])
-        assert stage.counters["num_times_no_aggregation_worker_available"] == 1
+        assert stage.counters.num_times_no_aggregation_worker_available == 1
         assert actors.segments() == [first.batches.name]  # Read and removed; the first waits.
         gated()
         _fetch_one(stage)
@@ -325,9 +324,9 @@ def test_a_killed_worker_loses_its_fragments_and_the_driver_removes_them(monkeyp
         assert actors.segments() == [fragment.batches.name]
         os.kill(stage.pids()[0], signal.SIGKILL)
         assert wait_until(
-            lambda: stage.fetch(0.5) == [] and stage.counters["num_aggregation_worker_restarts"]
+            lambda: stage.fetch(0.5) == [] and stage.counters.num_aggregation_worker_restarts
         )
-        assert stage.counters["num_env_steps_lost_in_aggregation"] == fragment.env_steps
+        assert stage.counters.num_env_steps_lost_in_aggregation == fragment.env_steps
         assert actors.segments() == []  # Removed on the failure, not on stop.
     finally:
         stage.stop()
@@ -368,9 +367,9 @@ def test_a_train_batch_lost_from_the_store_is_skipped_and_counted(stage):
         os.unlink(f"/dev/shm/{name}")
     with pytest.raises(BatchLost, match="lost before the learner read it"):
         TrainBatch(ref).batch  # noqa: B018
-    lost = stage.counters["num_env_steps_lost_in_aggregation"]
+    lost = stage.counters.num_env_steps_lost_in_aggregation
     stage.fetch(0.0)
-    assert stage.counters["num_env_steps_lost_in_aggregation"] == lost + 10
+    assert stage.counters.num_env_steps_lost_in_aggregation == lost + 10
 
 
 def test_stop_removes_the_train_batches_never_fetched():

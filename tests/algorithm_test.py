@@ -199,13 +199,13 @@ def test_a_broadcast_never_waits_for_a_running_update_nor_sends_older_weights():
         with _update_running(thread):
             # Update 1 published nothing (nobody asked): nothing newer than sent can be read.
             assert _returns_promptly(lambda: broadcaster.step([0])) is False
-        assert broadcaster.sent[pid][1] == 0 and counters["num_weight_broadcasts"] == 0
+        assert broadcaster.sent[pid][1] == 0 and counters.num_weight_broadcasts == 0
         update(2)  # Publishes its weights, since the step above asked.
         with _update_running(thread) as weights_2:
             # Actor 0 sampled in the step above and waited: it gets the published weights.
             assert _returns_promptly(lambda: broadcaster.step([])) is True
         sent, version = broadcaster.sent[pid]
-        assert version == 2 and counters["num_weight_broadcasts"] == 1
+        assert version == 2 and counters.num_weight_broadcasts == 1
         assert all(np.array_equal(a, b) for a, b in zip(sent, weights_2, strict=True))
         assert _versions_held(algo) == {0: 2, 1: 0}  # Actor 1 never sampled: not sent to.
 
@@ -219,7 +219,7 @@ def test_a_broadcast_never_waits_for_a_running_update_nor_sends_older_weights():
             # Nor does a whole training step wait (its batches queue for the learner).
             for _ in range(3):
                 _returns_promptly(algo.training_step)
-        assert broadcaster.sent[pid][1] == 4 and counters["num_weight_broadcasts"] == 1
+        assert broadcaster.sent[pid][1] == 4 and counters.num_weight_broadcasts == 1
         assert _versions_held(algo) == {0: 4, 1: 4}
     finally:
         algo.stop()

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import collections
-
 import numpy as np
 import pytest
 
 from impala_tf.config import ImpalaConfig
 from impala_tf.driver.broadcast import AUTO_BYTES_PER_S, Broadcaster
+from impala_tf.driver.counters import Counters
 
 
 class Clock:
@@ -63,7 +62,7 @@ def run(
     actors' sends)."""
     clock = Clock()
     actors = Actors(128)
-    counters = collections.Counter()
+    counters = Counters()
     broadcaster = Broadcaster(
         Learners(clock, 1000.0, nbytes),
         actors,
@@ -76,7 +75,7 @@ def run(
     for step in range(int(seconds / step_s)):
         clock.now = step * step_s
         broadcaster.step([a for a in range(128) if (step + a) % 50 == 0])
-    return counters["num_weight_broadcasts"], actors.sends[1:]
+    return counters.num_weight_broadcasts, actors.sends[1:]
 
 
 def test_the_time_floor_bounds_broadcasts_per_second_whatever_the_learner_does():
@@ -119,7 +118,7 @@ def test_the_floor_is_a_validated_config_key():
 def test_restarted_actors_get_the_newest_weights_and_the_others_the_next_broadcast():
     clock = Clock()
     actors = Actors(3)
-    broadcaster = Broadcaster(Learners(clock, 10.0), actors, 1, collections.Counter())
+    broadcaster = Broadcaster(Learners(clock, 10.0), actors, 1, Counters())
     broadcaster.send(actors.healthy_ids())  # Version 0 to everyone.
     clock.now = 1.0  # Version 10 now.
     broadcaster.restarted([2])
@@ -134,12 +133,12 @@ def test_restarted_actors_get_the_newest_weights_and_the_others_the_next_broadca
 def test_broadcast_state_round_trips_and_a_restore_resumes_from_what_actors_hold():
     clock = Clock()
     actors = Actors(2)
-    broadcaster = Broadcaster(Learners(clock, 10.0), actors, 3, collections.Counter())
+    broadcaster = Broadcaster(Learners(clock, 10.0), actors, 3, Counters())
     broadcaster.send(actors.healthy_ids())
     broadcaster.step([0])
     state = broadcaster.get_state()
     assert state == {"steps_since_broadcast": 1}
-    other = Broadcaster(Learners(clock, 10.0), actors, 3, collections.Counter())
+    other = Broadcaster(Learners(clock, 10.0), actors, 3, Counters())
     other.set_state(state)
     assert other.get_state() == state
     clock.now = 2.0

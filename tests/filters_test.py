@@ -188,7 +188,7 @@ def test_driver_merges_saves_restores_evaluates_and_exports_the_filter(tmp_path)
     try:
         algo.train()
         algo.train()
-        steps = algo.metrics.counters["num_env_steps_sampled"]
+        steps = algo.metrics.counters.num_env_steps_sampled
         merged = algo.actors.filters["default_policy"]
         # Each merged fragment's 40 observations, plus each actor's 4 first ones.
         assert merged.rs.n - steps in (0, 4, 8) and steps > 0

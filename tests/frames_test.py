@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import collections
 import pickle
 import time
 
@@ -14,6 +13,7 @@ from hypothesis import strategies as st
 
 from impala_tf import pipeline
 from impala_tf.config import ImpalaConfig
+from impala_tf.driver.counters import Counters
 from impala_tf.driver.plan import make_plan
 from impala_tf.driver.sampling import EnvRunnerGroup
 from impala_tf.driver.specs import runner_spec
@@ -193,7 +193,7 @@ def test_actor_processes_send_frames():
     plan = make_plan(config)
     (obs_space, act_space) = plan.spaces.policies["default_policy"]
     weights = build_model(obs_space, act_space, config.model).get_weights()
-    actors = EnvRunnerGroup(config, plan, collections.Counter())
+    actors = EnvRunnerGroup(config, plan, Counters())
     try:
         actors.broadcast({"default_policy": (weights, 0)}, actors.healthy_ids())
         actors.top_up()

@@ -9,7 +9,6 @@ pipes and TCP); here the driver runs it: `RuntimePlan` decides where the actors 
 
 from __future__ import annotations
 
-import collections
 import json
 import os
 import signal
@@ -23,6 +22,7 @@ import pytest
 
 from impala_tf.config import ImpalaConfig
 from impala_tf.config.policies import policy_config
+from impala_tf.driver.counters import Counters
 from impala_tf.driver.plan import RuntimePlan, make_plan
 from impala_tf.driver.sampling import EnvRunnerGroup
 from impala_tf.driver.specs import runner_spec
@@ -117,7 +117,7 @@ def _sample_twice_through_the_driver(config: ImpalaConfig, weights: dict) -> lis
     the other."""
     plan = make_plan(config)
     assert plan.central_inference and not plan.actors_need_tensorflow
-    actors = EnvRunnerGroup(config, plan, collections.Counter())
+    actors = EnvRunnerGroup(config, plan, Counters())
     try:
         actors.broadcast({p: (w, 5) for p, w in weights.items()}, actors.healthy_ids())
         out = []
@@ -187,7 +187,7 @@ def test_central_actors_label_the_servers_versions_and_a_restarted_one_reconnect
     config = _image_config(inference="central", actor_backend=backend)
     plan = make_plan(config)
     weights = _initial_weights(config, plan)["default_policy"]
-    counters = collections.Counter()
+    counters = Counters()
     actors = EnvRunnerGroup(config, plan, counters)
     try:
         actors.broadcast({"default_policy": (weights, 2)}, actors.healthy_ids())
@@ -215,7 +215,7 @@ def test_central_actors_label_the_servers_versions_and_a_restarted_one_reconnect
         assert [f.worker_id for f in failures] == [0]
         assert actors.handle_failures(failures) == [0]
         actors.broadcast({"default_policy": (weights, 10)}, [0])
-        assert counters["num_env_runner_restarts"] == 1
+        assert counters.num_env_runner_restarts == 1
         mine = []
         while not mine:  # Actor 1's fragments may come first.
             actors.request_idle()

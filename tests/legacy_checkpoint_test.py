@@ -117,7 +117,7 @@ def test_resumes_continues_and_saves_in_todays_layout(name, tmp_path):
             with pytest.raises(AssertionError):  # The fixture trained: restoring changed them.
                 _assert_same_arrays(initial[pid], stored[pid])
         assert algo.iteration == expected["training_iteration"]
-        counters = dict(algo.metrics.counters)
+        counters = algo.metrics.counters.as_dict()
         for key in ("num_env_steps_sampled", "num_agent_steps_sampled"):
             assert counters[key] == expected[key], key
         assert algo.metrics.episodes_total == expected["episodes_total"]
@@ -154,7 +154,7 @@ def test_resumes_continues_and_saves_in_todays_layout(name, tmp_path):
     try:
         resumed.restore(resaved)
         assert resumed.iteration == result["training_iteration"]
-        assert resumed.metrics.counters["num_env_steps_sampled"] == result["num_env_steps_sampled"]
+        assert resumed.metrics.counters.num_env_steps_sampled == result["num_env_steps_sampled"]
         for pid in policies:
             saved = stored_model_weights(os.path.join(resaved, "policies", pid, "learner"))
             _assert_same_arrays(resumed.get_policy_weights(pid), saved)

@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import collections
 import multiprocessing as mp
 import os
 import re
@@ -14,6 +13,7 @@ import numpy as np
 import pytest
 
 from impala_tf.config import ImpalaConfig
+from impala_tf.driver.counters import Counters
 from impala_tf.driver.plan import make_plan
 from impala_tf.driver.sampling import EnvRunnerGroup
 from impala_tf.workers.memory import (
@@ -83,7 +83,7 @@ def test_local_actors_are_refused_at_once_before_any_starts():
     assert plan.backend == "process"
     start = time.perf_counter()
     with pytest.raises(ActorMemoryError, match="num_env_runners"):
-        EnvRunnerGroup(config, plan, collections.Counter())
+        EnvRunnerGroup(config, plan, Counters())
     assert time.perf_counter() - start < 10
     assert not [p for p in mp.active_children() if p.name.startswith("impala-actor")]
 

@@ -11,7 +11,6 @@ TCP in `tests/inference_test.py`, a lost node in `tests/ray_cluster_test.py`.
 
 from __future__ import annotations
 
-import collections
 import os
 import signal
 import subprocess
@@ -21,6 +20,7 @@ import time
 import pytest
 
 from impala_tf.config import ImpalaConfig
+from impala_tf.driver.counters import Counters
 from impala_tf.driver.plan import make_plan
 from impala_tf.driver.sampling import EnvRunnerGroup
 from impala_tf.models import build_model
@@ -182,15 +182,15 @@ def test_a_restarting_actor_does_not_stall_the_others(ray_local):
         os.kill(old_pid, signal.SIGKILL)
         while impl._actors[0].restarting is None:  # Until the driver noticed and restarted it.
             algo.training_step()
-            assert algo.metrics.counters["num_env_runner_restarts"] <= 1
+            assert algo.metrics.counters.num_env_runner_restarts <= 1
         # Restarting: the driver's steps go on, and actor 1's fragments arrive and train.
-        trained = algo.metrics.counters["num_env_steps_trained"]
+        trained = algo.metrics.counters.num_env_steps_trained
         del seen[:]
 
         def other_actor_trained():
             algo.training_step()
             assert impl._actors[0].restarting is not None
-            return 1 in seen and algo.metrics.counters["num_env_steps_trained"] > trained
+            return 1 in seen and algo.metrics.counters.num_env_steps_trained > trained
 
         assert wait_until(other_actor_trained, 60), (
             "no fragment from the other actor trained while actor 0 restarted"
@@ -200,7 +200,7 @@ def test_a_restarting_actor_does_not_stall_the_others(ray_local):
         del seen[:]
         assert wait_until(lambda: algo.training_step() or 0 in seen, 60)
         assert algo.actors.pids()[0] != old_pid
-        assert algo.metrics.counters["num_env_runner_restarts"] == 1
+        assert algo.metrics.counters.num_env_runner_restarts == 1
     finally:
         algo.stop()
 
@@ -210,7 +210,7 @@ def test_a_broadcast_puts_the_weights_into_the_object_store_once(ray_local, monk
     plan = make_plan(config)
     obs_space, act_space = plan.spaces.policies["default_policy"]
     weights = {"default_policy": (build_model(obs_space, act_space, config.model).get_weights(), 7)}
-    actors = EnvRunnerGroup(config, plan, collections.Counter())
+    actors = EnvRunnerGroup(config, plan, Counters())
     try:
         puts = []
         real_put = ray_local.put

@@ -3,7 +3,6 @@ drop what was queued, fresh seeds for restarted actors, non-finite updates count
 
 from __future__ import annotations
 
-import collections
 import os
 import signal
 import threading
@@ -17,6 +16,7 @@ import tensorflow as tf
 from impala_tf import checkpoints, pipeline
 from impala_tf.algorithm import Impala
 from impala_tf.config import ImpalaConfig
+from impala_tf.driver.counters import Counters
 from impala_tf.driver.learners import LearnerGroup
 from impala_tf.driver.plan import make_plan
 from impala_tf.learner import ImpalaLearner
@@ -147,7 +147,7 @@ def test_a_restarted_actor_gets_fresh_seeds_and_replays_no_episode(algo):
     algo.broadcaster.restarted(algo.actors.handle_failures(failures))
     algo.actors.top_up()
     again = _next_fragment(algo).batches[PID]["obs"][:, 0]
-    assert algo.metrics.counters["num_env_runner_restarts"] == 1
+    assert algo.metrics.counters.num_env_runner_restarts == 1
     # Built from the config alone, the new process would start the same episodes.
     assert not np.array_equal(first, again)
 
@@ -227,11 +227,11 @@ def test_a_batch_dropped_on_a_full_learner_queue_releases_its_handle(monkeypatch
     group = LearnerGroup(config, make_plan(config), tf.distribute.get_strategy())  # Not started.
     monkeypatch.setattr(group, "_put_waiting", lambda pid, item: None)  # The last one's wait.
     handles = [_Handle(_batch(seed)) for seed in range(3)]
-    counters = collections.Counter()
+    counters = Counters()
     group.put([(PID, h, 0.0) for h in handles], counters)
     # The first fits the queue of one, the second finds it full, the last would wait for room.
     assert [h.released for h in handles] == [False, True, False]
-    assert counters["num_times_learner_queue_full"] == 1
+    assert counters.num_times_learner_queue_full == 1
     assert not any(h.fetched for h in handles)
 
 

@@ -133,7 +133,7 @@ def test_each_train_batch_is_a_new_fragment_and_an_old_one_replayed(workers):
                 assert len(sent) - 1 - SLOTS < origin <= len(sent) - 1
                 origins.append(len(sent) - 1 - origin)
         counters = algo.metrics.counters
-        assert counters["num_times_no_aggregation_worker_available"] == 0
+        assert counters.num_times_no_aggregation_worker_available == 0
     finally:
         algo.stop()
     # Old sequences are mixed in: most replayed fragments are older than the new one.

@@ -23,6 +23,7 @@ import time
 import numpy as np
 import pytest
 
+from impala_tf.driver.counters import Counters
 from impala_tf.rollout.host import RunnerHost
 from impala_tf.workers import WorkerHost
 from impala_tf.workers import shared_arrays as sa
@@ -346,7 +347,6 @@ def _assert_held(group, weights: dict) -> None:
 
 @pytest.mark.parametrize("policies", [1, 2])
 def test_local_actors_get_exactly_the_broadcast_weights_and_no_segment_outlives_them(policies):
-    import collections
 
     from impala_tf.driver.plan import make_plan
     from impala_tf.driver.sampling import EnvRunnerGroup
@@ -356,7 +356,7 @@ def test_local_actors_get_exactly_the_broadcast_weights_and_no_segment_outlives_
     config = small_config(policies, num_env_runners=2, restart_failed_env_runners=True)
     plan = make_plan(config)
     before = _segments()
-    counters = collections.Counter()
+    counters = Counters()
     group = EnvRunnerGroup(config, plan, counters, host_factory=probe)
     try:
         for seed in (1, 2):
@@ -373,7 +373,7 @@ def test_local_actors_get_exactly_the_broadcast_weights_and_no_segment_outlives_
         assert group.handle_failures(failures) == [0]
         group.broadcast(weights, [0])
         _assert_held(group, weights)
-        assert counters["num_env_runner_restarts"] == 1
+        assert counters.num_env_runner_restarts == 1
         assert len(_segments()) == len(before) + len(weights)
     finally:
         group.stop()

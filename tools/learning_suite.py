@@ -10,12 +10,13 @@ Run from the repository root.
 Which configs: every YAML in `configs/` with a `pass_criteria` block (the block of RLlib's
 release tests; `impala_tf.config.keys.normalize_pass_criteria` says what it means). Those are
 the tuned examples we ship: the CartPole family (plain, replay, separate losses, fake GPUs,
-multi-agent, stateless with an LSTM), Pendulum, Pong (`pong-impala-small.yaml`) and Breakout
+multi-agent, stateless with an LSTM), APPO on CartPole and Pong (`cartpole-appo.yaml`,
+`pong-appo-small.yaml`), Pendulum, Pong (`pong-impala-small.yaml`) and Breakout
 (`atari-impala.yaml`, scaled to 2 cores by `SUITE_SETS`, which also has RLlib's multi-agent
 CartPole report every second instead of every 10). `pong-impala.yaml` and
-`pong-impala-fast.yaml` are RLlib's files for 32 to 128 workers and a GPU, copied for RLlib
-users; they carry no criterion and the suite does not run them. `--quick` leaves out the Atari
-configs (30-40 minutes a run on 2 cores).
+`pong-impala-fast.yaml` (and `pong-appo.yaml`) are RLlib's files for 32 to 128 workers and a
+GPU, copied for RLlib users; they carry no criterion and the suite does not run them. `--quick`
+leaves out the Atari configs (30-40 minutes a run on 2 cores).
 
 Seeds: 100, 101 and 102 by default. The configs were tuned on seeds 0, 1 and 2, so those would
 flatter them.

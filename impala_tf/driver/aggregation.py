@@ -46,6 +46,7 @@ from typing import Any
 
 from impala_tf.batching import BatchBuilder
 from impala_tf.config.base import AlgorithmConfig
+from impala_tf.driver.counters import Counters
 from impala_tf.minibatch import BatchHandle, BatchLost, release_unread
 from impala_tf.replay import MixInReplayBuffer
 from impala_tf.rollout.fragment import Fragment
@@ -276,7 +277,7 @@ class AggregationStage:
         self,
         config: AlgorithmConfig,
         spec: AggregatorSpec,
-        counters: collections.Counter,
+        counters: Counters,
         backend: Any = None,
     ):
         self.spec = spec
@@ -329,7 +330,7 @@ class AggregationStage:
                     self._calls[call_id] = (fragment.env_steps, fragment.batches)
                     self._last_call = max(self._last_call, call_id)
                     return []
-            self.counters["num_times_no_aggregation_worker_available"] += 1
+            self.counters.num_times_no_aggregation_worker_available += 1
         batches = resolve(fragment.batches)
         release(fragment.batches)
         return self.local.process(batches, versions)
@@ -348,7 +349,7 @@ class AggregationStage:
             return []
         out, self._ready = self._ready + self._poll(timeout_s), []
         while self._lost:
-            self.counters["num_env_steps_lost_in_aggregation"] += self._lost.popleft()
+            self.counters.num_env_steps_lost_in_aggregation += self._lost.popleft()
         return out
 
     def _poll(self, timeout_s: float) -> list[Output]:
@@ -379,8 +380,8 @@ class AggregationStage:
             logger.warning("Aggregation worker %d failed (%s); restarting it.", worker, error)
             self.restarts.on_failure(failure)
             self.workers.restart(failure.worker_id)
-            self.counters["num_aggregation_worker_restarts"] += 1
-            self.counters["num_env_steps_lost_in_aggregation"] += lost
+            self.counters.num_aggregation_worker_restarts += 1
+            self.counters.num_env_steps_lost_in_aggregation += lost
         return out
 
     def reset(self, seed: int | None, state: Mapping[str, Any] | None = None) -> None:

@@ -41,13 +41,13 @@ skipped until it samples again.
 
 from __future__ import annotations
 
-import collections
 import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import numpy as np
 
+from impala_tf.driver.counters import Counters
 from impala_tf.driver.learners import LearnerGroup
 from impala_tf.driver.sampling import EnvRunnerGroup
 
@@ -83,7 +83,7 @@ class Broadcaster:
         learners: LearnerGroup,
         actors: EnvRunnerGroup,
         interval: int,
-        counters: collections.Counter,
+        counters: Counters,
         wait: bool = False,
         min_time_s: float | str = 0.0,
         clock: Callable[[], float] = time.monotonic,
@@ -166,5 +166,5 @@ class Broadcaster:
         self._awaiting.clear()
         self.steps_since_broadcast = 0
         self._last_time = self._clock()
-        self.counters["num_weight_broadcasts"] += 1
+        self.counters.num_weight_broadcasts += 1
         return True

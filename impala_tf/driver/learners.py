@@ -28,6 +28,7 @@ import tensorflow as tf
 from impala_tf import pipeline, sequences
 from impala_tf.config.base import AlgorithmConfig
 from impala_tf.config.policies import policy_config
+from impala_tf.driver.counters import Counters
 from impala_tf.driver.plan import RuntimePlan
 from impala_tf.learner import ImpalaLearner
 from impala_tf.learner_thread import LearnerThread
@@ -131,9 +132,7 @@ class LearnerGroup:
                     thread.error
                 )
 
-    def put(
-        self, batches: list[tuple[str, SampleBatch, float]], counters: collections.Counter
-    ) -> None:
+    def put(self, batches: list[tuple[str, SampleBatch, float]], counters: Counters) -> None:
         """Queues (policy id, train batch, version)s: per policy all but the last without
         blocking, then the last.
 
@@ -149,12 +148,12 @@ class LearnerGroup:
             for i, item in enumerate(items):
                 if i < len(items) - 1:
                     if not thread.submit(item, timeout=0.0):
-                        counters["num_times_learner_queue_full"] += 1
+                        counters.num_times_learner_queue_full += 1
                         item.release()  # Dropped unread: its store goes now.
                         continue
                 else:
                     self._put_waiting(pid, item)
-                counters["num_samples_added_to_queue"] += item.env_steps
+                counters.num_samples_added_to_queue += item.env_steps
 
     def put_waiting(self, pid: str, batch: SampleBatch, version: float) -> None:
         """Puts a train batch on `pid`'s queue, waiting for room while the learners live."""

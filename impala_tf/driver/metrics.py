@@ -34,9 +34,17 @@ from typing import Any
 import numpy as np
 
 from impala_tf.algorithm_callbacks import custom_metric_stats, hist_stats
+from impala_tf.driver.counters import COUNTERS, Counters
 from impala_tf.rollout.fragment import Episode, Fragment
 
-__all__ = ["COUNTERS", "LEARNER_INFO", "LEARNER_STATS_KEY", "Metrics", "summarize_episodes"]
+__all__ = [
+    "COUNTERS",
+    "Counters",
+    "LEARNER_INFO",
+    "LEARNER_STATS_KEY",
+    "Metrics",
+    "summarize_episodes",
+]
 
 #: Learner stats `update_stats` does not summarise: counters, not per-update measurements.
 _NOT_SUMMARISED = frozenset({"num_agent_steps_trained", "num_grad_updates_lifetime"})
@@ -45,25 +53,6 @@ _NOT_SUMMARISED = frozenset({"num_agent_steps_trained", "num_grad_updates_lifeti
 #: [LEARNER_STATS_KEY]` holds a policy's learner stats.
 LEARNER_INFO = "learner"
 LEARNER_STATS_KEY = "learner_stats"
-
-#: The lifetime counters of the result dict (top level, `counters` and `info`), RLlib's names.
-COUNTERS = (
-    "num_env_steps_sampled",
-    "num_env_steps_trained",
-    "num_agent_steps_sampled",
-    "num_agent_steps_trained",
-    "num_samples_added_to_queue",
-    "num_times_learner_queue_full",
-    "num_weight_broadcasts",
-    "num_training_step_calls",
-    "num_env_runner_failures",
-    "num_env_runner_restarts",
-    "num_nonfinite_episodes_dropped",
-    "num_times_no_aggregation_worker_available",
-    "num_aggregation_worker_restarts",
-    "num_env_steps_lost_in_aggregation",
-    "num_nonfinite_updates_skipped",
-)
 
 
 def summarize_episodes(episodes: Iterable[Episode], multi_agent: bool = False) -> dict[str, Any]:
@@ -127,7 +116,7 @@ class Metrics:
     """
 
     def __init__(self, smoothing: int, trained: Iterable[str], multi_agent: bool):
-        self.counters: collections.Counter = collections.Counter()
+        self.counters = Counters()
         self.episodes: collections.deque[Episode] = collections.deque(maxlen=int(smoothing))
         self.episodes_total = 0
         self.episodes_this_iter = 0
@@ -143,9 +132,9 @@ class Metrics:
     def record_fragment(self, fragment: Fragment) -> None:
         """Counts a fragment's steps and episodes."""
         c = self.counters
-        c["num_env_steps_sampled"] += fragment.env_steps
-        c["num_agent_steps_sampled"] += fragment.agent_steps
-        c["num_nonfinite_episodes_dropped"] += fragment.num_nonfinite_episodes_dropped
+        c.num_env_steps_sampled += fragment.env_steps
+        c.num_agent_steps_sampled += fragment.agent_steps
+        c.num_nonfinite_episodes_dropped += fragment.num_nonfinite_episodes_dropped
         self.episodes.extend(fragment.episodes)
         self.episodes_total += len(fragment.episodes)
         self.episodes_this_iter += len(fragment.episodes)
@@ -155,12 +144,12 @@ class Metrics:
         c = self.counters
         stats = dict(stats)
         if stats.pop("update_skipped", False):
-            c["num_nonfinite_updates_skipped"] += 1
-        c["num_agent_steps_trained"] += agent_steps
-        sampled_agents = c["num_agent_steps_sampled"]
-        ratio = c["num_env_steps_sampled"] / sampled_agents if sampled_agents else 1.0
+            c.num_nonfinite_updates_skipped += 1
+        c.num_agent_steps_trained += agent_steps
+        sampled_agents = c.num_agent_steps_sampled
+        ratio = c.num_env_steps_sampled / sampled_agents if sampled_agents else 1.0
         self._env_steps_trained += agent_steps * ratio
-        c["num_env_steps_trained"] = int(round(self._env_steps_trained))
+        c.num_env_steps_trained = int(round(self._env_steps_trained))
         self.learner_stats[policy_id] = stats
         summary = self._update_stats.setdefault(policy_id, {})
         for key, value in stats.items():
@@ -192,7 +181,7 @@ class Metrics:
 
     def result(
         self,
-        before: Mapping[str, int],
+        before: Counters,
         elapsed_s: float,
         iteration: int,
         time_total_s: float,
@@ -210,9 +199,9 @@ class Metrics:
         """
         c = self.counters
         summary = summarize_episodes(self.episodes, self.multi_agent)
-        counters = {key: int(c[key]) for key in COUNTERS}
-        sampled = c["num_env_steps_sampled"] - before.get("num_env_steps_sampled", 0)
-        trained = c["num_env_steps_trained"] - before.get("num_env_steps_trained", 0)
+        counters = c.as_dict()
+        sampled = c.num_env_steps_sampled - before.num_env_steps_sampled
+        trained = c.num_env_steps_trained - before.num_env_steps_trained
         learner = {}
         for pid in self.trained:
             stats = dict(self.learner_stats.get(pid, {}))
@@ -226,7 +215,7 @@ class Metrics:
             }
         elapsed = max(elapsed_s, 1e-9)
         env_runners = new_api_episode_stats({**summary, "num_episodes": self.episodes_this_iter})
-        env_runners["num_env_steps_sampled_lifetime"] = c["num_env_steps_sampled"]
+        env_runners["num_env_steps_sampled_lifetime"] = c.num_env_steps_sampled
         return {
             "episode_reward_mean": summary["episode_reward_mean"],
             "episode_reward_min": summary["episode_reward_min"],
@@ -241,7 +230,7 @@ class Metrics:
             "hist_stats": summary["hist_stats"],
             "env_runners": env_runners,
             "training_iteration": iteration,
-            "timesteps_total": c["num_env_steps_sampled"],
+            "timesteps_total": c.num_env_steps_sampled,
             "time_this_iter_s": elapsed_s,
             "time_total_s": time_total_s,
             **counters,
@@ -266,7 +255,7 @@ class Metrics:
     def get_state(self) -> dict[str, Any]:
         """The counters, the episode window and the trained-step tally, as JSON-able data."""
         return {
-            "counters": dict(self.counters),
+            "counters": self.counters.as_dict(),
             "episodes": [
                 [e.ret, e.length, e.policy_returns, e.custom_metrics, e.hist_data]
                 for e in self.episodes
@@ -281,8 +270,7 @@ class Metrics:
 
         The counters are updated in place: the driver's collaborators hold the same object.
         """
-        self.counters.clear()
-        self.counters.update(state["counters"])
+        self.counters.load(state["counters"])
         self.episodes.clear()
         for entry in state["episodes"]:
             returns = entry[2] if len(entry) > 2 else {}
@@ -294,5 +282,5 @@ class Metrics:
         self.episodes_total = int(state["episodes_total"])
         trained = state.get("env_steps_trained")
         self._env_steps_trained = float(
-            self.counters["num_env_steps_trained"] if trained is None else trained
+            self.counters.num_env_steps_trained if trained is None else trained
         )

@@ -32,7 +32,6 @@ would not fit in this machine's memory (`ActorMemoryError`, naming `num_env_runn
 
 from __future__ import annotations
 
-import collections
 import dataclasses
 import functools
 import logging
@@ -42,6 +41,7 @@ from typing import Any
 
 from impala_tf import filters as filter_lib
 from impala_tf.config.base import AlgorithmConfig
+from impala_tf.driver.counters import Counters
 from impala_tf.driver.plan import RuntimePlan, largest_observation_space
 from impala_tf.envs.faults import StepProgress, env_name
 from impala_tf.rollout.fragment import Fragment
@@ -100,7 +100,7 @@ class EnvRunnerGroup:
         self,
         config: AlgorithmConfig,
         plan: RuntimePlan,
-        counters: collections.Counter,
+        counters: Counters,
         host_factory: Callable[..., Any] = make_runner_host,
     ):
         self.config = config
@@ -253,15 +253,15 @@ class EnvRunnerGroup:
         restarted = []
         for failure in failures:
             self.in_flight[failure.worker_id] = 0
-            self.counters["num_env_runner_failures"] += 1
+            self.counters.num_env_runner_failures += 1
             self.restarts.on_failure(failure)  # Raises when no restart is allowed.
             logger.warning("Restarting actor %d after: %s", failure.worker_id, failure.error)
             self.workers.restart(failure.worker_id)
-            self.counters["num_env_runner_restarts"] += 1
+            self.counters.num_env_runner_restarts += 1
             restarted.append(failure.worker_id)
             seed = self.config.seed
             if seed is not None:  # A new process would replay its predecessor's episodes.
-                restarts = int(self.counters["num_env_runner_restarts"])
+                restarts = int(self.counters.num_env_runner_restarts)
                 reseed = stream_seed(seed, Stream.RESTARTED_ACTOR, restarts, failure.worker_id)
                 self._call(failure.worker_id, RunnerHost.set_state, {"seed": reseed}, reply=False)
         return restarted

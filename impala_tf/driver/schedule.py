@@ -94,7 +94,7 @@ class AsyncSchedule:
             self.learners.put(batches, self.metrics.counters)
         for pid, agent_steps, stats in self.learners.drain():
             self.metrics.record_learner_output(pid, agent_steps, stats)
-        self.metrics.counters["num_training_step_calls"] += 1
+        self.metrics.counters.num_training_step_calls += 1
         self.broadcaster.step(sorted({f.actor_id for f in fragments}))
 
 
@@ -126,12 +126,12 @@ class LockstepSchedule(AsyncSchedule):
         counters = self.metrics.counters
         for pid, batch, version in batches:
             self.learners.put_waiting(pid, batch, version)
-            counters["num_samples_added_to_queue"] += batch.env_steps
+            counters.num_samples_added_to_queue += batch.env_steps
         # The minibatch buffer serves each batch num_sgd_iter times, one output per update.
         for pid, _, _ in batches:
             for _ in range(self.num_sgd_iter):
                 self.metrics.record_learner_output(*self.learners.wait_output(pid))
-        counters["num_training_step_calls"] += 1
+        counters.num_training_step_calls += 1
         self.broadcaster.step(sorted({f.actor_id for f in fragments}))
 
 

@@ -157,9 +157,9 @@ class SavedState:
         self.metrics.set_state(state)
         self.broadcaster.set_state(state)
         counters = self.metrics.counters
-        restarts = int(counters["num_env_runner_restarts"])
+        restarts = int(counters.num_env_runner_restarts)
         self.actors.set_state({**state, "num_env_runner_restarts": restarts})
-        steps, seed = int(counters["num_env_steps_sampled"]), self.config.seed
+        steps, seed = int(counters.num_env_steps_sampled), self.config.seed
         # A fresh replay stream (unless the checkpoint has the buffers), not the first one.
         self.aggregation.reset(
             stream_seed(seed, Stream.RESTORED_REPLAY, steps), runtime.get("aggregator")
