@@ -332,6 +332,40 @@ def test_a_killed_worker_is_reported_once_and_restarts_with_fresh_args(make_grou
     assert group.pids()[0] != pid
 
 
+def test_replies_to_calls_before_a_fence_are_stale(make_group):
+    group, _ = make_group(1)
+    before = group.call(0, Counter.incr, 1)
+    group.fence()
+    after = group.call(0, Counter.incr, 1)
+    replies, _ = _collect(group, replies=2)
+    assert {r.call_id: r.stale for r in replies} == {before: True, after: False}
+
+
+def test_restart_failed_applies_the_groups_restart_rules():
+    # The rules are the group's whatever the backend; local processes die at once when killed.
+    spec = WorkerSpec(
+        role="actor",
+        factory=_toys().Counter,
+        make_args=lambda _: (100,),
+        preload=("tests.workers_test",),
+    )
+    policy = RestartPolicy("actor", enabled=True, max_restarts=1)
+    group = WorkerGroup(ProcessBackend(), spec, 1, restarts=policy)
+    try:
+        os.kill(group.pids()[0], signal.SIGKILL)
+        _, failures = _collect(group, failures=1)
+        group.restart_failed(failures[0])
+        assert group.healthy_ids() == [0] and policy.restarts == 1
+        group.call(0, Counter.get)
+        _collect(group, replies=1)
+        os.kill(group.pids()[0], signal.SIGKILL)
+        _, failures = _collect(group, failures=1)
+        with pytest.raises(RuntimeError, match="after 1 restarts"):
+            group.restart_failed(failures[0])
+    finally:
+        group.stop()
+
+
 def test_an_exception_is_reported_with_its_traceback_and_fatal_flag(make_group):
     group, _ = make_group(2)
     plain = group.call(0, Counter.fail)

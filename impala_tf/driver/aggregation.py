@@ -289,13 +289,11 @@ class AggregationStage:
         # Call id -> (env steps it carries, the fragment's batches it was passed: released on
         # the answer or the worker's failure).
         self._calls: dict[int, tuple[int, Any]] = {}
-        self._barrier = 0  # Replies to calls with smaller ids predate a reset: dropped.
         # Train batches taken while looking for a free worker (`process`), for the next `fetch`.
         self._ready: list[Output] = []
         # Env steps of train batches the learners' loaders could not fetch (`BatchRef`).
         self._lost: collections.deque[int] = collections.deque()
-        self._last_call = -1
-        self.restarts = RestartPolicy(
+        restarts = RestartPolicy(
             "aggregation worker",
             enabled=True,
             max_restarts=None,
@@ -310,7 +308,9 @@ class AggregationStage:
                 start_method="spawn",  # numpy only: spawning is safe and cheap.
                 num_cpus=1.0,
             )
-            self.workers = WorkerGroup(backend, worker_spec, int(config.num_aggregation_workers))
+            self.workers = WorkerGroup(
+                backend, worker_spec, int(config.num_aggregation_workers), restarts=restarts
+            )
 
     def process(self, fragment: Fragment) -> list[Output]:
         """Aggregates `fragment` here, or sends it to a worker with room for it (its batches
@@ -328,7 +328,6 @@ class AggregationStage:
                 )
                 if call_id is not None:
                     self._calls[call_id] = (fragment.env_steps, fragment.batches)
-                    self._last_call = max(self._last_call, call_id)
                     return []
             self.counters.num_times_no_aggregation_worker_available += 1
         batches = resolve(fragment.batches)
@@ -358,9 +357,8 @@ class AggregationStage:
         out: list[Output] = []
         for reply in replies:
             release(self._calls.pop(reply.call_id, (0, None))[1])
-            self.restarts.succeeded(reply.worker_id)
             heads, body = reply.value
-            if not heads or reply.call_id < self._barrier:
+            if not heads or reply.stale:  # Nothing, or aggregated before a reset.
                 release(body)
             elif isinstance(body, StoredValue):  # Left in the store for the learners' loaders.
                 stored = _StoredReply(body, [steps for _, steps, _ in heads], self._lost)
@@ -378,8 +376,7 @@ class AggregationStage:
                 lost += steps
             worker, error = failure.worker_id, failure.error
             logger.warning("Aggregation worker %d failed (%s); restarting it.", worker, error)
-            self.restarts.on_failure(failure)
-            self.workers.restart(failure.worker_id)
+            self.workers.restart_failed(failure)  # Raises when no restart is allowed.
             self.counters.num_aggregation_worker_restarts += 1
             self.counters.num_env_steps_lost_in_aggregation += lost
         return out
@@ -394,7 +391,7 @@ class AggregationStage:
         if state:
             self.local.set_state(state)
         if self.workers is not None:
-            self._barrier = self._last_call + 1
+            self.workers.fence()
             for worker in self.workers.healthy_ids():
                 self.workers.call(worker, AggregatorHost.reset, seed, reply=False)
 

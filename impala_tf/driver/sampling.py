@@ -143,7 +143,7 @@ class EnvRunnerGroup:
             max_restarts=int(config.max_num_env_runner_restarts) if enabled else 0,
             timeout_s=config.sample_timeout_s,
         )
-        self.restarts = RestartPolicy(
+        restarts = RestartPolicy(
             "actor", enabled=enabled, max_restarts=int(config.max_num_env_runner_restarts)
         )
         # With aggregation workers, fragments' batches stay in the backend's store and go to an
@@ -154,10 +154,10 @@ class EnvRunnerGroup:
         # pickle per actor.
         self._rings = ArrayRings() if plan.backend == "process" else None
         self.in_flight = {i: 0 for i in range(self.num_actors)}
-        self._barrier = 0  # Sample calls with smaller ids predate a restore: dropped.
-        self._last_call = -1
         try:
-            self.workers = WorkerGroup(make_backend(config, plan), spec, self.num_actors)
+            self.workers = WorkerGroup(
+                make_backend(config, plan), spec, self.num_actors, restarts=restarts
+            )
         except BaseException:
             if self.server is not None:
                 self.server.stop()
@@ -198,14 +198,8 @@ class EnvRunnerGroup:
 
     def _sample(self, actor_id: int) -> int | None:
         if self._parts:
-            return self._call(actor_id, RunnerHost.sample_parts, parts=True)
-        return self._call(actor_id, RunnerHost.sample)
-
-    def _call(self, actor_id: int, method: Callable[..., Any], *args, **kwargs) -> int | None:
-        call_id = self.workers.call(actor_id, method, *args, **kwargs)
-        if call_id is not None:
-            self._last_call = max(self._last_call, call_id)
-        return call_id
+            return self.workers.call(actor_id, RunnerHost.sample_parts, parts=True)
+        return self.workers.call(actor_id, RunnerHost.sample)
 
     def top_up(self) -> None:
         """Keeps `max_requests_in_flight_per_env_runner` sample requests out per healthy actor."""
@@ -233,12 +227,11 @@ class EnvRunnerGroup:
             if reply.method not in (RunnerHost.sample, RunnerHost.sample_parts):
                 continue
             self.in_flight[reply.worker_id] = max(0, self.in_flight[reply.worker_id] - 1)
-            self.restarts.succeeded(reply.worker_id)
             fragment = reply.value
             if reply.method is RunnerHost.sample_parts:  # The batches: a `StoredValue`.
                 head, batches = fragment
                 fragment = dataclasses.replace(head, batches=batches)
-            if reply.call_id < self._barrier:
+            if reply.stale:  # Sampled before a restore.
                 release(fragment.batches)
                 continue
             for pid, delta in (fragment.filter_deltas or {}).items():
@@ -254,16 +247,17 @@ class EnvRunnerGroup:
         for failure in failures:
             self.in_flight[failure.worker_id] = 0
             self.counters.num_env_runner_failures += 1
-            self.restarts.on_failure(failure)  # Raises when no restart is allowed.
-            logger.warning("Restarting actor %d after: %s", failure.worker_id, failure.error)
-            self.workers.restart(failure.worker_id)
+            self.workers.restart_failed(failure)  # Raises when no restart is allowed.
+            logger.warning("Restarted actor %d after: %s", failure.worker_id, failure.error)
             self.counters.num_env_runner_restarts += 1
             restarted.append(failure.worker_id)
             seed = self.config.seed
             if seed is not None:  # A new process would replay its predecessor's episodes.
                 restarts = int(self.counters.num_env_runner_restarts)
                 reseed = stream_seed(seed, Stream.RESTARTED_ACTOR, restarts, failure.worker_id)
-                self._call(failure.worker_id, RunnerHost.set_state, {"seed": reseed}, reply=False)
+                self.workers.call(
+                    failure.worker_id, RunnerHost.set_state, {"seed": reseed}, reply=False
+                )
         return restarted
 
     # Weights, filters and states ----------------------------------------------------------------
@@ -288,7 +282,7 @@ class EnvRunnerGroup:
             weights = self._rings.share(weights)
         filters = self.filters_to_send()
         for actor_id in actor_ids:
-            self._call(
+            self.workers.call(
                 actor_id, RunnerHost.set_weights, weights, filters, coalesce=True, reply=False
             )
 
@@ -309,16 +303,16 @@ class EnvRunnerGroup:
             if saved is not None and pid in self.filters:
                 self.filters[pid] = filter_lib.filter_from_state(saved)
         if "num_env_runner_restarts" in state:
-            self.restarts.restarts = int(state["num_env_runner_restarts"])
+            self.workers.restarts.restore(int(state["num_env_runner_restarts"]))
 
     def set_states(self, states: Mapping[int, dict]) -> None:
         """Applies each actor's runner state (in order with the other calls sent to it)."""
         for actor_id, state in states.items():
-            self._call(actor_id, RunnerHost.set_state, state, reply=False)
+            self.workers.call(actor_id, RunnerHost.set_state, state, reply=False)
 
     def drop_in_flight(self) -> None:
         """Fragments of sample requests sent before now will be dropped (a restore)."""
-        self._barrier = self._last_call + 1
+        self.workers.fence()
 
     # Introspection and shutdown -----------------------------------------------------------------
 

@@ -23,7 +23,6 @@ from __future__ import annotations
 import abc
 import collections
 import dataclasses
-import itertools
 import time
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol
@@ -173,12 +172,15 @@ class Reply:
       call_id: The id `WorkerGroup.call` returned.
       method: The method called (the hosted class's function passed to `WorkerGroup.call`).
       value: What it returned (a private copy: nothing points into Ray's object store).
+      stale: The call was sent before the group's last `fence()`: the caller drops the reply
+        (releasing what it holds).
     """
 
     worker_id: int
     call_id: int
     method: Callable[..., Any]
     value: Any
+    stale: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -290,14 +292,27 @@ class WorkerGroup:
       spec: What the workers host and how they are placed.
       num_workers: How many (ids 0 .. num_workers - 1). All start now; if one fails to start,
         those started are stopped and the error is raised.
+      restarts: The rules `restart_failed` applies (None: every restart is allowed); a reply
+        of a worker resets its failures in a row.
+
+    Attributes:
+      restarts: The `RestartPolicy`, or None.
     """
 
-    def __init__(self, backend: Backend, spec: WorkerSpec, num_workers: int):
+    def __init__(
+        self,
+        backend: Backend,
+        spec: WorkerSpec,
+        num_workers: int,
+        restarts: RestartPolicy | None = None,
+    ):
         if num_workers < 0:
             raise ValueError(f"num_workers={num_workers}: must not be negative")
         self.spec = spec
         self.num_workers = int(num_workers)
-        self._ids = itertools.count()
+        self.restarts = restarts
+        self._next_id = 0
+        self._fence = 0  # Replies to calls with smaller ids are stale (`fence`).
         self._workers = {i: _Worker() for i in range(self.num_workers)}
         self._held_replies: list[Reply] = []
         self._held_failures: list[WorkerFailure] = []
@@ -356,7 +371,8 @@ class WorkerGroup:
         worker = self._workers[worker_id]
         if self._stopped or not worker.healthy:
             return None
-        call_id = next(self._ids)
+        call_id = self._next_id
+        self._next_id += 1
         if reply:
             if not worker.calls and worker.up:
                 worker.waiting_since = time.monotonic()
@@ -373,7 +389,18 @@ class WorkerGroup:
         self._pump(0.0 if self._held_replies or self._held_failures else timeout_s)
         replies, self._held_replies = self._held_replies, []
         failures, self._held_failures = self._held_failures, []
+        if self.restarts is not None:
+            for reply in replies:
+                self.restarts.succeeded(reply.worker_id)
+        replies = [
+            dataclasses.replace(r, stale=True) if r.call_id < self._fence else r for r in replies
+        ]
         return replies, failures
+
+    def fence(self) -> None:
+        """Marks the replies to every call sent so far as stale (`Reply.stale`), whenever they
+        arrive: what they answer predates a restore or a reset."""
+        self._fence = self._next_id
 
     def call_and_wait(
         self, worker_ids: list[int], method: Callable[..., Any], *args: Any, timeout_s: float
@@ -416,6 +443,12 @@ class WorkerGroup:
                 )
 
     # Health ----------------------------------------------------------------------------------
+
+    def restart_failed(self, failure: WorkerFailure) -> None:
+        """Restarts a failed worker, or raises RuntimeError saying why not (`restarts`)."""
+        if self.restarts is not None:
+            self.restarts.on_failure(failure)
+        self.restart(failure.worker_id)
 
     def restart(self, worker_id: int) -> None:
         """Replaces worker `worker_id` by a fresh one (`spec.make_args(worker_id)` again)."""
@@ -531,7 +564,7 @@ class RestartPolicy:
     """What to do when a worker fails, written once for actors and aggregation workers.
 
     A failure raises RuntimeError when a restart cannot help or is not allowed; otherwise it
-    counts one restart and the caller restarts the worker (`WorkerGroup.restart`).
+    counts one restart and the worker is restarted (`WorkerGroup.restart_failed`).
 
     Args:
       role: "actor" or "aggregation worker" (capitalised in messages).
@@ -560,6 +593,10 @@ class RestartPolicy:
         self.max_key = max_key
         self.restarts = 0
         self._in_a_row: collections.Counter[int] = collections.Counter()
+
+    def restore(self, restarts: int) -> None:
+        """Sets the restarts counted so far (a resumed run's, against `max_restarts`)."""
+        self.restarts = int(restarts)
 
     def on_failure(self, failure: WorkerFailure) -> None:
         """Counts one restart of `failure.worker_id`, or raises RuntimeError saying why not."""
