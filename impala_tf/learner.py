@@ -73,7 +73,6 @@ import tensorflow as tf
 
 from impala_tf import devices, distributions, losses, sequences
 from impala_tf import frames as frames_lib
-from impala_tf.config.base import AlgorithmConfig
 from impala_tf.gradients import GradientAccumulators, apply_summed, check_plain_optimizer
 from impala_tf.learner_spec import LearnerSpec
 from impala_tf.models.catalog import build_model
@@ -224,7 +223,7 @@ class ImpalaLearner(keras.Model):
 
     def __init__(
         self,
-        spec: LearnerSpec | AlgorithmConfig,
+        spec: LearnerSpec | Any,
         observation_space: gym.Space,
         action_space: gym.Space,
         model: keras.Model | ModelSpec | None = None,

@@ -93,13 +93,6 @@ class LearnerSpec:
         """Steps per recurrent training sequence (`model.max_seq_len`)."""
         return self.model.max_seq_len
 
-    def make_learner(self, observation_space: Any, action_space: Any, name: str) -> Any:
-        """Builds this policy's learner (an `impala_tf.learner.ImpalaLearner`); call it inside
-        the learners' `strategy.scope()`."""
-        from impala_tf.learner import ImpalaLearner
-
-        return ImpalaLearner(self, observation_space, action_space, name=name)
-
     def make_queue(self) -> Any:
         """The learner thread's queue of train batches: RLlib's bounded learner queue
         (`learner_queue_size`), a `impala_tf.minibatch.LearnerQueue`."""

@@ -22,6 +22,7 @@ from impala_tf.algorithm_callbacks import (
     resolve_callbacks,
 )
 from impala_tf.config import ImpalaConfig
+from impala_tf.driver.counters import Counters
 from impala_tf.driver.metrics import Metrics
 from impala_tf.driver.specs import runner_spec
 from impala_tf.models import build_model
@@ -220,7 +221,7 @@ def test_the_result_dict_and_tensorboard_carry_the_window_s_custom_metrics():
         metrics.record_fragment(
             Fragment({"default_policy": batch}, 1, 1, {}, [Episode(ret, 1, {}, {"r": ret})])
         )
-    result = metrics.result({}, 1.0, 1, 1.0, {"num_healthy_workers": 1,
+    result = metrics.result(Counters(), 1.0, 1, 1.0, {"num_healthy_workers": 1,
                                                "num_in_flight_async_sample_reqs": 0,
                                                "node_ip": "127.0.0.1"})  # fmt: skip
     assert result["custom_metrics"] == {"r_mean": 4.0, "r_min": 2.0, "r_max": 6.0}

@@ -827,8 +827,8 @@ my-impala:
 @pytest.mark.parametrize(
     "text, message",
     [
-        ("a:\n  run: PPO\n  env: CartPole-v1\n", "`run` must be IMPALA"),
-        ("a:\n  env: CartPole-v1\n", "`run` must be IMPALA"),
+        ("a:\n  run: PPO\n  env: CartPole-v1\n", "`run` must be one of IMPALA, APPO, got 'PPO'"),
+        ("a:\n  env: CartPole-v1\n", "`run` must be one of IMPALA, APPO, got None"),
         ("a:\n  run: IMPALA\nb:\n  run: IMPALA\n", "exactly one"),
         ("", "exactly one"),
         ("a: 3\n", "must be a mapping"),

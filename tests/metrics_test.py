@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 
+from impala_tf.driver.counters import Counters
 from impala_tf.driver.metrics import Metrics
 from impala_tf.reporting import tensorboard_scalars
 
@@ -26,7 +27,7 @@ def test_update_stats_summarise_every_update_of_an_iteration_then_start_again():
     metrics.record_learner_output("default_policy", 100, _update(0.6, 10.0, 1))
     metrics.record_learner_output("default_policy", 100, _update(0.01, 400.0, 2))
     metrics.record_learner_output("default_policy", 100, _update(0.5, math.nan, 3))
-    result = metrics.result({}, 1.0, 1, 1.0, RUNTIME)
+    result = metrics.result(Counters(), 1.0, 1, 1.0, RUNTIME)
     info = result["info"]["learner"]["default_policy"]
     assert info["learner_stats"]["entropy"] == 0.5  # RLlib's: the last update's.
     summary = info["update_stats"]
@@ -39,14 +40,14 @@ def test_update_stats_summarise_every_update_of_an_iteration_then_start_again():
     scalars = tensorboard_scalars(result, raw=False)
     assert scalars["learner/updates/entropy_min"] == 0.01
     metrics.record_learner_output("default_policy", 100, _update(0.4, 5.0, 4))
-    again = metrics.result({}, 1.0, 2, 2.0, RUNTIME)["info"]["learner"]["default_policy"]
+    again = metrics.result(Counters(), 1.0, 2, 2.0, RUNTIME)["info"]["learner"]["default_policy"]
     assert again["update_stats"]["entropy_min"] == 0.4 and again["update_stats"]["num_updates"] == 1
 
 
 def test_each_policy_has_its_own_update_stats_and_tags():
     metrics = Metrics(10, ["p0", "p1"], True)
     metrics.record_learner_output("p0", 50, _update(0.3, 1.0, 1))
-    result = metrics.result({}, 1.0, 1, 1.0, RUNTIME)
+    result = metrics.result(Counters(), 1.0, 1, 1.0, RUNTIME)
     assert result["info"]["learner"]["p0"]["update_stats"]["entropy_min"] == 0.3
     assert result["info"]["learner"]["p1"]["update_stats"] == {"num_updates": 0}
     assert tensorboard_scalars(result, raw=False)["learner/p0/updates/entropy_min"] == 0.3

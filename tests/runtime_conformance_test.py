@@ -245,7 +245,7 @@ def test_save_then_restore_returns_to_the_saved_weights_counters_and_iteration(p
         moved_on = {p: algo.get_policy_weights(p) for p in _policies(placement)}
         algo.restore(path)
         assert algo.iteration == stored["iteration"] == 2
-        assert dict(algo.metrics.counters) == stored["counters"]
+        assert algo.metrics.counters.as_dict() == stored["counters"]
         restored = {p: algo.get_policy_weights(p) for p in _policies(placement)}
         result = algo.train()
     finally:

@@ -70,9 +70,15 @@ class APPOConfig(ImpalaConfig):
     circular_buffer_num_batches: int = config_key(4, "training")
     circular_buffer_iterations_per_batch: int = config_key(2, "training")
 
+    def learner_class(self) -> type:
+        """`impala_tf.appo.learner.AppoLearner`."""
+        from impala_tf.appo.learner import AppoLearner
+
+        return AppoLearner
+
     def learner_spec(self, model: Any = None) -> Any:
         """IMPALA's learner settings plus APPO's: an `impala_tf.appo.spec.AppoLearnerSpec`,
-        which builds the `AppoLearner` and its circular buffer."""
+        which also makes the circular buffer."""
         from impala_tf.appo.spec import appo_learner_spec
 
         return appo_learner_spec(self, model)

@@ -1,8 +1,8 @@
 """`AppoLearnerSpec`: IMPALA's learner settings plus APPO's, and what they build.
 
-Plain data, no TensorFlow: the driver's learner group calls `make_learner` and the learner
-thread `make_queue`, which is how APPO's learner and circular buffer enter the runtime without
-any other module knowing which algorithm it runs.
+Plain data, no TensorFlow. The learner thread calls `make_queue`, which is how APPO's circular
+buffer enters the runtime without any other module knowing which algorithm it runs (the learner
+class comes from the config, `APPOConfig.learner_class`).
 """
 
 from __future__ import annotations
@@ -45,13 +45,6 @@ class AppoLearnerSpec(LearnerSpec):
     circular_buffer_num_batches: int = 4
     circular_buffer_iterations_per_batch: int = 2
     buffer_seed: int | None = None
-
-    def make_learner(self, observation_space: Any, action_space: Any, name: str) -> Any:
-        """Builds this policy's `impala_tf.appo.learner.AppoLearner` (inside the learners'
-        `strategy.scope()`)."""
-        from impala_tf.appo.learner import AppoLearner
-
-        return AppoLearner(self, observation_space, action_space, name=name)
 
     def make_queue(self) -> Any:
         """The learner thread's queue: RLlib's APPO circular buffer."""

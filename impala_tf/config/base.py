@@ -636,9 +636,16 @@ class AlgorithmConfig:
 
     # What the runtime is built from ------------------------------------------------------------
 
+    def learner_class(self) -> type:
+        """The learner this algorithm trains with: `impala_tf.learner.ImpalaLearner`, built
+        from `learner_spec()` (an algorithm's config class returns its own subclass)."""
+        from impala_tf.learner import ImpalaLearner
+
+        return ImpalaLearner
+
     def learner_spec(self, model: Any = None) -> Any:
         """The learner settings of this (policy's) config: a `LearnerSpec`
-        (`impala_tf.learner_spec`), which builds the learner and its queue.
+        (`impala_tf.learner_spec`), which also makes the learner thread's queue.
 
         Args:
           model: The policy's resolved `ModelSpec` (None: resolves `model` here).

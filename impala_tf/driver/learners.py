@@ -65,10 +65,10 @@ class LearnerGroup:
         self.strategy = strategy
         self.policy_ids = plan.policy_ids
         self.trained = list(plan.trained)
-        # Each policy's learner settings, read once from its config (overrides applied).
-        self.specs = {
-            p: policy_config(config, p).learner_spec(plan.models[p]) for p in self.policy_ids
-        }
+        # Each policy's learner settings, read once from its config (overrides applied), and
+        # the algorithm's learner class (the config's).
+        configs = {p: policy_config(config, p) for p in self.policy_ids}
+        self.specs = {p: configs[p].learner_spec(plan.models[p]) for p in self.policy_ids}
         self.learners: dict[str, ImpalaLearner] = {}
         self.threads: dict[str, LearnerThread] = {}
         self._fixed_versions: dict[str, int] = {}  # Untrained policies' `num_grad_updates`.
@@ -79,7 +79,8 @@ class LearnerGroup:
             for pid in self.policy_ids:
                 name = "impala_learner" if single else f"learner_{pid}"
                 obs, act = plan.spaces.policies[pid]
-                self.learners[pid] = self.specs[pid].make_learner(obs, act, name)
+                learner_class = configs[pid].learner_class()
+                self.learners[pid] = learner_class(self.specs[pid], obs, act, name=name)
         for pid in self.trained:
             spec, learner = self.specs[pid], self.learners[pid]
             state_shapes = sequences.state_column_shapes(
