@@ -14,6 +14,7 @@ import pytest
 import tensorflow as tf
 
 from impala_tf import pipeline
+from impala_tf.appo import APPOConfig
 from impala_tf.config import ImpalaConfig
 from impala_tf.learner import ImpalaLearner
 from impala_tf.learner_thread import LearnerThread, TrainBatch
@@ -44,7 +45,7 @@ def _learner(config, strategy=None, weights=None) -> ImpalaLearner:
     keras.utils.set_random_seed(0)
     strategy = strategy or tf.distribute.get_strategy()
     with strategy.scope():
-        learner = ImpalaLearner(config, OBS, ACT)
+        learner = config.learner_class()(config, OBS, ACT)
     if weights is not None:
         learner.model.set_weights(weights)
     return learner
@@ -126,6 +127,12 @@ def test_microbatched_update_equals_full_batch_update(devices, separate_vf):
     config = _config(_separate_vf_optimizer=separate_vf, grad_clip=None)
     strategy = strategies.mirrored() if devices == 2 else tf.distribute.get_strategy()
     _assert_same_updates(config, strategy)
+
+
+def test_appo_microbatched_update_equals_full_batch_update():
+    # APPO's loss is a mean: the accumulated sums are divided by the whole batch's valid steps.
+    config = APPOConfig.from_dict(_config(grad_clip=0.5).to_dict()).training(use_kl_loss=True)
+    _assert_same_updates(config, strategies.mirrored())
 
 
 def test_microbatched_update_equals_full_batch_update_with_clipping_and_lstm():
