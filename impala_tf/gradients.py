@@ -9,7 +9,43 @@ public hook for an optimizer's rule) on each device's copy of each variable.
 `check_plain_optimizer` refuses the optimizer options that `apply_gradients` would honour and
 `apply_summed` does not (clipping options, weight decay, EMA, loss scaling, constraints).
 
-`GradientAccumulators` holds the per-replica sums of microbatch gradients (`microbatch_size`).
+`GradientAccumulators` holds the per-replica sums of microbatch gradients (`microbatch_size`);
+`all_reduce_sums` reduces the loss sums across replicas.
+
+The learner's update (`impala_tf.learner.ImpalaLearner`), in full:
+
+Multiple devices: build the learner inside `strategy.scope()` (`tf.distribute.MirroredStrategy`).
+Each replica computes the gradient of the summed loss on its shard of sequences; the gradients
+are summed across replicas (so the update equals the single-device update on the whole batch),
+then clipped by global norm, then applied; stats are reduced across replicas the same way.
+That sum is the update's only all-reduce of gradients. A Keras optimizer's `apply_gradients`
+would all-reduce them a second time (in replica context, Keras' TF optimizer sums whatever each
+replica gives it), so the summed gradients leave replica context through the public
+`ReplicaContext.merge_call` and are applied in cross-replica context, each variable's copy on
+each device by `StrategyExtended.update` with the optimizer's own `update_step`
+(`impala_tf.gradients.apply_summed`), as `apply_gradients` does after its all-reduce for a plain
+optimizer (no `clipnorm`, weight decay, EMA or variable constraints: `check_plain_optimizer`
+rejects them). The optimizers are stock Keras Adam / RMSprop: same variables and checkpoints as
+before.
+RLlib's multi-GPU towers *average* the replica gradients; their per-tower loss is the same summed
+V-trace loss, so with n towers of B/n sequences our sum equals their average of n x the shard
+losses: averaging gradients of n * L_shard and summing gradients of L_shard are the same number.
+
+Gradient accumulation (`microbatch_size`, RLlib's `MicrobatchOptimizer`): `accumulate_step` adds
+the gradients and loss sums of one microbatch (whole sequences) to accumulator variables, and
+`apply_accumulated` applies their sum as one update and zeroes them. The losses are sums, so the
+accumulated gradient of a train batch's microbatches is the gradient of the whole batch: the
+update (clipping, optimizer state, schedules, counters, stats) equals `train_step` on the whole
+batch, while the device only ever holds one microbatch's activations. The accumulators are
+per-replica (`ON_READ`) variables, all-reduced once per update. `train_step` is the same two
+parts (gradients, then the update) without the variables in between.
+
+Non-finite updates: when the all-reduced loss sums or the gradient's global norm are not finite,
+the update is skipped (no variable, optimizer slot or counter changes) and the stats report
+`update_skipped` = 1.0 (`impala_tf.nonfinite` counts and saves them). The skip is a `tf.cond`
+around the cross-replica update, the same on one device, under any `tf.distribute` strategy, in
+`fit` and in the learner thread: it runs no cross-replica synchronisation, which a `tf.cond` in
+replica context could not hold.
 """
 
 from __future__ import annotations
@@ -21,7 +57,7 @@ import tensorflow as tf
 
 from impala_tf import losses
 
-__all__ = ["GradientAccumulators", "apply_summed", "check_plain_optimizer"]
+__all__ = ["GradientAccumulators", "all_reduce_sums", "apply_summed", "check_plain_optimizer"]
 
 
 def check_plain_optimizer(
@@ -131,3 +167,22 @@ class GradientAccumulators:
                 accumulator.assign(tf.zeros_like(accumulator))
         self.sums.assign(tf.zeros_like(self.sums))
         self.rows.assign(tf.zeros_like(self.rows))
+
+
+def all_reduce_sums(ctx: tf.distribute.ReplicaContext, sums: Any) -> Any:
+    """The batch's loss sums (`losses.LossSums`, or an algorithm's `sums_type`) from every
+    replica's, in one all-reduce: summed, and the
+    `losses.MAX_FIELDS` by maximum. `ReduceOp` has no MAX, so each replica puts its value in its
+    own slot of a vector of one slot per replica (zeros elsewhere; the values are >= 0), and
+    the max of the summed vector is the batch's."""
+    kind = type(sums)
+    summed = [name for name in kind._fields if name not in losses.MAX_FIELDS]
+    slot = tf.one_hot(ctx.replica_id_in_sync_group, ctx.num_replicas_in_sync)
+    parts = [getattr(sums, name) for name in summed]
+    parts += [slot * getattr(sums, name) for name in losses.MAX_FIELDS]
+    reduced = ctx.all_reduce(tf.distribute.ReduceOp.SUM, parts)
+    values = dict(zip(summed, reduced[: len(summed)]))
+    values.update(
+        (name, tf.reduce_max(v)) for name, v in zip(losses.MAX_FIELDS, reduced[len(summed) :])
+    )
+    return kind(**values)

@@ -27,38 +27,9 @@ recurrent state at the start of each of the C = ceil(T / `max_seq_len`) sequence
 those sequences (RLlib's `max_seq_len`), each bootstrapped at its end, padding masked.
 The layout is told apart by the rank of `rewards` (2 is time-major, 1 is flat).
 
-Multiple devices: build the learner inside `strategy.scope()` (`tf.distribute.MirroredStrategy`).
-Each replica computes the gradient of the summed loss on its shard of sequences; the gradients
-are summed across replicas (so the update equals the single-device update on the whole batch),
-then clipped by global norm, then applied; stats are reduced across replicas the same way.
-That sum is the update's only all-reduce of gradients. A Keras optimizer's `apply_gradients`
-would all-reduce them a second time (in replica context, Keras' TF optimizer sums whatever each
-replica gives it), so the summed gradients leave replica context through the public
-`ReplicaContext.merge_call` and are applied in cross-replica context, each variable's copy on
-each device by `StrategyExtended.update` with the optimizer's own `update_step`
-(`impala_tf.gradients.apply_summed`), as `apply_gradients` does after its all-reduce for a plain
-optimizer (no `clipnorm`, weight decay, EMA or variable constraints: `check_plain_optimizer`
-rejects them). The optimizers are stock Keras Adam / RMSprop: same variables and checkpoints as
-before.
-RLlib's multi-GPU towers *average* the replica gradients; their per-tower loss is the same summed
-V-trace loss, so with n towers of B/n sequences our sum equals their average of n x the shard
-losses: averaging gradients of n * L_shard and summing gradients of L_shard are the same number.
-
-Gradient accumulation (`microbatch_size`, RLlib's `MicrobatchOptimizer`): `accumulate_step` adds
-the gradients and loss sums of one microbatch (whole sequences) to accumulator variables, and
-`apply_accumulated` applies their sum as one update and zeroes them. The losses are sums, so the
-accumulated gradient of a train batch's microbatches is the gradient of the whole batch: the
-update (clipping, optimizer state, schedules, counters, stats) equals `train_step` on the whole
-batch, while the device only ever holds one microbatch's activations. The accumulators are
-per-replica (`ON_READ`) variables, all-reduced once per update. `train_step` is the same two
-parts (gradients, then the update) without the variables in between.
-
-Non-finite updates: when the all-reduced loss sums or the gradient's global norm are not finite,
-the update is skipped (no variable, optimizer slot or counter changes) and the stats report
-`update_skipped` = 1.0 (`impala_tf.nonfinite` counts and saves them). The skip is a `tf.cond`
-around the cross-replica update, the same on one device, under any `tf.distribute` strategy, in
-`fit` and in the learner thread: it runs no cross-replica synchronisation, which a `tf.cond` in
-replica context could not hold.
+Multiple devices (build the learner inside `strategy.scope()`), gradient accumulation
+(`microbatch_size`: `accumulate_step`, then `apply_accumulated`) and the skip of non-finite
+updates: `impala_tf.gradients` says how the update is applied in each case.
 """
 
 from __future__ import annotations
@@ -72,12 +43,16 @@ import numpy as np
 import tensorflow as tf
 
 from impala_tf import devices, distributions, losses, sequences
-from impala_tf import frames as frames_lib
-from impala_tf.gradients import GradientAccumulators, apply_summed, check_plain_optimizer
+from impala_tf.gradients import (
+    GradientAccumulators,
+    all_reduce_sums,
+    apply_summed,
+    check_plain_optimizer,
+)
 from impala_tf.learner_spec import LearnerSpec
 from impala_tf.models.catalog import build_model
 from impala_tf.models.spec import ModelSpec
-from impala_tf.sample_batch import OBS, OBS_FRAMES, OBS_RESTARTS
+from impala_tf.schedules import piecewise_linear
 
 __all__ = ["DIAGNOSTIC_KEYS", "ImpalaLearner", "LossInputs", "piecewise_linear", "STATS_KEYS"]
 
@@ -112,56 +87,6 @@ STATS_KEYS = (
     "num_agent_steps_trained",
     "num_grad_updates_lifetime",
 )
-
-_STATE_PREFIX = "state_in_"
-
-
-def piecewise_linear(points: list[list[float]] | None, t: tf.Tensor, default: float) -> tf.Tensor:
-    """Evaluates a piecewise-linear schedule `[[t0, v0], [t1, v1], ...]` at step `t`.
-
-    Values are interpolated linearly between points and held constant before the first and after
-    the last point (RLlib's `PiecewiseSchedule` with the last value as the outside value, except
-    that before t0 we hold v0, which only differs for schedules not starting at 0).
-
-    Args:
-      points: The schedule, timesteps non-decreasing; None means the constant `default`.
-      t: Scalar step count (any numeric dtype).
-      default: Value used when `points` is None.
-
-    Returns:
-      float32 scalar.
-    """
-    if not points:
-        return tf.constant(default, tf.float32)
-    t = tf.cast(t, tf.float32)
-    value = tf.constant(float(points[-1][1]), tf.float32)
-    # Later segments first, so that each earlier one overrides the steps before its end.
-    for (t0, v0), (t1, v1) in reversed(list(zip(points[:-1], points[1:]))):
-        if t1 > t0:
-            frac = tf.clip_by_value((t - float(t0)) / float(t1 - t0), 0.0, 1.0)
-            segment = float(v0) + frac * float(v1 - v0)
-        else:  # A zero-length segment is a step, taken at t1.
-            segment = tf.constant(float(v1), tf.float32)
-        value = tf.where(t < float(t1), segment, value)
-    return value
-
-
-def _all_reduce_sums(ctx: tf.distribute.ReplicaContext, sums: losses.LossSums) -> losses.LossSums:
-    """The batch's `LossSums` from every replica's, in one all-reduce: summed, and the
-    `losses.MAX_FIELDS` by maximum. `ReduceOp` has no MAX, so each replica puts its value in its
-    own slot of a vector of one slot per replica (zeros elsewhere; the values are >= 0), and
-    the max of the summed vector is the batch's."""
-    kind = type(sums)
-    summed = [name for name in kind._fields if name not in losses.MAX_FIELDS]
-    slot = tf.one_hot(ctx.replica_id_in_sync_group, ctx.num_replicas_in_sync)
-    parts = [getattr(sums, name) for name in summed]
-    parts += [slot * getattr(sums, name) for name in losses.MAX_FIELDS]
-    reduced = ctx.all_reduce(tf.distribute.ReduceOp.SUM, parts)
-    values = dict(zip(summed, reduced[: len(summed)]))
-    values.update(
-        (name, tf.reduce_max(v)) for name, v in zip(losses.MAX_FIELDS, reduced[len(summed) :])
-    )
-    return kind(**values)
 
 
 class LossInputs(NamedTuple):
@@ -319,45 +244,9 @@ class ImpalaLearner(keras.Model):
     # The update -----------------------------------------------------------------------------
 
     def time_major(self, batch: dict[str, tf.Tensor]) -> dict[str, tf.Tensor]:
-        """Returns `batch` with per-step columns time-major [T, B, ...] (see module docstring).
-
-        Frame-stacked observations that came as frames (`obs_frames`, `obs_restarts`) are
-        rebuilt into `obs` here, in the graph (`impala_tf.frames`).
-        """
-        batch = self._with_stacks(batch)
-        rewards = batch["rewards"]
-        if rewards.shape.rank == 2:
-            return dict(batch)
-        if rewards.shape.rank != 1:
-            raise ValueError(
-                f"`rewards` must be [T, B] (time-major) or [B*T] (flat), got shape {rewards.shape}"
-            )
-        horizon = self.spec.rollout_fragment_length
-        out = {}
-        for key, column in batch.items():
-            if key.startswith(_STATE_PREFIX):
-                out[key] = column
-                continue
-            column = tf.convert_to_tensor(column)
-            seq = tf.reshape(column, tf.concat([[-1, horizon], tf.shape(column)[1:]], axis=0))
-            perm = [1, 0] + list(range(2, column.shape.rank + 1))
-            out[key] = tf.transpose(seq, perm)
-        return out
-
-    def _with_stacks(self, batch: dict[str, tf.Tensor]) -> dict[str, tf.Tensor]:
-        """`batch` with `obs` rebuilt from `obs_frames` and `obs_restarts`, if it has them."""
-        if OBS_FRAMES not in batch:
-            return batch
-        out = dict(batch)
-        frames, restarts = out.pop(OBS_FRAMES), tf.convert_to_tensor(out.pop(OBS_RESTARTS))
-        if restarts.shape.rank == 2:  # Time-major [T, B].
-            stacks = frames_lib.rebuild_stacks(frames, tf.transpose(restarts))
-            out[OBS] = tf.transpose(stacks, [1, 0, 2, 3, 4])
-        else:  # Flat [B * T].
-            horizon = self.spec.rollout_fragment_length
-            stacks = frames_lib.rebuild_stacks(frames, tf.reshape(restarts, [-1, horizon]))
-            out[OBS] = tf.reshape(stacks, tf.concat([[-1], tf.shape(stacks)[2:]], axis=0))
-        return out
+        """Returns `batch` with per-step columns time-major [T, B, ...] and frame stacks rebuilt
+        (`impala_tf.sequences.to_time_major`; the layouts are in the module docstring)."""
+        return sequences.to_time_major(batch, self.spec.rollout_fragment_length)
 
     def _schedules(self) -> tuple[tf.Tensor, tf.Tensor]:
         steps = self.num_agent_steps_trained
@@ -428,7 +317,7 @@ class ImpalaLearner(keras.Model):
         spec = self.spec
         rows = tf.cast(tf.size(batch["rewards"]), tf.int64)
         mask, sequence_ends = None, None
-        if any(k.startswith(_STATE_PREFIX) for k in batch):
+        if any(k.startswith(sequences.STATE_PREFIX) for k in batch):
             # RLlib's `max_seq_len`: sequences of at most L steps from their recorded start states.
             batch, mask, sequence_ends = sequences.chunk_time_major(batch, spec.max_seq_len)
         terminateds = tf.cast(batch["terminateds"], tf.bool)
@@ -436,7 +325,9 @@ class ImpalaLearner(keras.Model):
         dones = tf.logical_or(terminateds, truncateds)
         # The stored initial state already starts each sequence; reset after each episode end.
         resets = tf.concat([tf.zeros_like(dones[:1]), dones[:-1]], axis=0)
-        state = tuple(batch[k] for k in sorted(k for k in batch if k.startswith(_STATE_PREFIX)))
+        state = tuple(
+            batch[k] for k in sorted(k for k in batch if k.startswith(sequences.STATE_PREFIX))
+        )
 
         with tf.GradientTape(persistent=len(self._groups) > 1) as tape:
             logits, values, _ = self.model.unroll(batch["obs"], resets, state, training=True)
@@ -555,7 +446,7 @@ class ImpalaLearner(keras.Model):
         all_grads = ctx.all_reduce(
             tf.distribute.ReduceOp.SUM, [g for group in grads for g in group]
         )
-        sums = _all_reduce_sums(ctx, sums)
+        sums = all_reduce_sums(ctx, sums)
         num_valid = tf.maximum(sums.num_valid, 1.0)
         rows = ctx.all_reduce(tf.distribute.ReduceOp.SUM, rows)
         scale = self.gradient_scale(sums)

@@ -1,4 +1,5 @@
-"""RLlib's `max_seq_len` for recurrent models: fragments cut into sequences with their start states.
+"""The learner's time-major layout (`to_time_major`), and RLlib's `max_seq_len` for recurrent
+models: fragments cut into sequences with their start states.
 
 T is time (`rollout_fragment_length`), B is batch (env fragments), L = `model.max_seq_len`,
 C = ceil(T / L) the sequences per fragment, H the recurrent state size.
@@ -32,9 +33,20 @@ from collections.abc import Mapping
 import numpy as np
 import tensorflow as tf
 
-__all__ = ["ChunkedBatch", "chunk_time_major", "num_sequences", "state_column_shapes"]
+from impala_tf import frames as frames_lib
+from impala_tf.sample_batch import OBS, OBS_FRAMES, OBS_RESTARTS
 
-_STATE_PREFIX = "state_in_"
+__all__ = [
+    "STATE_PREFIX",
+    "ChunkedBatch",
+    "chunk_time_major",
+    "num_sequences",
+    "state_column_shapes",
+    "to_time_major",
+]
+
+#: The prefix of the recurrent-state columns (`state_in_0`, `state_in_1`, ...).
+STATE_PREFIX = "state_in_"
 
 
 def num_sequences(horizon: int, max_seq_len: int) -> int:
@@ -108,7 +120,7 @@ def chunk_time_major(batch: Mapping[str, tf.Tensor], max_seq_len: int) -> Chunke
     columns = {}
     for key, column in batch.items():
         column = tf.convert_to_tensor(column)
-        if key.startswith(_STATE_PREFIX):
+        if key.startswith(STATE_PREFIX):
             if column.shape.rank == 2:
                 if c != 1:
                     raise ValueError(
@@ -150,3 +162,50 @@ def _chunk(column: tf.Tensor, c: int, length: int, pad: int) -> tf.Tensor:
     column = tf.reshape(column, tf.concat([[c, length], tf.shape(column)[1:]], 0))
     column = tf.transpose(column, [1, 2, 0] + list(range(3, rank + 1)))
     return tf.reshape(column, tf.concat([[length, -1], trailing], 0))
+
+
+def to_time_major(batch: Mapping[str, tf.Tensor], horizon: int) -> dict[str, tf.Tensor]:
+    """`batch` with per-step columns time-major [T, B, ...], as the learner trains on them.
+
+    A time-major batch ([T, B] `rewards`) is returned as it is; a flat one ([B * T], each env's
+    T = `horizon` steps contiguous, RLlib's `SampleBatch`) is reshaped as RLlib's
+    `make_time_major` does. The recurrent-state columns (`STATE_PREFIX`) are per sequence and
+    stay as they are. Frame-stacked observations that came as frames (`obs_frames`,
+    `obs_restarts`) are rebuilt into `obs` first, in the graph (`impala_tf.frames`).
+
+    Raises:
+      ValueError: `rewards` is neither [T, B] nor [B * T].
+    """
+    batch = _with_stacks(batch, horizon)
+    rewards = batch["rewards"]
+    if rewards.shape.rank == 2:
+        return dict(batch)
+    if rewards.shape.rank != 1:
+        raise ValueError(
+            f"`rewards` must be [T, B] (time-major) or [B*T] (flat), got shape {rewards.shape}"
+        )
+    out = {}
+    for key, column in batch.items():
+        if key.startswith(STATE_PREFIX):
+            out[key] = column
+            continue
+        column = tf.convert_to_tensor(column)
+        seq = tf.reshape(column, tf.concat([[-1, horizon], tf.shape(column)[1:]], axis=0))
+        perm = [1, 0] + list(range(2, column.shape.rank + 1))
+        out[key] = tf.transpose(seq, perm)
+    return out
+
+
+def _with_stacks(batch: Mapping[str, tf.Tensor], horizon: int) -> Mapping[str, tf.Tensor]:
+    """`batch` with `obs` rebuilt from `obs_frames` and `obs_restarts`, if it has them."""
+    if OBS_FRAMES not in batch:
+        return batch
+    out = dict(batch)
+    frames, restarts = out.pop(OBS_FRAMES), tf.convert_to_tensor(out.pop(OBS_RESTARTS))
+    if restarts.shape.rank == 2:  # Time-major [T, B].
+        stacks = frames_lib.rebuild_stacks(frames, tf.transpose(restarts))
+        out[OBS] = tf.transpose(stacks, [1, 0, 2, 3, 4])
+    else:  # Flat [B * T].
+        stacks = frames_lib.rebuild_stacks(frames, tf.reshape(restarts, [-1, horizon]))
+        out[OBS] = tf.reshape(stacks, tf.concat([[-1], tf.shape(stacks)[2:]], axis=0))
+    return out

@@ -202,12 +202,12 @@ class StubLearners:
     def check(self) -> None:
         """Stub learners never die."""
 
-    def put(self, batches: list, counters: collections.Counter) -> None:
+    def put(self, batches: list, counters: Any) -> None:
         from impala_tf.minibatch import BatchHandle, TrainBatch
 
         for pid, batch, _ in batches:
             item = TrainBatch(batch)
-            counters["num_samples_added_to_queue"] += item.env_steps
+            counters.num_samples_added_to_queue += item.env_steps
             self._outputs.append((pid, item.env_steps, {}))
             if isinstance(batch, BatchHandle):  # Still in the store: fetched as a loader would.
                 self._fetches.put(item)
@@ -348,14 +348,14 @@ def case_intake(
         schedule.start()
         # Warm-up: every actor up and answering, then a few seconds of steady state.
         deadline = time.monotonic() + 300
-        while counters["num_env_steps_sampled"] < actors * recorded["fragments"][0].env_steps:
+        while counters.num_env_steps_sampled < actors * recorded["fragments"][0].env_steps:
             schedule.step()
             if time.monotonic() > deadline:
                 raise RuntimeError("the fake actors did not answer within 300 s")
         warm_until = time.monotonic() + min(3.0, seconds / 2)
         while time.monotonic() < warm_until:
             schedule.step()
-        before = dict(counters)
+        before = counters.copy()
         batches_before = learners.batches
         cpu0, wall0, main0 = time.process_time(), time.perf_counter(), time.thread_time()
         timer.on = True
@@ -372,13 +372,14 @@ def case_intake(
         if aggregation is not None:
             aggregation.stop()
         group.stop()
-    steps = counters["num_env_steps_sampled"] - before.get("num_env_steps_sampled", 0)
+    steps = counters.num_env_steps_sampled - before.num_env_steps_sampled
     n = max(1, fragments["n"])
     per_fragment = {s: round(timer.seconds[s] / n * 1e6, 1) for s in STAGES}
     per_fragment["other"] = round(max(0.0, main - sum(timer.seconds.values())) / n * 1e6, 1)
-    broadcasts = counters["num_weight_broadcasts"] - before.get("num_weight_broadcasts", 0)
-    overflow = counters["num_times_no_aggregation_worker_available"] - before.get(
-        "num_times_no_aggregation_worker_available", 0
+    broadcasts = counters.num_weight_broadcasts - before.num_weight_broadcasts
+    overflow = (
+        counters.num_times_no_aggregation_worker_available
+        - before.num_times_no_aggregation_worker_available
     )
     fragment_bytes = statistics.median(recorded["sizes"])
     return {

@@ -21,7 +21,6 @@ Run from the repository root:
 from __future__ import annotations
 
 import argparse
-import collections
 import os
 import time
 
@@ -99,7 +98,9 @@ def main() -> None:
         from impala_tf.models import build_model  # TensorFlow: after the fork server starts.
 
         plan = make_plan(config)
-        actors = EnvRunnerGroup(config, plan, collections.Counter())
+        from impala_tf.driver.counters import Counters
+
+        actors = EnvRunnerGroup(config, plan, Counters())
         try:
             weights = {
                 pid: (build_model(obs, act, policy_config(config, pid).model).get_weights(), 0)

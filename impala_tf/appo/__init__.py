@@ -8,7 +8,8 @@ The package holds everything APPO adds and nothing else: its config keys (`confi
 learner settings that carry them to the learner (`spec`), its loss (`losses`), its learner
 (`learner`: the target network and KL coefficient) and its learner queue (`buffer`: the circular
 buffer). The actors, driver, learner thread and checkpoints are IMPALA's; the config's
-`learner_class` and `learner_spec` are where the runtime takes the APPO parts from. `docs/appo.md` is the guide.
+`learner_class` and `learner_spec` are where the runtime takes the APPO parts from.
+`docs/appo.md` is the guide.
 """
 
 from __future__ import annotations
