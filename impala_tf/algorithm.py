@@ -54,7 +54,7 @@ from impala_tf.driver.metrics import Metrics
 from impala_tf.driver.plan import RuntimePlan, check_deterministic, make_plan
 from impala_tf.driver.sampling import EnvRunnerGroup, make_backend
 from impala_tf.driver.schedule import make_schedule
-from impala_tf.driver.specs import aggregator_spec
+from impala_tf.driver.specs import aggregator_spec, sampling_spec
 from impala_tf.driver.state import Progress, SavedState
 from impala_tf.evaluation import Evaluator, evaluation_media, evaluation_metrics
 from impala_tf.learner import ImpalaLearner
@@ -204,11 +204,11 @@ class Impala:
         _live_algorithms.add(self)
         try:
             # Actors import and build their envs while the learners are built here.
-            self.actors = EnvRunnerGroup(config, plan, counters)
+            self.actors = EnvRunnerGroup(sampling_spec(config, plan), plan, counters)
             self.learners = LearnerGroup(config, plan, self.strategy, callbacks, self.logdir)
             self.learners.start()
             workers = int(config.num_aggregation_workers)
-            backend = make_backend(config, plan) if workers else None
+            backend = make_backend(self.actors.spec, plan) if workers else None
             self.aggregation = AggregationStage(
                 config, aggregator_spec(config, self.learners.rows), counters, backend
             )

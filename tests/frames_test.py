@@ -16,7 +16,7 @@ from impala_tf.config import ImpalaConfig
 from impala_tf.driver.counters import Counters
 from impala_tf.driver.plan import make_plan
 from impala_tf.driver.sampling import EnvRunnerGroup
-from impala_tf.driver.specs import runner_spec
+from impala_tf.driver.specs import runner_spec, sampling_spec
 from impala_tf.frames import (
     join_frames,
     rebuild_stacks,
@@ -193,7 +193,7 @@ def test_actor_processes_send_frames():
     plan = make_plan(config)
     (obs_space, act_space) = plan.spaces.policies["default_policy"]
     weights = build_model(obs_space, act_space, config.model).get_weights()
-    actors = EnvRunnerGroup(config, plan, Counters())
+    actors = EnvRunnerGroup(sampling_spec(config, plan), plan, Counters())
     try:
         actors.broadcast({"default_policy": (weights, 0)}, actors.healthy_ids())
         actors.top_up()

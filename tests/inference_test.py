@@ -25,7 +25,7 @@ from impala_tf.config.policies import policy_config
 from impala_tf.driver.counters import Counters
 from impala_tf.driver.plan import RuntimePlan, make_plan
 from impala_tf.driver.sampling import EnvRunnerGroup
-from impala_tf.driver.specs import runner_spec
+from impala_tf.driver.specs import runner_spec, sampling_spec
 from impala_tf.models import build_model
 from impala_tf.rollout import make_env_runner
 from impala_tf.rollout.fragment import Fragment
@@ -117,7 +117,7 @@ def _sample_twice_through_the_driver(config: ImpalaConfig, weights: dict) -> lis
     the other."""
     plan = make_plan(config)
     assert plan.central_inference and not plan.actors_need_tensorflow
-    actors = EnvRunnerGroup(config, plan, Counters())
+    actors = EnvRunnerGroup(sampling_spec(config, plan), plan, Counters())
     try:
         actors.broadcast({p: (w, 5) for p, w in weights.items()}, actors.healthy_ids())
         out = []
@@ -188,7 +188,7 @@ def test_central_actors_label_the_servers_versions_and_a_restarted_one_reconnect
     plan = make_plan(config)
     weights = _initial_weights(config, plan)["default_policy"]
     counters = Counters()
-    actors = EnvRunnerGroup(config, plan, counters)
+    actors = EnvRunnerGroup(sampling_spec(config, plan), plan, counters)
     try:
         actors.broadcast({"default_policy": (weights, 2)}, actors.healthy_ids())
         actors.request_idle()

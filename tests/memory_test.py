@@ -16,6 +16,7 @@ from impala_tf.config import ImpalaConfig
 from impala_tf.driver.counters import Counters
 from impala_tf.driver.plan import make_plan
 from impala_tf.driver.sampling import EnvRunnerGroup
+from impala_tf.driver.specs import sampling_spec
 from impala_tf.workers.memory import (
     ACTOR_BASE_BYTES,
     ActorMemoryError,
@@ -83,7 +84,7 @@ def test_local_actors_are_refused_at_once_before_any_starts():
     assert plan.backend == "process"
     start = time.perf_counter()
     with pytest.raises(ActorMemoryError, match="num_env_runners"):
-        EnvRunnerGroup(config, plan, Counters())
+        EnvRunnerGroup(sampling_spec(config, plan), plan, Counters())
     assert time.perf_counter() - start < 10
     assert not [p for p in mp.active_children() if p.name.startswith("impala-actor")]
 

@@ -23,6 +23,7 @@ from impala_tf.config import ImpalaConfig
 from impala_tf.driver.counters import Counters
 from impala_tf.driver.plan import make_plan
 from impala_tf.driver.sampling import EnvRunnerGroup
+from impala_tf.driver.specs import sampling_spec
 from impala_tf.models import build_model
 from impala_tf.workers import ray_session
 from tests.support import ray as raylib
@@ -210,7 +211,7 @@ def test_a_broadcast_puts_the_weights_into_the_object_store_once(ray_local, monk
     plan = make_plan(config)
     obs_space, act_space = plan.spaces.policies["default_policy"]
     weights = {"default_policy": (build_model(obs_space, act_space, config.model).get_weights(), 7)}
-    actors = EnvRunnerGroup(config, plan, Counters())
+    actors = EnvRunnerGroup(sampling_spec(config, plan), plan, Counters())
     try:
         puts = []
         real_put = ray_local.put

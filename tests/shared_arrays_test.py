@@ -24,6 +24,7 @@ import numpy as np
 import pytest
 
 from impala_tf.driver.counters import Counters
+from impala_tf.driver.specs import sampling_spec
 from impala_tf.rollout.host import RunnerHost
 from impala_tf.workers import WorkerHost
 from impala_tf.workers import shared_arrays as sa
@@ -357,7 +358,7 @@ def test_local_actors_get_exactly_the_broadcast_weights_and_no_segment_outlives_
     plan = make_plan(config)
     before = _segments()
     counters = Counters()
-    group = EnvRunnerGroup(config, plan, counters, host_factory=probe)
+    group = EnvRunnerGroup(sampling_spec(config, plan), plan, counters, host_factory=probe)
     try:
         for seed in (1, 2):
             weights = _random_weights(config, plan, seed)

@@ -281,7 +281,7 @@ def case_intake(
     """One case: the real driver fed by `actors` `ReplayHost`s for `seconds` (module docstring)."""
     from impala_tf.batching import rows_per_batch
     from impala_tf.config.policies import policy_config
-    from impala_tf.driver import sampling
+    from impala_tf.driver import specs
     from impala_tf.driver.aggregation import AggregationStage
     from impala_tf.driver.broadcast import Broadcaster
     from impala_tf.driver.metrics import Metrics
@@ -307,13 +307,13 @@ def case_intake(
     host = functools.partial(ReplayHost, path=recording, fragments_per_s=actor_rate)
     # The memory guard sizes real actors (envs, TensorFlow); a `ReplayHost` holds neither, so
     # 128 of them fit where 128 Pong actors would not.
-    sampling.check_actor_memory = lambda *args, **kwargs: None
-    group = EnvRunnerGroup(config, plan, counters, host_factory=host)
+    specs.check_actor_memory = lambda *args, **kwargs: None
+    group = EnvRunnerGroup(specs.sampling_spec(config, plan), plan, counters, host_factory=host)
     aggregation = learners = None
     try:
         learners = StubLearners(plan.trained, recorded["weights"], updates_per_s)
         rows = {p: rows_per_batch(policy_config(config, p), 1) for p in plan.trained}
-        agg_backend = make_backend(config, plan) if aggregation_workers else None
+        agg_backend = make_backend(group.spec, plan) if aggregation_workers else None
         aggregation = AggregationStage(config, aggregator_spec(config, rows), counters, agg_backend)
         broadcaster = Broadcaster(
             learners,

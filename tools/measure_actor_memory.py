@@ -28,6 +28,7 @@ from impala_tf.config import ImpalaConfig
 from impala_tf.config.policies import policy_config
 from impala_tf.driver.plan import make_plan
 from impala_tf.driver.sampling import EnvRunnerGroup
+from impala_tf.driver.specs import sampling_spec
 from impala_tf.workers.memory import estimate_pool_bytes, read_meminfo, read_smaps_rollup
 from tests.support import envs
 from tools import proclib
@@ -54,11 +55,10 @@ def _fork_server_pid() -> int | None:
 
 def print_estimate(path: str) -> None:
     """The guard's estimate for the pool of the YAML at `path`, with and without TensorFlow."""
-    from impala_tf.driver.plan import largest_observation_space
     from impala_tf.driver.specs import probe_spaces
 
     config, _ = ImpalaConfig.from_yaml(path)
-    space = largest_observation_space(probe_spaces(config))
+    space = probe_spaces(config).largest_observation_space()
     available = read_meminfo()["MemAvailable"]
     print(
         f"{path}: num_env_runners={config.num_env_runners}, num_envs_per_env_runner="
@@ -100,7 +100,7 @@ def main() -> None:
         plan = make_plan(config)
         from impala_tf.driver.counters import Counters
 
-        actors = EnvRunnerGroup(config, plan, Counters())
+        actors = EnvRunnerGroup(sampling_spec(config, plan), plan, Counters())
         try:
             weights = {
                 pid: (build_model(obs, act, policy_config(config, pid).model).get_weights(), 0)

@@ -25,9 +25,6 @@ from __future__ import annotations
 
 import dataclasses
 
-import gymnasium as gym
-import numpy as np
-
 from impala_tf.algorithm_callbacks import resolve_callbacks
 from impala_tf.config.base import AlgorithmConfig
 from impala_tf.config.policies import policy_config, policy_ids_to_train
@@ -151,19 +148,10 @@ def _central_inference(
     if backend == "ray" or numpy_actors:
         return False
     try:
-        check_actor_memory(config, largest_observation_space(spaces), numpy_policy=False)
+        check_actor_memory(config, spaces.largest_observation_space(), numpy_policy=False)
     except ActorMemoryError:
         return True
     return False
-
-
-def largest_observation_space(spaces: EnvSpaces) -> gym.Space:
-    """The policies' observation space with the most bytes (what sizes an actor's fragments)."""
-
-    def size(space: gym.Space) -> int:
-        return int(np.prod(space.shape or ())) * np.dtype(space.dtype or np.float32).itemsize
-
-    return max((obs for obs, _ in spaces.policies.values()), key=size)
 
 
 def check_deterministic(config: AlgorithmConfig) -> None:

@@ -26,8 +26,10 @@ RLlib's env-runner group seen from the driver:
   changes, and the batches go to an aggregation worker by reference
   (`impala_tf.driver.aggregation`), which releases them.
 
-Before any local actor starts, `impala_tf.workers.memory.check_actor_memory` refuses a pool that
-would not fit in this machine's memory (`ActorMemoryError`, naming `num_env_runners`).
+The group is built from a `SamplingSpec` (`impala_tf.driver.specs.sampling_spec`), never from the
+config; resolving it checks, before any local actor starts, that the pool fits in this machine's
+memory (`impala_tf.workers.memory.check_actor_memory`: an `ActorMemoryError` naming
+`num_env_runners`).
 """
 
 from __future__ import annotations
@@ -40,10 +42,10 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from impala_tf import filters as filter_lib
-from impala_tf.config.base import AlgorithmConfig
 from impala_tf.driver.counters import Counters
-from impala_tf.driver.plan import RuntimePlan, largest_observation_space
-from impala_tf.envs.faults import StepProgress, env_name
+from impala_tf.driver.plan import RuntimePlan
+from impala_tf.driver.specs import SamplingSpec
+from impala_tf.envs.faults import StepProgress
 from impala_tf.rollout.fragment import Fragment
 from impala_tf.rollout.host import RunnerHost, make_runner_host
 from impala_tf.seeds import Stream, stream_seed
@@ -55,7 +57,6 @@ from impala_tf.workers import (
     WorkerSpec,
     release,
 )
-from impala_tf.workers.memory import check_actor_memory
 from impala_tf.workers.shared_arrays import ArrayRings
 
 __all__ = ["EnvRunnerGroup", "make_backend"]
@@ -66,16 +67,17 @@ logger = logging.getLogger(__name__)
 _STATE_TIMEOUT_S = 120.0
 
 
-def make_backend(config: AlgorithmConfig, plan: RuntimePlan) -> Any:
-    """The worker backend of the plan: local processes, or Ray (`ray_address`)."""
+def make_backend(spec: SamplingSpec, plan: RuntimePlan) -> Any:
+    """The worker backend of the plan: local processes, or Ray (`ray_address`), sized for the
+    actors and the aggregation workers."""
     if plan.backend == "process":
         return ProcessBackend()
     from impala_tf.workers.ray_backend import RayBackend  # Ray is an optional extra.
 
-    actors = max(1, int(config.num_env_runners))
-    cpus = actors * float(config.num_cpus_per_env_runner) + int(config.num_aggregation_workers)
-    resources = {k: float(v) * actors for k, v in config.custom_resources_per_env_runner.items()}
-    return RayBackend(config.ray_address, max(float(os.cpu_count() or 1), cpus), resources)
+    actors = spec.num_actors
+    cpus = actors * spec.num_cpus + spec.num_aggregation_workers
+    resources = {k: v * actors for k, v in spec.resources.items()}
+    return RayBackend(spec.ray_address, max(float(os.cpu_count() or 1), cpus), resources)
 
 
 def _describe_hang(env: str, progress: Any) -> str:
@@ -87,7 +89,8 @@ class EnvRunnerGroup:
     """The actors (see the module docstring).
 
     Args:
-      config: The algorithm config.
+      spec: The sampling settings (`impala_tf.driver.specs.sampling_spec`, which also checked
+        that local actors fit in memory).
       plan: The run's plan (backend, spaces, inference, preload).
       counters: The driver's counters (failures and restarts are counted here).
       host_factory: What each actor worker hosts (`impala_tf.rollout.host.make_runner_host`;
@@ -98,23 +101,17 @@ class EnvRunnerGroup:
 
     def __init__(
         self,
-        config: AlgorithmConfig,
+        spec: SamplingSpec,
         plan: RuntimePlan,
         counters: Counters,
         host_factory: Callable[..., Any] = make_runner_host,
     ):
-        self.config = config
+        self.spec = spec
         self.plan = plan
         self.counters = counters
-        self.num_actors = max(1, int(config.num_env_runners))
-        if plan.backend == "process":
-            check_actor_memory(
-                config,
-                largest_observation_space(plan.spaces),
-                numpy_policy=not plan.actors_need_tensorflow,
-            )
+        self.num_actors = spec.num_actors
         self.filters = {
-            pid: filter_lib.get_filter(config.observation_filter, obs.shape)
+            pid: filter_lib.get_filter(spec.observation_filter, obs.shape)
             for pid, (obs, _) in plan.spaces.policies.items()
         }
         self.server = None
@@ -129,34 +126,32 @@ class EnvRunnerGroup:
                 precisions={pid: a.precision for pid, a in acting.items()},
                 frame_stacks=plan.runner.frame_stacks,
             )
-        enabled = bool(config.restart_failed_env_runners)
-        spec = WorkerSpec(
+        enabled = spec.restart_failed
+        worker_spec = WorkerSpec(
             role="actor",
             factory=host_factory,
             make_args=self._factory_args,
             preload=plan.preload,
             needs_tensorflow=plan.actors_need_tensorflow,
             shared_progress=True,
-            describe_hang=functools.partial(_describe_hang, env_name(config.env)),
-            num_cpus=float(config.num_cpus_per_env_runner),
-            resources=dict(config.custom_resources_per_env_runner),
-            max_restarts=int(config.max_num_env_runner_restarts) if enabled else 0,
-            timeout_s=config.sample_timeout_s,
+            describe_hang=functools.partial(_describe_hang, spec.env_name),
+            num_cpus=spec.num_cpus,
+            resources=dict(spec.resources),
+            max_restarts=spec.max_restarts if enabled else 0,
+            timeout_s=spec.sample_timeout_s,
         )
-        restarts = RestartPolicy(
-            "actor", enabled=enabled, max_restarts=int(config.max_num_env_runner_restarts)
-        )
+        restarts = RestartPolicy("actor", enabled=enabled, max_restarts=spec.max_restarts)
         # With aggregation workers, fragments' batches stay in the backend's store and go to an
         # aggregation worker from there (`impala_tf.driver.aggregation`): the driver fetches
         # only the rest (counts, episodes, filter changes).
-        self._parts = int(config.num_aggregation_workers) > 0
+        self._parts = spec.num_aggregation_workers > 0
         # Local processes read the weights from shared memory: one write per broadcast, not a
         # pickle per actor.
         self._rings = ArrayRings() if plan.backend == "process" else None
         self.in_flight = {i: 0 for i in range(self.num_actors)}
         try:
             self.workers = WorkerGroup(
-                make_backend(config, plan), spec, self.num_actors, restarts=restarts
+                make_backend(spec, plan), worker_spec, self.num_actors, restarts=restarts
             )
         except BaseException:
             if self.server is not None:
@@ -203,7 +198,7 @@ class EnvRunnerGroup:
 
     def top_up(self) -> None:
         """Keeps `max_requests_in_flight_per_env_runner` sample requests out per healthy actor."""
-        limit = int(self.config.max_requests_in_flight_per_env_runner)
+        limit = self.spec.max_requests_in_flight
         for actor_id in self.workers.healthy_ids():
             for _ in range(limit - self.in_flight[actor_id]):
                 if self._sample(actor_id) is None:
@@ -251,7 +246,7 @@ class EnvRunnerGroup:
             logger.warning("Restarted actor %d after: %s", failure.worker_id, failure.error)
             self.counters.num_env_runner_restarts += 1
             restarted.append(failure.worker_id)
-            seed = self.config.seed
+            seed = self.spec.seed
             if seed is not None:  # A new process would replay its predecessor's episodes.
                 restarts = int(self.counters.num_env_runner_restarts)
                 reseed = stream_seed(seed, Stream.RESTARTED_ACTOR, restarts, failure.worker_id)
@@ -264,7 +259,7 @@ class EnvRunnerGroup:
 
     def filters_to_send(self) -> dict[str, filter_lib.Filter] | None:
         """The master observation filters as the actors receive them (None without filters)."""
-        if self.config.observation_filter == "NoFilter":
+        if self.spec.observation_filter == "NoFilter":
             return None
         return {pid: f.as_serializable() for pid, f in self.filters.items()}
 

@@ -14,11 +14,15 @@ the policy mapping).
   from the run's plan, `impala_tf.driver.plan.RuntimePlan.runner`; evaluation resolves its own
   from the evaluation config);
 * `aggregator_spec(config, rows)`: what the aggregators (the driver's and the aggregation
-  workers') are built from (`replay_proportion`, `replay_buffer_num_slots` per policy, `seed`).
+  workers') are built from (`replay_proportion`, `replay_buffer_num_slots` per policy, `seed`);
+* `sampling_spec(config, plan)`: the driver's side of sampling, what the actors' client
+  (`impala_tf.driver.sampling.EnvRunnerGroup`) and the workers' backend are built from, after
+  checking that local actors fit in memory.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
@@ -26,14 +30,23 @@ from impala_tf.algorithm_callbacks import resolve_callbacks
 from impala_tf.config.policies import policy_config, resolve_mapping_fn
 from impala_tf.driver.aggregation import AggregatorSpec
 from impala_tf.envs import atari
+from impala_tf.envs.faults import env_name
 from impala_tf.envs.make import EnvSpec
 from impala_tf.envs.spaces import EnvSpaces, probe_env_spaces
 from impala_tf.models.spec import ModelSpec, model_spec
 from impala_tf.portable import Portable
 from impala_tf.replay import replay_ratio_from_proportion
 from impala_tf.rollout.spec import PolicyActing, RunnerSpec
+from impala_tf.workers.memory import check_actor_memory
 
-__all__ = ["aggregator_spec", "env_spec", "probe_spaces", "runner_spec"]
+__all__ = [
+    "SamplingSpec",
+    "aggregator_spec",
+    "env_spec",
+    "probe_spaces",
+    "runner_spec",
+    "sampling_spec",
+]
 
 _MISSING: Any = object()
 
@@ -119,3 +132,67 @@ def aggregator_spec(config: Any, rows: Mapping[str, int]) -> AggregatorSpec:
             replay[pid] = (int(pconfig.replay_buffer_num_slots), float(ratio))
     seed = None if config.seed is None else int(config.seed)
     return AggregatorSpec(rows=dict(rows), replay=replay, seed=seed)
+
+
+@dataclasses.dataclass(frozen=True)
+class SamplingSpec:
+    """The driver's side of sampling (RLlib's keys in brackets).
+
+    Attributes:
+      num_actors: Actor processes (`num_env_runners`, at least 1).
+      env_name: The env's name, for messages.
+      observation_filter: `observation_filter`.
+      max_requests_in_flight: Sample requests out per actor
+        (`max_requests_in_flight_per_env_runner`).
+      restart_failed: Restart failed actors (`restart_failed_env_runners`).
+      max_restarts: Restarts over the run at most (`max_num_env_runner_restarts`).
+      sample_timeout_s: Seconds an actor may take for a fragment (`sample_timeout_s`).
+      num_cpus: Each actor's Ray CPUs (`num_cpus_per_env_runner`).
+      resources: Each actor's Ray custom resources (`custom_resources_per_env_runner`).
+      num_aggregation_workers: `num_aggregation_workers` (their fragments' batches stay in the
+        backend's store, and they share the actors' backend).
+      ray_address: `ray_address` (Ray backend).
+      seed: `seed` (a restarted actor's env seeds).
+    """
+
+    num_actors: int
+    env_name: str
+    observation_filter: str = "NoFilter"
+    max_requests_in_flight: int = 2
+    restart_failed: bool = True
+    max_restarts: int = 1000
+    sample_timeout_s: float | None = 60.0
+    num_cpus: float = 1.0
+    resources: Mapping[str, float] = dataclasses.field(default_factory=dict)
+    num_aggregation_workers: int = 0
+    ray_address: str | None = None
+    seed: int | None = None
+
+
+def sampling_spec(config: Any, plan: Any) -> SamplingSpec:
+    """The sampling keys of `config`, for the run's `plan`.
+
+    Raises:
+      impala_tf.workers.memory.ActorMemoryError: local actor processes would not fit in
+        memory (checked here, before any actor starts).
+    """
+    if plan.backend == "process":
+        check_actor_memory(
+            config,
+            plan.spaces.largest_observation_space(),
+            numpy_policy=not plan.actors_need_tensorflow,
+        )
+    return SamplingSpec(
+        num_actors=max(1, int(config.num_env_runners)),
+        env_name=env_name(config.env),
+        observation_filter=str(config.observation_filter),
+        max_requests_in_flight=int(config.max_requests_in_flight_per_env_runner),
+        restart_failed=bool(config.restart_failed_env_runners),
+        max_restarts=int(config.max_num_env_runner_restarts),
+        sample_timeout_s=config.sample_timeout_s,
+        num_cpus=float(config.num_cpus_per_env_runner),
+        resources={k: float(v) for k, v in config.custom_resources_per_env_runner.items()},
+        num_aggregation_workers=int(config.num_aggregation_workers),
+        ray_address=config.ray_address,
+        seed=None if config.seed is None else int(config.seed),
+    )

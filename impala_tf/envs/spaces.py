@@ -18,6 +18,7 @@ import dataclasses
 from typing import Any
 
 import gymnasium as gym
+import numpy as np
 
 import impala_tf.config.policies as policy_specs
 from impala_tf.envs.batch import declared_frame_stack, sent_frame_stack
@@ -45,6 +46,15 @@ class EnvSpaces:
     @property
     def policy_ids(self) -> list[str]:
         return sorted(self.policies)
+
+    def largest_observation_space(self) -> gym.Space:
+        """The policies' observation space with the most bytes (what sizes an actor's
+        fragments)."""
+
+        def size(space: gym.Space) -> int:
+            return int(np.prod(space.shape or ())) * np.dtype(space.dtype or np.float32).itemsize
+
+        return max((obs for obs, _ in self.policies.values()), key=size)
 
 
 def probe_env_spaces(
