@@ -210,7 +210,7 @@ class Impala:
             workers = int(config.num_aggregation_workers)
             backend = make_backend(self.actors.spec, plan) if workers else None
             self.aggregation = AggregationStage(
-                config, aggregator_spec(config, self.learners.rows), counters, backend
+                aggregator_spec(config, self.learners.rows), counters, backend
             )
         except BaseException:
             self.stop()

@@ -101,7 +101,7 @@ def test_aggregator_replays_p_old_batches_per_new_one():
 def _stage(**overrides) -> AggregationStage:
     config = ImpalaConfig(env="CartPole-v1", num_aggregation_workers=1, **overrides)
     config.debugging(seed=0)
-    return AggregationStage(config, aggregator_spec(config, {PID: 2}), Counters(), ProcessBackend())
+    return AggregationStage(aggregator_spec(config, {PID: 2}), Counters(), ProcessBackend())
 
 
 def _sequences(seed: int) -> Fragment:

@@ -314,7 +314,7 @@ def case_intake(
         learners = StubLearners(plan.trained, recorded["weights"], updates_per_s)
         rows = {p: rows_per_batch(policy_config(config, p), 1) for p in plan.trained}
         agg_backend = make_backend(group.spec, plan) if aggregation_workers else None
-        aggregation = AggregationStage(config, aggregator_spec(config, rows), counters, agg_backend)
+        aggregation = AggregationStage(aggregator_spec(config, rows), counters, agg_backend)
         broadcaster = Broadcaster(
             learners,
             group,

@@ -45,7 +45,6 @@ from collections.abc import Mapping
 from typing import Any
 
 from impala_tf.batching import BatchBuilder
-from impala_tf.config.base import AlgorithmConfig
 from impala_tf.driver.counters import Counters
 from impala_tf.minibatch import BatchHandle, BatchLost, release_unread
 from impala_tf.replay import MixInReplayBuffer
@@ -85,12 +84,18 @@ class AggregatorSpec:
       rows: {policy_id: sequences per train batch} of the trained policies.
       replay: {policy_id: (capacity, replay ratio)} of the policies with mix-in replay
         (`replay_buffer_num_slots`, and the ratio of `replay_proportion`).
-      seed: The run's seed (`seed`): the replay streams derive theirs from it.
+      seed: The run's seed (`seed`): the replay streams derive theirs from it, and the
+        driver's choice of a worker for each fragment.
+      num_workers: Aggregation workers (`num_aggregation_workers`; 0 aggregates in the driver).
+      max_in_flight: Fragments out per worker at most
+        (`max_requests_in_flight_per_aggregator_worker`).
     """
 
     rows: Mapping[str, int]
     replay: Mapping[str, tuple[int, float]] = dataclasses.field(default_factory=dict)
     seed: int | None = None
+    num_workers: int = 0
+    max_in_flight: int = 2
 
 
 class Aggregator:
@@ -266,26 +271,19 @@ class AggregationStage:
     """Aggregation in the driver or in aggregation workers (see the module docstring).
 
     Args:
-      config: The algorithm config (`num_aggregation_workers`,
-        `max_requests_in_flight_per_aggregator_worker`, `seed`).
-      spec: What each aggregator is built from (the driver's and the workers').
+      spec: What each aggregator is built from (the driver's and the workers'), with the
+        number of workers and the fragments out per worker.
       counters: The driver's counters.
-      backend: The workers' backend (the actors'), used when `num_aggregation_workers` > 0.
+      backend: The workers' backend (the actors'), used when `spec.num_workers` > 0.
     """
 
-    def __init__(
-        self,
-        config: AlgorithmConfig,
-        spec: AggregatorSpec,
-        counters: Counters,
-        backend: Any = None,
-    ):
+    def __init__(self, spec: AggregatorSpec, counters: Counters, backend: Any = None):
         self.spec = spec
         self.counters = counters
         self.local = Aggregator(spec)
-        self.max_in_flight = int(config.max_requests_in_flight_per_aggregator_worker)
+        self.max_in_flight = int(spec.max_in_flight)
         self.workers: WorkerGroup | None = None
-        self._rng = random.Random(config.seed)
+        self._rng = random.Random(spec.seed)
         # Call id -> (env steps it carries, the fragment's batches it was passed: released on
         # the answer or the worker's failure).
         self._calls: dict[int, tuple[int, Any]] = {}
@@ -300,7 +298,7 @@ class AggregationStage:
             enabled_key="num_aggregation_workers",
             max_key="num_aggregation_workers",
         )
-        if int(config.num_aggregation_workers) > 0:
+        if spec.num_workers > 0:
             worker_spec = WorkerSpec(
                 role="aggregation worker",
                 factory=make_aggregator_host,
@@ -308,9 +306,7 @@ class AggregationStage:
                 start_method="spawn",  # numpy only: spawning is safe and cheap.
                 num_cpus=1.0,
             )
-            self.workers = WorkerGroup(
-                backend, worker_spec, int(config.num_aggregation_workers), restarts=restarts
-            )
+            self.workers = WorkerGroup(backend, worker_spec, spec.num_workers, restarts=restarts)
 
     def process(self, fragment: Fragment) -> list[Output]:
         """Aggregates `fragment` here, or sends it to a worker with room for it (its batches

@@ -14,7 +14,9 @@ the policy mapping).
   from the run's plan, `impala_tf.driver.plan.RuntimePlan.runner`; evaluation resolves its own
   from the evaluation config);
 * `aggregator_spec(config, rows)`: what the aggregators (the driver's and the aggregation
-  workers') are built from (`replay_proportion`, `replay_buffer_num_slots` per policy, `seed`);
+  workers') are built from (`replay_proportion`, `replay_buffer_num_slots` per policy, `seed`),
+  and the aggregation stage (`num_aggregation_workers`,
+  `max_requests_in_flight_per_aggregator_worker`);
 * `sampling_spec(config, plan)`: the driver's side of sampling, what the actors' client
   (`impala_tf.driver.sampling.EnvRunnerGroup`) and the workers' backend are built from, after
   checking that local actors fit in memory.
@@ -131,7 +133,13 @@ def aggregator_spec(config: Any, rows: Mapping[str, int]) -> AggregatorSpec:
             ratio = replay_ratio_from_proportion(pconfig.replay_proportion)
             replay[pid] = (int(pconfig.replay_buffer_num_slots), float(ratio))
     seed = None if config.seed is None else int(config.seed)
-    return AggregatorSpec(rows=dict(rows), replay=replay, seed=seed)
+    return AggregatorSpec(
+        rows=dict(rows),
+        replay=replay,
+        seed=seed,
+        num_workers=int(config.num_aggregation_workers),
+        max_in_flight=int(config.max_requests_in_flight_per_aggregator_worker),
+    )
 
 
 @dataclasses.dataclass(frozen=True)
