@@ -224,8 +224,9 @@ class Impala:
             min_time_s=0.0 if self.deterministic else config.min_time_s_per_broadcast,
         )
         self.schedule = make_schedule(
-            config, plan, self.actors, self.aggregation, self.learners, self.broadcaster,
-            self.metrics,
+            plan, self.actors, self.aggregation, self.learners, self.broadcaster, self.metrics,
+            fetch_wait_s=config.timeout_s_sampler_manager,
+            aggregation_wait_s=config.timeout_s_aggregator_manager,
         )  # fmt: skip
         self.saved_state = SavedState(
             config, plan, self.progress, self.metrics, self.learners, self.actors,

@@ -73,7 +73,14 @@ def _schedule(**keys) -> tuple[AsyncSchedule, _Actors, _Aggregation]:
     plan = types.SimpleNamespace(deterministic=False)
     metrics = Metrics(100, ["default_policy"], multi_agent=False)
     schedule = make_schedule(
-        config, plan, actors, aggregation, _Learners(), _Broadcaster(), metrics
+        plan,
+        actors,
+        aggregation,
+        _Learners(),
+        _Broadcaster(),
+        metrics,
+        fetch_wait_s=config.timeout_s_sampler_manager,
+        aggregation_wait_s=config.timeout_s_aggregator_manager,
     )
     assert isinstance(schedule, AsyncSchedule)
     schedule.step()

@@ -28,7 +28,6 @@ The schedule is chosen once, when the algorithm is built (`make_schedule`).
 
 from __future__ import annotations
 
-from impala_tf.config.base import AlgorithmConfig
 from impala_tf.driver.aggregation import AggregationStage
 from impala_tf.driver.broadcast import Broadcaster
 from impala_tf.driver.learners import LearnerGroup
@@ -101,13 +100,9 @@ class AsyncSchedule:
 class LockstepSchedule(AsyncSchedule):
     """Sample one fragment, train on it, broadcast; repeat (see the module docstring).
 
-    Args:
-      num_sgd_iter: Updates per train batch (the minibatch buffer's passes).
+    Each train batch gives its policy's `num_sgd_iter` updates (the minibatch buffer's passes,
+    read from the policy's learner settings).
     """
-
-    def __init__(self, *parts, num_sgd_iter: int):
-        super().__init__(*parts)
-        self.num_sgd_iter = int(num_sgd_iter)
 
     def start(self) -> None:
         """Nothing: each step requests its own fragment."""
@@ -129,27 +124,32 @@ class LockstepSchedule(AsyncSchedule):
             counters.num_samples_added_to_queue += batch.env_steps
         # The minibatch buffer serves each batch num_sgd_iter times, one output per update.
         for pid, _, _ in batches:
-            for _ in range(self.num_sgd_iter):
+            for _ in range(self.learners.specs[pid].num_sgd_iter):
                 self.metrics.record_learner_output(*self.learners.wait_output(pid))
         counters.num_training_step_calls += 1
         self.broadcaster.step(sorted({f.actor_id for f in fragments}))
 
 
 def make_schedule(
-    config: AlgorithmConfig,
     plan: RuntimePlan,
     actors: EnvRunnerGroup,
     aggregation: AggregationStage,
     learners: LearnerGroup,
     broadcaster: Broadcaster,
     metrics: Metrics,
+    *,
+    fetch_wait_s: float = 0.0,
+    aggregation_wait_s: float = 0.0,
 ) -> AsyncSchedule:
-    """The schedule of the plan: lockstep for a deterministic run, else asynchronous."""
+    """The schedule of the plan: lockstep for a deterministic run, else asynchronous.
+
+    Args:
+      fetch_wait_s: How long an asynchronous step waits for a fragment
+        (`timeout_s_sampler_manager`).
+      aggregation_wait_s: How long it waits for the aggregation workers' batches
+        (`timeout_s_aggregator_manager`).
+    """
     parts = (actors, aggregation, learners, broadcaster, metrics)
     if plan.deterministic:
-        return LockstepSchedule(*parts, num_sgd_iter=config.num_sgd_iter)
-    return AsyncSchedule(
-        *parts,
-        fetch_wait_s=config.timeout_s_sampler_manager,
-        aggregation_wait_s=config.timeout_s_aggregator_manager,
-    )
+        return LockstepSchedule(*parts)
+    return AsyncSchedule(*parts, fetch_wait_s=fetch_wait_s, aggregation_wait_s=aggregation_wait_s)
