@@ -130,7 +130,7 @@ class GradientAccumulators:
         default); its `losses.MAX_FIELDS` accumulate by maximum, the others by sum.
     """
 
-    def __init__(self, groups, sums_type: type = losses.LossSums):
+    def __init__(self, groups: list[tuple[Any, list[Any]]], sums_type: type = losses.LossSums):
         self.sums_type = sums_type
         # Which entries of the stacked sums accumulate by maximum.
         self._max_mask = [name in losses.MAX_FIELDS for name in sums_type._fields]
