@@ -377,16 +377,30 @@ class ImpalaLearner(keras.Model):
           with `_separate_vf_optimizer` the policy loss and the value loss) and the loss's
           `sums_type` sums.
         """
-        spec = self.spec
-        batch, actions = inputs.batch, inputs.batch["actions"]
+        actions = inputs.batch["actions"]
         target = distributions.make_distribution(self.action_space, inputs.logits)
-        behaviour = distributions.make_distribution(
-            self.action_space, tf.cast(batch["action_dist_inputs"], tf.float32)
-        )
+        behaviour = self.behaviour_distribution(inputs)
         out = losses.vtrace_loss(
             target_log_probs=target.log_prob(actions),
             behaviour_log_probs=behaviour.log_prob(actions),
             entropy=target.entropy(),
+            **self.vtrace_arguments(inputs, entropy_coeff),
+        )
+        if self._separate_vf:
+            return [out.sums.pi_loss - entropy_coeff * out.sums.entropy, out.sums.vf_loss], out.sums
+        return [out.total_loss], out.sums
+
+    def behaviour_distribution(self, inputs: LossInputs) -> Any:
+        """mu(.|x_t), the distribution of the policy that acted (`action_dist_inputs`)."""
+        logits = tf.cast(inputs.batch["action_dist_inputs"], tf.float32)
+        return distributions.make_distribution(self.action_space, logits)
+
+    def vtrace_arguments(self, inputs: LossInputs, entropy_coeff: tf.Tensor) -> dict[str, Any]:
+        """The arguments every V-trace loss of this learner takes from the batch and the
+        settings: values, rewards, episode ends, bootstrap values, mask, discount, rho-bars,
+        coefficients and `vtrace_drop_last_ts`."""
+        spec, batch = self.spec, inputs.batch
+        return dict(
             values=inputs.values,
             rewards=batch["rewards"],
             terminateds=inputs.terminateds,
@@ -400,9 +414,6 @@ class ImpalaLearner(keras.Model):
             entropy_coeff=entropy_coeff,
             drop_last_ts=spec.vtrace_drop_last_ts,
         )
-        if self._separate_vf:
-            return [out.sums.pi_loss - entropy_coeff * out.sums.entropy, out.sums.vf_loss], out.sums
-        return [out.total_loss], out.sums
 
     def gradient_scale(self, sums: Any) -> tf.Tensor | None:
         """What the batch's all-reduced gradient is multiplied by before clipping: None (RLlib's

@@ -29,6 +29,7 @@ __all__ = [
     "explained_variance",
     "prepare_steps",
     "vtrace_loss",
+    "vtrace_sums",
 ]
 
 
@@ -158,25 +159,15 @@ def vtrace_loss(
     log_rhos = target_log_probs - behaviour_log_probs
     returns = steps.vtrace(log_rhos, clip_rho_threshold, clip_pg_rho_threshold)
     vs, pg_advantages = returns.vs, returns.pg_advantages
-    err = vs - values
-    rhos = tf.exp(tf.stop_gradient(log_rhos))
-
-    sums = LossSums(
-        pi_loss=-tf.reduce_sum(mask * target_log_probs * pg_advantages),
-        vf_loss=0.5 * tf.reduce_sum(mask * tf.square(err)),
-        entropy=tf.reduce_sum(mask * entropy),
-        num_valid=tf.reduce_sum(mask),
-        vs=tf.reduce_sum(mask * vs),
-        vs_sq=tf.reduce_sum(mask * tf.square(vs)),
-        err=tf.stop_gradient(tf.reduce_sum(mask * err)),
-        err_sq=tf.stop_gradient(tf.reduce_sum(mask * tf.square(err))),
-        rho=tf.reduce_sum(mask * rhos),
-        rho_clipped=count_above(rhos, mask, clip_rho_threshold),
-        pg_rho_clipped=count_above(rhos, mask, clip_pg_rho_threshold),
-        pg_adv=tf.reduce_sum(mask * pg_advantages),
-        pg_adv_sq=tf.reduce_sum(mask * tf.square(pg_advantages)),
-        logit_range=tf.constant(0.0),
-        rho_max=tf.reduce_max(tf.where(mask > 0, rhos, tf.zeros_like(rhos))),
+    sums = vtrace_sums(
+        policy_loss=-target_log_probs * pg_advantages,
+        entropy=entropy,
+        values=values,
+        mask=mask,
+        log_rhos=log_rhos,
+        returns=returns,
+        clip_rho_threshold=clip_rho_threshold,
+        clip_pg_rho_threshold=clip_pg_rho_threshold,
     )
     total = sums.pi_loss + vf_loss_coeff * sums.vf_loss - entropy_coeff * sums.entropy
     return LossOutputs(total_loss=total, sums=sums, vs=vs, pg_advantages=pg_advantages)
@@ -270,6 +261,52 @@ def prepare_steps(
         discounts=discounts,
         mask=mask,
         bootstrap_value=tf.stop_gradient(bootstrap_value),
+    )
+
+
+def vtrace_sums(
+    *,
+    policy_loss: tf.Tensor,
+    entropy: tf.Tensor,
+    values: tf.Tensor,
+    mask: tf.Tensor,
+    log_rhos: tf.Tensor,
+    returns: vtrace.VTraceReturns,
+    clip_rho_threshold: float | None,
+    clip_pg_rho_threshold: float | None,
+) -> LossSums:
+    """The `LossSums` of a V-trace actor-critic loss over the valid steps.
+
+    Args:
+      policy_loss: float32 [T', B], the per-step policy loss (IMPALA's -log pi * A; APPO's
+        negated surrogate).
+      entropy: float32 [T', B], H[pi(.|x_t)].
+      values: float32 [T', B], V(x_t) of the value function being trained.
+      mask: float32 [T', B] of valid steps.
+      log_rhos: float32 [T', B], the log importance ratios V-trace ran with.
+      returns: What V-trace returned for them (targets and advantages, no gradient).
+      clip_rho_threshold: V-trace's rho-bar (for the clipped-fraction diagnostic).
+      clip_pg_rho_threshold: The advantage's rho-bar (likewise).
+    """
+    vs, advantages = returns.vs, returns.pg_advantages
+    err = vs - values
+    rhos = tf.exp(tf.stop_gradient(log_rhos))
+    return LossSums(
+        pi_loss=tf.reduce_sum(mask * policy_loss),
+        vf_loss=0.5 * tf.reduce_sum(mask * tf.square(err)),
+        entropy=tf.reduce_sum(mask * entropy),
+        num_valid=tf.reduce_sum(mask),
+        vs=tf.reduce_sum(mask * vs),
+        vs_sq=tf.reduce_sum(mask * tf.square(vs)),
+        err=tf.stop_gradient(tf.reduce_sum(mask * err)),
+        err_sq=tf.stop_gradient(tf.reduce_sum(mask * tf.square(err))),
+        rho=tf.reduce_sum(mask * rhos),
+        rho_clipped=count_above(rhos, mask, clip_rho_threshold),
+        pg_rho_clipped=count_above(rhos, mask, clip_pg_rho_threshold),
+        pg_adv=tf.reduce_sum(mask * advantages),
+        pg_adv_sq=tf.reduce_sum(mask * tf.square(advantages)),
+        logit_range=tf.constant(0.0),
+        rho_max=tf.reduce_max(tf.where(mask > 0, rhos, tf.zeros_like(rhos))),
     )
 
 

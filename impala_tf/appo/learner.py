@@ -105,30 +105,16 @@ class AppoLearner(ImpalaLearner):
         )
         current = distributions.make_distribution(self.action_space, inputs.logits)
         old = distributions.make_distribution(self.action_space, tf.stop_gradient(old_logits))
-        behaviour = distributions.make_distribution(
-            self.action_space, tf.cast(batch["action_dist_inputs"], tf.float32)
-        )
         total, sums = appo_loss(
             target_log_probs=current.log_prob(actions),
             old_log_probs=old.log_prob(actions),
-            behaviour_log_probs=behaviour.log_prob(actions),
+            behaviour_log_probs=self.behaviour_distribution(inputs).log_prob(actions),
             entropy=current.entropy(),
             kl=old.kl(current),
-            values=inputs.values,
-            rewards=batch["rewards"],
-            terminateds=inputs.terminateds,
-            truncateds=inputs.truncateds,
-            values_bootstrapped=batch["values_bootstrapped"],
-            mask=inputs.mask,
-            gamma=spec.gamma,
             clip_param=spec.clip_param,
             target_worker_clipping=spec.target_worker_clipping,
-            clip_rho_threshold=spec.vtrace_clip_rho_threshold,
-            clip_pg_rho_threshold=spec.vtrace_clip_pg_rho_threshold,
-            vf_loss_coeff=spec.vf_loss_coeff,
-            entropy_coeff=entropy_coeff,
             kl_coeff=self.kl_coeff.read_value() if spec.use_kl_loss else None,
-            drop_last_ts=spec.vtrace_drop_last_ts,
+            **self.vtrace_arguments(inputs, entropy_coeff),
         )
         if self._separate_vf:
             policy = sums.pi_loss - entropy_coeff * sums.entropy + sums.kl_penalty
