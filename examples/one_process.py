@@ -26,13 +26,14 @@ import threading
 import numpy as np
 import tensorflow as tf
 
-from impala_tf import ImpalaConfig, pipeline
+from impala_tf import ImpalaConfig
+from impala_tf.data.train_batch import TrainBatch
 from impala_tf.driver.aggregation import Aggregator
 from impala_tf.driver.specs import aggregator_spec, probe_spaces, runner_spec
-from impala_tf.learner import ImpalaLearner
-from impala_tf.learner_spec import learner_spec
-from impala_tf.learner_thread import LearnerThread
-from impala_tf.minibatch import TrainBatch
+from impala_tf.learning import pipeline
+from impala_tf.learning.learner import ImpalaLearner
+from impala_tf.learning.spec import learner_spec
+from impala_tf.learning.thread import LearnerThread
 from impala_tf.rollout import make_env_runner
 
 POLICY = "default_policy"
@@ -88,7 +89,7 @@ def main(env_steps: int = 2_000_000, target: float = 450.0) -> dict:
     returns: list[float] = []
     sent_version = 0
     try:
-        while sampled < env_steps:
+        while sampled < env_steps or not updates:  # At least one update, however slow.
             fragment = fragments.get(timeout=120)
             sampled += fragment.env_steps
             returns = (returns + [e.ret for e in fragment.episodes])[-100:]

@@ -14,6 +14,10 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
+from impala_tf.utils import moved_modules
+
+moved_modules.install()
+
 __version__ = "0.1.0"
 
 _EXPORTS = {
@@ -21,29 +25,30 @@ _EXPORTS = {
     "APPOConfig": "impala_tf.appo",
     "AppoLearner": "impala_tf.appo",
     "normalize_stop_criteria": "impala_tf.config",
-    "Impala": "impala_tf.algorithm",
-    "MultiAgentImpala": "impala_tf.algorithm",
-    "make_strategy": "impala_tf.algorithm",
-    "ImpalaLearner": "impala_tf.learner",
-    "LearnerThread": "impala_tf.learner_thread",
-    "MinibatchBuffer": "impala_tf.minibatch",
-    "MixInReplayBuffer": "impala_tf.replay",
-    "SampleBatch": "impala_tf.sample_batch",
-    "concat_samples": "impala_tf.sample_batch",
-    "ActorPolicy": "impala_tf.policy",
+    "Impala": "impala_tf.driver.algorithm",
+    "MultiAgentImpala": "impala_tf.driver.algorithm",
+    "make_strategy": "impala_tf.driver.algorithm",
+    "ImpalaLearner": "impala_tf.learning.learner",
+    "LearnerThread": "impala_tf.learning.thread",
+    "MinibatchBuffer": "impala_tf.data.train_batch",
+    "MixInReplayBuffer": "impala_tf.data.replay",
+    "SampleBatch": "impala_tf.data.sample_batch",
+    "concat_samples": "impala_tf.data.sample_batch",
+    "ActorPolicy": "impala_tf.acting.tf_policy",
     "EnvRunner": "impala_tf.rollout.env_runner",
     "Fragment": "impala_tf.rollout.fragment",
     "WorkerGroup": "impala_tf.workers",
-    "DefaultCallbacks": "impala_tf.algorithm_callbacks",
-    "make_multi_callbacks": "impala_tf.algorithm_callbacks",
+    "DefaultCallbacks": "impala_tf.config.callbacks",
+    "make_multi_callbacks": "impala_tf.config.callbacks",
     "ModelCatalog": "impala_tf.models",
-    "Policy": "impala_tf.trained_policy",
+    "Policy": "impala_tf.acting.trained_policy",
     "build_model": "impala_tf.models",
-    "fit": "impala_tf.loop",
-    "callbacks": None,
-    "vtrace": None,
-    "losses": None,
-    "distributions": None,
+    "fit": "impala_tf.training.loop",
+    # Modules, by their historical top-level names.
+    "callbacks": "impala_tf.training.callbacks",
+    "vtrace": "impala_tf.learning.vtrace",
+    "losses": "impala_tf.learning.losses",
+    "distributions": "impala_tf.models.distributions",
 }
 
 __all__ = sorted(_EXPORTS)
@@ -52,11 +57,8 @@ __all__ = sorted(_EXPORTS)
 def __getattr__(name: str) -> Any:
     if name not in _EXPORTS:
         raise AttributeError(f"module 'impala_tf' has no attribute {name!r}")
-    module = _EXPORTS[name]
-    if module is None:
-        value = importlib.import_module(f"impala_tf.{name}")
-    else:
-        value = getattr(importlib.import_module(module), name)
+    module = importlib.import_module(_EXPORTS[name])
+    value = module if module.__name__.rpartition(".")[2] == name else getattr(module, name)
     globals()[name] = value
     return value
 

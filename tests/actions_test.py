@@ -9,13 +9,13 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from impala_tf.actions import ActionAdapter, clip_action, unsquash_action
+from impala_tf.acting.actions import ActionAdapter, clip_action, unsquash_action
 from impala_tf.config import ImpalaConfig
+from impala_tf.data.sample_batch import concat_samples, time_major
 from impala_tf.driver.specs import runner_spec
-from impala_tf.learner import ImpalaLearner
+from impala_tf.learning.learner import ImpalaLearner
 from impala_tf.models import build_model
 from impala_tf.rollout.env_runner import EnvRunner
-from impala_tf.sample_batch import concat_samples, time_major
 
 BOX = gym.spaces.Box(np.array([-2.0, 0.0], np.float32), np.array([2.0, 10.0], np.float32))
 

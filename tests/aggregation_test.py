@@ -24,13 +24,13 @@ import numpy as np
 import pytest
 
 from impala_tf.config import ImpalaConfig
+from impala_tf.data.sample_batch import SampleBatch, compress
+from impala_tf.data.train_batch import BatchLost, TrainBatch
 from impala_tf.driver import aggregation
 from impala_tf.driver.aggregation import AggregationStage, Aggregator, AggregatorHost, BatchRef
 from impala_tf.driver.counters import Counters
 from impala_tf.driver.specs import aggregator_spec
-from impala_tf.minibatch import BatchLost, TrainBatch
 from impala_tf.rollout.fragment import DEFAULT_POLICY_ID, Fragment
-from impala_tf.sample_batch import SampleBatch, compress
 from impala_tf.workers import ProcessBackend, StoredValue
 from impala_tf.workers import shared_values as sv
 from impala_tf.workers.shared_arrays import SEGMENT_PREFIX

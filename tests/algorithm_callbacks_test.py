@@ -12,7 +12,8 @@ import math
 import numpy as np
 import pytest
 
-from impala_tf.algorithm_callbacks import (
+from impala_tf.config import ImpalaConfig
+from impala_tf.config.callbacks import (
     CallbackError,
     Callbacks,
     DefaultCallbacks,
@@ -21,16 +22,15 @@ from impala_tf.algorithm_callbacks import (
     make_multi_callbacks,
     resolve_callbacks,
 )
-from impala_tf.config import ImpalaConfig
+from impala_tf.data.sample_batch import MultiAgentBatch, SampleBatch
 from impala_tf.driver.counters import Counters
 from impala_tf.driver.metrics import Metrics
 from impala_tf.driver.specs import runner_spec
 from impala_tf.models import build_model
-from impala_tf.reporting import tensorboard_scalars
 from impala_tf.rollout.env_runner import EnvRunner
 from impala_tf.rollout.fragment import DEFAULT_POLICY_ID, Episode, Fragment
 from impala_tf.rollout.multi_agent_runner import MultiAgentEnvRunner
-from impala_tf.sample_batch import MultiAgentBatch, SampleBatch
+from impala_tf.training.reporting import tensorboard_scalars
 from tests.support import models
 
 #: Every hook call of the `Recorder` callbacks of this process: (hook, env index, length).

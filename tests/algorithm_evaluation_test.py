@@ -7,8 +7,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from impala_tf.algorithm import check_deterministic
 from impala_tf.config import ImpalaConfig
+from impala_tf.driver.algorithm import check_deterministic
 from tests.support.configs import small_config
 
 

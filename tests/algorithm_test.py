@@ -18,11 +18,11 @@ import keras
 import numpy as np
 import pytest
 
-from impala_tf.algorithm import Impala
-from impala_tf.learner_thread import LearnerQueueTimeout, LearnerThread
+from impala_tf.data.sample_batch import SampleBatch
+from impala_tf.driver.algorithm import Impala
+from impala_tf.learning.thread import LearnerQueueTimeout, LearnerThread
 from impala_tf.rollout.fragment import DEFAULT_POLICY_ID
 from impala_tf.rollout.host import RunnerHost
-from impala_tf.sample_batch import SampleBatch
 from tests.support import envs
 from tests.support.batches import sequence_batch
 from tests.support.configs import small_config

@@ -13,7 +13,6 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from impala_tf import distributions
 from impala_tf.appo import APPOConfig, CircularBuffer
 from impala_tf.appo.learner import AppoLearner
 from impala_tf.appo.losses import appo_loss
@@ -21,9 +20,10 @@ from impala_tf.appo.spec import AppoLearnerSpec
 from impala_tf.checkpoints import learner_checkpoint, load_config
 from impala_tf.config import ImpalaConfig
 from impala_tf.config.base import AlgorithmConfig
+from impala_tf.data.sample_batch import SampleBatch
+from impala_tf.data.train_batch import TrainBatch
 from impala_tf.driver.plan import check_deterministic
-from impala_tf.minibatch import TrainBatch
-from impala_tf.sample_batch import SampleBatch
+from impala_tf.models import distributions
 from tests.support import batches as fakes
 from tests.support import strategies
 from tests.support.configs import small_config

@@ -250,7 +250,7 @@ def test_runner_reports_whole_games_with_clipped_training_rewards(worker_index):
     while len(returns) < 2:
         fragment = runner.sample()
         batch = fragment.batches["default_policy"]
-        # Frames sent once (impala_tf.frames): the stacks' newest frames, 42x42 gray.
+        # Frames sent once (impala_tf.models.frames): the stacks' newest frames, 42x42 gray.
         frames = batch["obs_frames"]
         assert frames.dtype == np.uint8 and frames.shape[1:] == (100 + 3, 42, 42, 1)
         terminations += int(batch["terminateds"].sum())
@@ -317,7 +317,7 @@ def test_vector_env_and_wrapper_paths_are_identical(game):
         np.testing.assert_array_equal(a.terminateds, b.terminateds)
         np.testing.assert_array_equal(a.truncateds, b.truncateds)
         np.testing.assert_array_equal(a.episode_ends, b.episode_ends)
-        np.testing.assert_array_equal(a.stack_restarts, b.stack_restarts)  # impala_tf.frames
+        np.testing.assert_array_equal(a.stack_restarts, b.stack_restarts)  # impala_tf.models.frames
         ends += int(a.episode_ends.sum())
         terminations += int(a.terminateds.sum())
     assert ends >= 1 and (game == "pong" or terminations > ends)  # Resets and life losses ran.
@@ -332,10 +332,10 @@ def test_vector_env_and_wrapper_paths_are_identical(game):
     ],
 )
 def test_frames_rebuild_the_stacks_of_both_atari_paths(game_id, env_config, path):
-    """A runner sending frames (`impala_tf.frames`) and one sending stacks, same seed and
+    """A runner sending frames (`impala_tf.models.frames`) and one sending stacks, same seed and
     weights: the stacks rebuilt from the frames are the env's, refills included."""
-    from impala_tf.frames import rebuild_stacks_np
     from impala_tf.models import build_model
+    from impala_tf.models.frames import rebuild_stacks_np
 
     config = _config(
         env=game_id, env_config=env_config, num_envs_per_env_runner=2,

@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from impala_tf import reporting
+from impala_tf.training import reporting
 from tools import bench_pendulum
 
 

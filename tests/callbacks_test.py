@@ -1,4 +1,5 @@
-"""Tests of impala_tf.callbacks and impala_tf.loop.fit, driven by a scripted fake algorithm.
+"""Tests of impala_tf.training.callbacks and impala_tf.training.loop.fit, driven by a scripted fake
+algorithm.
 
 The fake has the parts of `Impala` the loop and the callbacks use (`train`, `save`, `iteration`,
 `learner`, and `learners` with `learners` and `locked()` for the weight histograms), with the
@@ -16,7 +17,7 @@ import keras
 import pytest
 
 from impala_tf import checkpoints
-from impala_tf.callbacks import (
+from impala_tf.training.callbacks import (
     BestCheckpoint,
     IterationLogs,
     PeriodicCheckpoint,
@@ -28,7 +29,7 @@ from impala_tf.callbacks import (
     StopOnCriteria,
     load_callbacks,
 )
-from impala_tf.loop import fit
+from impala_tf.training.loop import fit
 
 
 class _Learners:

@@ -103,7 +103,7 @@ def _learner(hiddens):
     from impala_tf.config import ImpalaConfig
     from impala_tf.driver.specs import env_spec
     from impala_tf.envs.make import make_env
-    from impala_tf.learner import ImpalaLearner
+    from impala_tf.learning.learner import ImpalaLearner
 
     config = ImpalaConfig().environment("CartPole-v1").training(model={"fcnet_hiddens": hiddens})
     env = make_env(env_spec(config))

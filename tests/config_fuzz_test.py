@@ -21,10 +21,11 @@ from absl import app
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from impala_tf import batching, pipeline
 from impala_tf.bin.train import parse_overrides
 from impala_tf.config import MODEL_DEFAULTS, ImpalaConfig
 from impala_tf.config.keys import ALIASES
+from impala_tf.data import batching
+from impala_tf.learning import pipeline
 from impala_tf.models import build_model
 
 _FIELDS = sorted(ImpalaConfig().to_dict())

@@ -12,11 +12,12 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from impala_tf.acting.factory import make_policy
+from impala_tf.acting.numpy_policy import supports
 from impala_tf.config import ImpalaConfig
 from impala_tf.driver.plan import make_plan
 from impala_tf.models import ModelCatalog, ModelError, build_model, model_spec
 from impala_tf.models.custom import model_input_space
-from impala_tf.numpy_policy import make_policy, supports
 from tests.support import models
 
 OBS = gym.spaces.Box(-1.0, 1.0, (4,), np.float32)

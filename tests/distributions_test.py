@@ -1,4 +1,4 @@
-"""Tests for impala_tf.distributions against numpy references."""
+"""Tests for impala_tf.models.distributions against numpy references."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from impala_tf import distributions as D
+from impala_tf.models import distributions as D
 
 RNG = np.random.default_rng(0)
 

@@ -9,12 +9,12 @@ import gymnasium as gym
 import numpy as np
 
 from impala_tf.config import ImpalaConfig
+from impala_tf.data.sample_batch import decompress
 from impala_tf.driver.specs import runner_spec
 from impala_tf.models import build_model
 from impala_tf.rollout.env_runner import EnvRunner
 from impala_tf.rollout.fragment import DEFAULT_POLICY_ID, POLICY_VERSION, Episode
-from impala_tf.sample_batch import decompress
-from impala_tf.seeds import env_seed
+from impala_tf.utils.seeds import env_seed
 
 
 def _config(envs=3, horizon=7, seed=0, **overrides) -> ImpalaConfig:

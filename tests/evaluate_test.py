@@ -1,4 +1,4 @@
-"""Tests of checkpoint round trips, the one evaluation path (`impala_tf.evaluation`) and the
+"""Tests of checkpoint round trips, the one evaluation path (`impala_tf.driver.evaluation`) and the
 impala-evaluate binary (run as a subprocess), for single-agent and multi-agent checkpoints.
 
 Checkpoints are written from `ImpalaLearner`s with random weights (no algorithm, no actor
@@ -64,7 +64,7 @@ def write_test_checkpoint(directory, env="CartPole-v1", model=None, seed=0):
     from impala_tf.config import ImpalaConfig
     from impala_tf.driver.specs import env_spec
     from impala_tf.envs.make import make_env
-    from impala_tf.learner import ImpalaLearner
+    from impala_tf.learning.learner import ImpalaLearner
 
     config = (
         ImpalaConfig()
@@ -88,7 +88,7 @@ def write_multi_agent_checkpoint(directory):
     from impala_tf.checkpoints import write_checkpoint
     from impala_tf.config.policies import policy_config
     from impala_tf.driver.specs import probe_spaces
-    from impala_tf.learner import ImpalaLearner
+    from impala_tf.learning.learner import ImpalaLearner
 
     config = small_config(policies=2)
     learners = {}
@@ -136,7 +136,7 @@ def test_write_checkpoint_restores_every_learner_part(tmp_path):
         load_config,
         read_driver_state,
     )
-    from impala_tf.learner import ImpalaLearner
+    from impala_tf.learning.learner import ImpalaLearner
 
     config, learner = write_test_checkpoint(tmp_path / "ckpt")
     assert sorted(os.listdir(tmp_path / "ckpt")) == [DRIVER_STATE_FILE, "policies"]
@@ -162,7 +162,7 @@ def test_write_checkpoint_restores_every_learner_part(tmp_path):
 def test_load_config_refuses_a_checkpoint_of_an_env_callable(tmp_path):
     from impala_tf.checkpoints import load_config, read_driver_state, write_checkpoint
     from impala_tf.config import ImpalaConfig
-    from impala_tf.learner import ImpalaLearner
+    from impala_tf.learning.learner import ImpalaLearner
 
     config = ImpalaConfig().environment(lambda ctx: gym.make("CartPole-v1"))
     config.training(model={"fcnet_hiddens": [4]})
@@ -195,7 +195,7 @@ def test_resolve_checkpoint_dir(tmp_path):
 
 def test_load_policy_model_restores_the_weights_of_the_policy_asked_for(tmp_path):
     from impala_tf.checkpoints import load_config
-    from impala_tf.evaluation import load_policy_model
+    from impala_tf.driver.evaluation import load_policy_model
 
     _, learner = write_test_checkpoint(tmp_path, model={"fcnet_hiddens": [16], "use_lstm": True})
     model, action_space, obs_filter = load_policy_model(str(tmp_path), load_config(str(tmp_path)))
@@ -246,7 +246,7 @@ def test_restore_model_refuses_variables_a_checkpoint_cannot_hold(tmp_path):
 
 
 def test_evaluate_checkpoint_is_reproducible_with_a_seed(tmp_path):
-    from impala_tf.evaluation import evaluate_checkpoint
+    from impala_tf.driver.evaluation import evaluate_checkpoint
 
     write_test_checkpoint(tmp_path)
 
@@ -261,7 +261,7 @@ def test_evaluate_checkpoint_is_reproducible_with_a_seed(tmp_path):
 
 
 def test_evaluate_checkpoint_reports_one_policys_returns(tmp_path):
-    from impala_tf.evaluation import evaluate_checkpoint
+    from impala_tf.driver.evaluation import evaluate_checkpoint
 
     write_multi_agent_checkpoint(tmp_path)
     config = evaluation_config(tmp_path, 3)
@@ -360,7 +360,7 @@ def _summary_line(output):
 def test_evaluate_reports_the_returns_and_records_a_gif(evaluations):
     from PIL import Image
 
-    from impala_tf.evaluation import evaluate_checkpoint
+    from impala_tf.driver.evaluation import evaluate_checkpoint
 
     root, runs = evaluations
     code, output = runs["gif"]
@@ -384,7 +384,7 @@ def test_evaluate_a_multi_agent_checkpoint_per_policy_with_its_agents_side_by_si
 
     from PIL import Image
 
-    from impala_tf.evaluation import evaluate_checkpoint
+    from impala_tf.driver.evaluation import evaluate_checkpoint
 
     root, runs = evaluations
     ckpt = str(root / "multi")

@@ -61,7 +61,7 @@ def write_test_checkpoint(directory, env, model, seed=0):
     from impala_tf.config import ImpalaConfig
     from impala_tf.driver.specs import env_spec
     from impala_tf.envs.make import make_env
-    from impala_tf.learner import ImpalaLearner
+    from impala_tf.learning.learner import ImpalaLearner
 
     config = ImpalaConfig().environment(env).training(model=model).debugging(seed=seed)
     probe = make_env(env_spec(config))
@@ -118,7 +118,7 @@ def exports(tmp_path_factory):
 def load_policy(logdir):
     """The checkpoint's model and action space, as impala-export loads them."""
     from impala_tf.checkpoints import load_config
-    from impala_tf.evaluation import load_policy_model
+    from impala_tf.driver.evaluation import load_policy_model
 
     model, action_space, obs_filter = load_policy_model(str(logdir), load_config(str(logdir)))
     assert obs_filter is None  # NoFilter: the SavedModel takes raw observations.
@@ -126,7 +126,7 @@ def load_policy(logdir):
 
 
 def test_export_acts_like_the_policy_in_a_fresh_process(exports):
-    from impala_tf import distributions
+    from impala_tf.models import distributions
 
     root, runs = exports
     code, output = runs["cartpole"]
@@ -198,7 +198,7 @@ def test_a_checkpoint_of_several_policies_exports_the_one_named(exports):
     import tensorflow as tf
 
     from impala_tf.checkpoints import load_config
-    from impala_tf.evaluation import load_policy_model
+    from impala_tf.driver.evaluation import load_policy_model
 
     root, runs = exports
     code, output = runs["multi"]

@@ -7,10 +7,16 @@ import json
 import numpy as np
 import pytest
 
-from impala_tf import filters
+from impala_tf.acting import filters
+from impala_tf.acting.filters import (
+    MeanStdFilter,
+    NoFilter,
+    RunningStat,
+    filter_from_state,
+    get_filter,
+)
 from impala_tf.config import ImpalaConfig
 from impala_tf.driver.specs import runner_spec
-from impala_tf.filters import MeanStdFilter, NoFilter, RunningStat, filter_from_state, get_filter
 from impala_tf.models import build_model
 from impala_tf.rollout.env_runner import EnvRunner
 from tests.support.configs import small_config
@@ -177,8 +183,9 @@ def test_module_exports():
 def test_driver_merges_saves_restores_evaluates_and_exports_the_filter(tmp_path):
     import tensorflow as tf
 
-    from impala_tf import checkpoints, evaluation
+    from impala_tf import checkpoints
     from impala_tf.bin.export import export_saved_model
+    from impala_tf.driver import evaluation
     from impala_tf.driver.specs import probe_spaces
 
     def config():

@@ -1,4 +1,5 @@
-"""Tests for impala_tf.frames: frames sent once, stacks rebuilt in the learner's graph, exactly."""
+"""Tests for impala_tf.models.frames: frames sent once, stacks rebuilt in the learner's graph,
+exactly."""
 
 from __future__ import annotations
 
@@ -11,25 +12,25 @@ import tensorflow as tf
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from impala_tf import pipeline
+from impala_tf.acting.inference import InferenceServer
 from impala_tf.config import ImpalaConfig
+from impala_tf.data.sample_batch import CompressedColumn, SampleBatch, decompress
 from impala_tf.driver.counters import Counters
 from impala_tf.driver.plan import make_plan
 from impala_tf.driver.sampling import EnvRunnerGroup
 from impala_tf.driver.specs import runner_spec, sampling_spec
-from impala_tf.frames import (
+from impala_tf.learning import pipeline
+from impala_tf.learning.learner import ImpalaLearner
+from impala_tf.models import build_model
+from impala_tf.models.frames import (
     join_frames,
     rebuild_stacks,
     rebuild_stacks_np,
     ring_step_np,
     split_stacks,
 )
-from impala_tf.inference import InferenceServer
-from impala_tf.learner import ImpalaLearner
-from impala_tf.models import build_model
 from impala_tf.rollout.env_runner import EnvRunner
 from impala_tf.rollout.host import make_runner_host
-from impala_tf.sample_batch import CompressedColumn, SampleBatch, decompress
 from tests.support import envs
 from tests.support.envs import stacked_obs
 from tests.support.inference import RecordingConnection

@@ -21,7 +21,7 @@ from impala_tf.config import ImpalaConfig
 from impala_tf.config.policies import PolicySpec
 from impala_tf.driver.learners import LearnerGroup
 from impala_tf.driver.plan import make_plan
-from impala_tf.learner import ImpalaLearner
+from impala_tf.learning.learner import ImpalaLearner
 from tests.losses_test import _numpy_vtrace
 from tests.support import batches as fakes
 from tests.support.batches import ROWS, T, learner_config

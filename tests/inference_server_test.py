@@ -1,4 +1,5 @@
-"""`impala_tf.inference.InferenceServer`: many policies, pipe and TCP endpoints, errors, stop.
+"""`impala_tf.acting.inference.InferenceServer`: many policies, pipe and TCP endpoints, errors,
+stop.
 
 Observations are [B, ...] with B the number of envs of a request. The module imports no
 TensorFlow at the top, so that the spawned TCP actor (`_tcp_actor`) stays light.
@@ -17,7 +18,7 @@ import gymnasium as gym
 import numpy as np
 import pytest
 
-from impala_tf.inference import (
+from impala_tf.acting.inference import (
     InferenceError,
     InferenceServer,
     RemotePolicy,
@@ -37,14 +38,14 @@ SPECS = {
     ),
 }
 RNN = {"rnn": (gym.spaces.Box(-1.0, 1.0, (4,), np.float32), gym.spaces.Discrete(3), LSTM)}
-#: A policy whose env stacks k = 4 frames of 10 x 10 x 1 (`impala_tf.frames`), and an MLP.
+#: A policy whose env stacks k = 4 frames of 10 x 10 x 1 (`impala_tf.models.frames`), and an MLP.
 IMAGE = gym.spaces.Box(0, 255, (10, 10, 4), np.uint8)
 FRAMED = {"img": (IMAGE, gym.spaces.Discrete(3), {"vf_share_layers": True}), "p0": SPECS["p0"]}
 
 
 def _local(policy_id: str, specs: dict = SPECS, explore: bool = True, seed: int | None = None):
     """An `ActorPolicy` for `specs[policy_id]` (TensorFlow: imported here, not in the actor)."""
-    from impala_tf.policy import ActorPolicy
+    from impala_tf.acting.tf_policy import ActorPolicy
 
     obs_space, action_space, model = specs[policy_id]
     return ActorPolicy(obs_space, action_space, model, explore=explore, seed=seed)
@@ -339,7 +340,7 @@ def test_stop_ends_every_thread_and_closes_every_descriptor():
 
 
 def test_the_node_address_is_one_of_this_machines_own():
-    from impala_tf.inference import node_ip_address
+    from impala_tf.acting.inference import node_ip_address
 
     address = node_ip_address()
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
@@ -347,7 +348,7 @@ def test_the_node_address_is_one_of_this_machines_own():
 
 
 def test_offline_the_node_address_is_loopback_and_no_name_is_looked_up(monkeypatch):
-    import impala_tf.inference as inference
+    import impala_tf.acting.inference as inference
 
     class NoRoute(socket.socket):
         def connect(self, address):

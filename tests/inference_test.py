@@ -22,6 +22,7 @@ import pytest
 
 from impala_tf.config import ImpalaConfig
 from impala_tf.config.policies import policy_config
+from impala_tf.data.sample_batch import decompress
 from impala_tf.driver.counters import Counters
 from impala_tf.driver.plan import RuntimePlan, make_plan
 from impala_tf.driver.sampling import EnvRunnerGroup
@@ -29,7 +30,6 @@ from impala_tf.driver.specs import runner_spec, sampling_spec
 from impala_tf.models import build_model
 from impala_tf.rollout import make_env_runner
 from impala_tf.rollout.fragment import Fragment
-from impala_tf.sample_batch import decompress
 from tests.support import envs
 from tests.support.configs import small_config
 from tests.support.processes import EXIT_WITHOUT_TEARDOWN
@@ -76,7 +76,7 @@ def test_auto_acts_in_the_actors_unless_tensorflow_actors_would_not_fit():
     # CNN: per-actor inference (faster on an idle machine) while TensorFlow actors fit ...
     cnn = make_plan(_image_config())
     assert not cnn.central_inference and cnn.actors_need_tensorflow
-    assert "impala_tf.policy" in cnn.preload
+    assert "impala_tf.acting.tf_policy" in cnn.preload
     # ... the server when they would not: its actors never import TensorFlow.
     crowded = make_plan(_image_config(num_env_runners=TOO_MANY_RUNNERS))
     assert crowded.central_inference and not crowded.actors_need_tensorflow
@@ -165,7 +165,7 @@ def test_central_and_per_actor_inference_sample_the_same_fragments(case):
         for pid in a.batches:
             batch, other = a.batches[pid], decompress(b.batches[pid])
             assert sorted(batch) == sorted(other)
-            # Frame-stacking envs send frames (impala_tf.frames), others `obs`.
+            # Frame-stacking envs send frames (impala_tf.models.frames), others `obs`.
             obs = [k for k in ("obs", "obs_frames", "obs_restarts") if k in batch]
             for name in (*obs, "actions", "terminateds", "truncateds", "policy_version"):
                 np.testing.assert_array_equal(batch[name], other[name], err_msg=name)

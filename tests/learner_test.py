@@ -12,12 +12,12 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from impala_tf import distributions, gradients, losses
 from impala_tf.config import ImpalaConfig
 from impala_tf.config.base import AlgorithmConfig
-from impala_tf.learner import DIAGNOSTIC_KEYS, STATS_KEYS, ImpalaLearner, piecewise_linear
-from impala_tf.learner_spec import learner_spec
-from impala_tf.models import build_model
+from impala_tf.learning import gradients, losses
+from impala_tf.learning.learner import DIAGNOSTIC_KEYS, STATS_KEYS, ImpalaLearner, piecewise_linear
+from impala_tf.learning.spec import learner_spec
+from impala_tf.models import build_model, distributions
 from tests.support import batches as fakes
 from tests.support import strategies
 

@@ -17,13 +17,13 @@ import pytest
 import tensorflow as tf
 from tensorflow.python.framework import ops
 
-from impala_tf import devices, pipeline
-from impala_tf.algorithm import make_strategy
+from impala_tf.data.sample_batch import SampleBatch
+from impala_tf.driver.algorithm import make_strategy
 from impala_tf.driver.learners import LearnerGroup
 from impala_tf.driver.plan import make_plan
-from impala_tf.learner import ImpalaLearner
-from impala_tf.learner_thread import LearnerThread, TrainBatch
-from impala_tf.sample_batch import SampleBatch
+from impala_tf.learning import devices, pipeline
+from impala_tf.learning.learner import ImpalaLearner
+from impala_tf.learning.thread import LearnerThread, TrainBatch
 from tests.support import batches as fakes
 from tests.support import strategies
 from tests.support.configs import small_config

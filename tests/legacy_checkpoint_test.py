@@ -21,7 +21,7 @@ import tensorflow as tf
 from tensorflow.core.protobuf import trackable_object_graph_pb2
 
 from impala_tf import checkpoints
-from impala_tf.evaluation import load_policy_model
+from impala_tf.driver.evaluation import load_policy_model
 from tests.support.processes import EXIT_WITHOUT_TEARDOWN, kill_session, log_tail, run_in_background
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from impala_tf import losses
+from impala_tf.learning import losses
 
 T, B = 6, 3
 GAMMA = 0.9

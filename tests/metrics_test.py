@@ -7,7 +7,7 @@ import math
 
 from impala_tf.driver.counters import Counters
 from impala_tf.driver.metrics import Metrics
-from impala_tf.reporting import tensorboard_scalars
+from impala_tf.training.reporting import tensorboard_scalars
 
 RUNTIME = {"num_healthy_workers": 1, "num_in_flight_async_sample_reqs": 0, "node_ip": "127.0.0.1"}
 

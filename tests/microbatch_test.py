@@ -13,12 +13,12 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from impala_tf import pipeline
 from impala_tf.appo import APPOConfig
 from impala_tf.config import ImpalaConfig
-from impala_tf.learner import ImpalaLearner
-from impala_tf.learner_thread import LearnerThread, TrainBatch
-from impala_tf.sample_batch import SampleBatch
+from impala_tf.data.sample_batch import SampleBatch
+from impala_tf.learning import pipeline
+from impala_tf.learning.learner import ImpalaLearner
+from impala_tf.learning.thread import LearnerThread, TrainBatch
 from tests.support import batches as fakes
 from tests.support import strategies
 

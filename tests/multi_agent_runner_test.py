@@ -267,7 +267,7 @@ def mixed_weights():
 
 
 def test_recurrent_states_are_kept_per_agent_and_match_stepping_the_agent_alone(mixed_weights):
-    from impala_tf.policy import ActorPolicy
+    from impala_tf.acting.tf_policy import ActorPolicy
 
     config = mixed_config(env_config={"num_agents": 1})  # Agent 0 alone, acting with p0.
     runner = make_runner(config, mixed_weights)
@@ -480,8 +480,8 @@ def test_central_inference_runner_never_imports_tensorflow():
 
 
 def test_central_and_local_inference_take_the_same_actions(mixed_weights):
+    from impala_tf.acting.inference import InferenceServer
     from impala_tf.driver.specs import probe_spaces
-    from impala_tf.inference import InferenceServer
 
     config = mixed_config()
     spaces = probe_spaces(config).policies

@@ -22,9 +22,10 @@ import gymnasium as gym
 import numpy as np
 import pytest
 
-from impala_tf import checkpoints, evaluation
+from impala_tf import checkpoints
 from impala_tf.config import ConfigWarning, ImpalaConfig
 from impala_tf.config import policies as ma_spec
+from impala_tf.driver import evaluation
 from impala_tf.driver.specs import probe_spaces
 from impala_tf.multi_agent.env import MultiAgentCartPole
 from tests.support import envs
@@ -202,7 +203,7 @@ def test_per_policy_learner_stats_and_rewards(trained):
     # The episode return is summed over agents; each policy's mean is one agent's.
     mean = result["policy_reward_mean"]
     assert result["episode_reward_mean"] == pytest.approx(mean["p0"] + mean["p1"], rel=0.25)
-    from impala_tf.reporting import tensorboard_scalars
+    from impala_tf.training.reporting import tensorboard_scalars
 
     tags = tensorboard_scalars(result, raw=False)
     assert "learner/p0/policy_loss" in tags and "episode/p1/return_mean" in tags

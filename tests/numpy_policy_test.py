@@ -7,10 +7,10 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from impala_tf import distributions
-from impala_tf.models import build_model
-from impala_tf.numpy_policy import NumpyPolicy, make_policy, supports
-from impala_tf.policy import ActorPolicy
+from impala_tf.acting.factory import make_policy
+from impala_tf.acting.numpy_policy import NumpyPolicy, supports
+from impala_tf.acting.tf_policy import ActorPolicy
+from impala_tf.models import build_model, distributions
 
 BOX_OBS = gym.spaces.Box(-2.0, 2.0, (3, 2), np.float32)
 

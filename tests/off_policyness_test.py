@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import numpy as np
 
-from impala_tf.batching import BatchBuilder
 from impala_tf.config import ImpalaConfig
+from impala_tf.data.batching import BatchBuilder
+from impala_tf.data.sample_batch import SampleBatch
 from impala_tf.driver.aggregation import Aggregator
 from impala_tf.driver.specs import aggregator_spec, runner_spec
 from impala_tf.models import build_model
 from impala_tf.rollout.env_runner import EnvRunner
 from impala_tf.rollout.fragment import DEFAULT_POLICY_ID, POLICY_VERSION
-from impala_tf.sample_batch import SampleBatch
 
 
 def _runner(envs: int = 2, horizon: int = 5) -> tuple[EnvRunner, list[np.ndarray]]:

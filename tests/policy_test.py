@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from impala_tf.policy import ActorPolicy, TracedCall
+from impala_tf.acting.tf_policy import ActorPolicy, TracedCall
 
 
 class CountingFunction:

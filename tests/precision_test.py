@@ -16,18 +16,20 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from impala_tf import checkpoints, losses, pipeline, sequences
+from impala_tf import checkpoints
+from impala_tf.acting.factory import make_policy
+from impala_tf.acting.inference import InferenceServer, RemotePolicy
+from impala_tf.acting.numpy_policy import NumpyPolicy
+from impala_tf.acting.tf_policy import ActorPolicy
 from impala_tf.checkpoints.store import learner_checkpoint
 from impala_tf.config import ImpalaConfig
 from impala_tf.config.policies import PolicySpec
+from impala_tf.driver.evaluation import load_checkpoint_policies, load_policy_model
 from impala_tf.driver.specs import probe_spaces, runner_spec
-from impala_tf.evaluation import load_checkpoint_policies, load_policy_model
-from impala_tf.inference import InferenceServer, RemotePolicy
-from impala_tf.learner import ImpalaLearner
+from impala_tf.learning import losses, pipeline, sequences
+from impala_tf.learning.learner import ImpalaLearner
 from impala_tf.models import build_model
 from impala_tf.models.precision import dtype_policy
-from impala_tf.numpy_policy import NumpyPolicy, make_policy
-from impala_tf.policy import ActorPolicy
 from impala_tf.rollout import make_env_runner
 from impala_tf.rollout.env_runner import EnvRunner
 from impala_tf.rollout.fragment import DEFAULT_POLICY_ID

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from impala_tf.quiet import is_cpp_log_line
+from impala_tf.utils.quiet import is_cpp_log_line
 from tests.support.processes import kill_session, run_in_background
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -66,5 +66,5 @@ def test_cpp_log_lines_are_told_apart_from_ours():
     assert is_cpp_log_line(
         "WARNING: All log messages before absl::InitializeLog() is called are written to STDERR"
     )
-    assert not is_cpp_log_line("WARNING impala_tf.algorithm: Restarting actor 0 after: boom")
+    assert not is_cpp_log_line("WARNING impala_tf.driver.algorithm: Restarting actor 0 after: boom")
     assert not is_cpp_log_line("impala-train: error: bad flag")

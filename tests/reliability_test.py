@@ -13,20 +13,21 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from impala_tf import checkpoints, pipeline
-from impala_tf.algorithm import Impala
+from impala_tf import checkpoints
 from impala_tf.config import ImpalaConfig
+from impala_tf.data.sample_batch import SampleBatch
+from impala_tf.data.train_batch import BatchHandle, BatchLost
+from impala_tf.driver.algorithm import Impala
 from impala_tf.driver.counters import Counters
 from impala_tf.driver.learners import LearnerGroup
 from impala_tf.driver.plan import make_plan
-from impala_tf.learner import ImpalaLearner
-from impala_tf.learner_thread import LearnerThread, TrainBatch
-from impala_tf.minibatch import BatchHandle, BatchLost
-from impala_tf.nonfinite import NonFiniteUpdatesError
-from impala_tf.reporting import tensorboard_scalars
+from impala_tf.learning import pipeline
+from impala_tf.learning.learner import ImpalaLearner
+from impala_tf.learning.nonfinite import NonFiniteUpdatesError
+from impala_tf.learning.stats import TimerStat
+from impala_tf.learning.thread import LearnerThread, TrainBatch
 from impala_tf.rollout.fragment import DEFAULT_POLICY_ID
-from impala_tf.sample_batch import SampleBatch
-from impala_tf.stats import TimerStat
+from impala_tf.training.reporting import tensorboard_scalars
 from tests.support import envs
 from tests.support.batches import ACT, OBS, ROWS, T, learner_config, sequence_batch
 from tests.support.configs import small_config

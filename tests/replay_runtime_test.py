@@ -14,11 +14,11 @@ import os
 import numpy as np
 import pytest
 
-from impala_tf.algorithm import Impala
 from impala_tf.config import ImpalaConfig
-from impala_tf.minibatch import TrainBatch
+from impala_tf.data.sample_batch import decompress
+from impala_tf.data.train_batch import TrainBatch
+from impala_tf.driver.algorithm import Impala
 from impala_tf.rollout.fragment import DEFAULT_POLICY_ID
-from impala_tf.sample_batch import decompress
 from impala_tf.workers import resolve
 from tests.support.configs import small_config
 from tests.support.processes import wait_until
@@ -141,7 +141,7 @@ def test_each_train_batch_is_a_new_fragment_and_an_old_one_replayed(workers):
 
 
 def test_replay_example_config():
-    from impala_tf.replay import replay_ratio_from_proportion
+    from impala_tf.data.replay import replay_ratio_from_proportion
 
     path = os.path.join(os.path.dirname(os.path.dirname(__file__)), "configs")
     config, stop = ImpalaConfig.from_yaml(os.path.join(path, "cartpole-impala-replay.yaml"))

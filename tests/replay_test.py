@@ -1,4 +1,4 @@
-"""Tests for impala_tf.replay: RLlib's mix-in replay figures and the edge cases."""
+"""Tests for impala_tf.data.replay: RLlib's mix-in replay figures and the edge cases."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import math
 import numpy as np
 import pytest
 
-from impala_tf.replay import MixInReplayBuffer, replay_ratio_from_proportion
-from impala_tf.sample_batch import SampleBatch, compress
+from impala_tf.data.replay import MixInReplayBuffer, replay_ratio_from_proportion
+from impala_tf.data.sample_batch import SampleBatch, compress
 
 CAPACITY = 10
 ITERATIONS = 2000  # Binomial std of a mean over 2000 draws is ~0.011, far inside +-0.1.

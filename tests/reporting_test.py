@@ -1,5 +1,5 @@
-"""Tests of impala_tf.reporting: TensorBoard tags read back from the event files, result.json,
-and the console progress line."""
+"""Tests of impala_tf.training.reporting: TensorBoard tags read back from the event files,
+result.json, and the console progress line."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import math
 import numpy as np
 import pytest
 
-from impala_tf.reporting import (
+from impala_tf.training.reporting import (
     ResultWriter,
     flatten,
     lookup,

@@ -21,9 +21,9 @@ from impala_tf import checkpoints
 from impala_tf.config import ImpalaConfig
 from impala_tf.driver.specs import runner_spec
 from impala_tf.models import build_model
-from impala_tf.reporting import flatten
 from impala_tf.rollout.env_runner import EnvRunner
 from impala_tf.rollout.fragment import DEFAULT_POLICY_ID
+from impala_tf.training.reporting import flatten
 from tests.support.envs import unpicklable_cartpole
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

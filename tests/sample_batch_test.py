@@ -1,4 +1,4 @@
-"""Tests for impala_tf.sample_batch: validation, slicing, concat, layouts, compression."""
+"""Tests for impala_tf.data.sample_batch: validation, slicing, concat, layouts, compression."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import pickle
 import numpy as np
 import pytest
 
-from impala_tf import sample_batch as sb
-from impala_tf.sample_batch import (
+from impala_tf.data import sample_batch as sb
+from impala_tf.data.sample_batch import (
     OBS,
     REWARDS,
     CompressedColumn,

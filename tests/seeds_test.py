@@ -1,8 +1,8 @@
-"""The named seed streams of `impala_tf.seeds`."""
+"""The named seed streams of `impala_tf.utils.seeds`."""
 
 from __future__ import annotations
 
-from impala_tf import seeds
+from impala_tf.utils import seeds
 
 
 def test_env_and_sampler_seeds_follow_rllibs_scheme():

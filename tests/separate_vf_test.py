@@ -14,9 +14,10 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from impala_tf import distributions, losses
 from impala_tf.config import ImpalaConfig
-from impala_tf.learner import ImpalaLearner
+from impala_tf.learning import losses
+from impala_tf.learning.learner import ImpalaLearner
+from impala_tf.models import distributions
 from tests.support import batches as fakes
 
 OBS = gym.spaces.Box(-1.0, 1.0, (4,), np.float32)

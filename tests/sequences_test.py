@@ -7,13 +7,13 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from impala_tf import losses, vtrace
 from impala_tf.config import ImpalaConfig
+from impala_tf.data.sample_batch import time_major
 from impala_tf.driver.specs import runner_spec
-from impala_tf.learner import ImpalaLearner
+from impala_tf.learning import losses, vtrace
+from impala_tf.learning.learner import ImpalaLearner
+from impala_tf.learning.sequences import chunk_time_major, num_sequences, state_column_shapes
 from impala_tf.rollout.env_runner import EnvRunner
-from impala_tf.sample_batch import time_major
-from impala_tf.sequences import chunk_time_major, num_sequences, state_column_shapes
 
 
 def test_num_sequences_and_state_shapes():

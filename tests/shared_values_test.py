@@ -26,7 +26,7 @@ import time
 import numpy as np
 import pytest
 
-from impala_tf.shutdown import GracefulShutdown, Interrupted
+from impala_tf.utils.shutdown import GracefulShutdown, Interrupted
 from impala_tf.workers import ProcessBackend, WorkerGroup, WorkerSpec
 from impala_tf.workers import shared_values as sv
 from impala_tf.workers.shared_arrays import SEGMENT_PREFIX

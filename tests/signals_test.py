@@ -24,7 +24,7 @@ import pytest
 import tensorflow as tf
 
 from impala_tf import checkpoints
-from impala_tf.shutdown import GracefulShutdown, Interrupted, uninterrupted
+from impala_tf.utils.shutdown import GracefulShutdown, Interrupted, uninterrupted
 from impala_tf.workers.shared_arrays import SEGMENT_PREFIX
 from tests.support.processes import (
     kill_session,

@@ -1,4 +1,4 @@
-"""Tests for impala_tf.stats: WindowStat, TimerStat and timer_ms."""
+"""Tests for impala_tf.learning.stats: WindowStat, TimerStat and timer_ms."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import warnings
 import numpy as np
 import pytest
 
-from impala_tf.stats import QUANTILES, TimerStat, WindowStat, timer_ms
+from impala_tf.learning.stats import QUANTILES, TimerStat, WindowStat, timer_ms
 
 
 class TestWindowStat:

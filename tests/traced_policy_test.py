@@ -1,5 +1,6 @@
-"""Custom models acting in numpy: the traced step run op by op (`impala_tf.graph_numpy`) gives the
-model's own outputs, actions and state; models whose graph numpy cannot run keep TensorFlow."""
+"""Custom models acting in numpy: the traced step run op by op (`impala_tf.acting.graph_numpy`)
+gives the model's own outputs, actions and state; models whose graph numpy cannot run keep
+TensorFlow."""
 
 from __future__ import annotations
 
@@ -9,11 +10,11 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from impala_tf.graph_numpy import GraphProgram, UnsupportedGraph
+from impala_tf.acting.factory import make_policy
+from impala_tf.acting.graph_numpy import GraphProgram, UnsupportedGraph
+from impala_tf.acting.tf_policy import ActorPolicy
+from impala_tf.acting.traced_policy import TracedNumpyPolicy, numpy_acting
 from impala_tf.models import build_model, model_spec
-from impala_tf.numpy_policy import make_policy
-from impala_tf.policy import ActorPolicy
-from impala_tf.traced_policy import TracedNumpyPolicy, numpy_acting
 from tests.support import models
 
 BOX = gym.spaces.Box(-1.0, 1.0, (4,), np.float32)

@@ -57,7 +57,7 @@ def test_a_checkpoint_loads_in_a_fresh_process_and_acts_as_impala_evaluate(check
         import json, multiprocessing
         import gymnasium as gym
         from impala_tf import Impala
-        from impala_tf.seeds import env_seed
+        from impala_tf.utils.seeds import env_seed
 
         out = {{}}
         for explore in (False, True):
@@ -76,9 +76,9 @@ def test_a_checkpoint_loads_in_a_fresh_process_and_acts_as_impala_evaluate(check
             out[str(explore)] = returns
         out["children"] = len(multiprocessing.active_children())
         out["started"] = algo.actors is not None
-        # impala-evaluate's own path (`impala_tf.evaluation.evaluate_checkpoint`).
+        # impala-evaluate's own path (`impala_tf.driver.evaluation.evaluate_checkpoint`).
         from impala_tf import checkpoints
-        from impala_tf.evaluation import evaluate_checkpoint
+        from impala_tf.driver.evaluation import evaluate_checkpoint
 
         config = checkpoints.load_config({path!r}).get_evaluation_config()
         config.env_runners(num_envs_per_env_runner=1)

@@ -1,5 +1,5 @@
-"""Evaluation videos (`impala_tf.video`): GIF encoding with Pillow, the episode recorder, Atari
-frames, and RLlib's `render_env` / `record_env` during training, read back from TensorBoard's
+"""Evaluation videos (`impala_tf.envs.video`): GIF encoding with Pillow, the episode recorder,
+Atari frames, and RLlib's `render_env` / `record_env` during training, read back from TensorBoard's
 event files and from the `record_env` files.
 
 The recorder is tested on small fake envs whose frames say which episode and step they show;
@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from impala_tf.video import EpisodeRecorder, Recording, Video, encode_gif, write_video
+from impala_tf.envs.video import EpisodeRecorder, Recording, Video, encode_gif, write_video
 from tests.support.configs import small_config
 
 
@@ -187,8 +187,8 @@ def test_video_repr_is_short_and_save_writes_the_gif(tmp_path):
 
 def test_evaluator_records_atari_in_colour_at_the_screen_size():
     from impala_tf.config import ImpalaConfig
+    from impala_tf.driver.evaluation import Evaluator
     from impala_tf.driver.specs import probe_spaces
-    from impala_tf.evaluation import Evaluator
     from impala_tf.models import build_model
 
     config = ImpalaConfig(
@@ -223,8 +223,8 @@ def test_render_env_writes_animated_gifs_to_tensorboard_and_record_env_to_files(
     import tensorflow as tf
     from tensorboard.backend.event_processing import event_accumulator
 
-    from impala_tf.callbacks import ResultLogger
-    from impala_tf.loop import fit
+    from impala_tf.training.callbacks import ResultLogger
+    from impala_tf.training.loop import fit
 
     config = small_config(
         policies,

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from impala_tf import vtrace
+from impala_tf.learning import vtrace
 from tests.vtrace_test import MODES, _log_softmax, _make_inputs, _paper_vtrace, _run
 
 K = 42

@@ -1,4 +1,5 @@
-"""Tests for impala_tf.vtrace against a slow numpy ground truth written from the IMPALA paper.
+"""Tests for impala_tf.learning.vtrace against a slow numpy ground truth written from the IMPALA
+paper.
 
 Shapes are time-major: T is time, B is batch. Every numeric test runs eagerly, inside
 `tf.function` with unknown T and B, and under `tf.function(jit_compile=True)`.
@@ -10,7 +11,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from impala_tf import vtrace
+from impala_tf.learning import vtrace
 
 MODES = ["eager", "function", "xla"]
 RHO_BAR = 2.0

@@ -1,6 +1,6 @@
 """Per-actor TensorFlow CNN inference rate: what one actor process can act on by itself.
 
-Runs `impala_tf.policy.ActorPolicy.step` (the actors' compiled acting function) on uint8
+Runs `impala_tf.acting.tf_policy.ActorPolicy.step` (the actors' compiled acting function) on uint8
 84x84x4 observations at batch = `num_envs_per_env_runner`, with TensorFlow limited to one
 intra-op and one inter-op thread as actor processes are
 (`impala_tf.workers.process.worker_env_vars`), and prints observations (env steps) acted on per
@@ -25,7 +25,7 @@ import gymnasium as gym  # noqa: E402
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
-from impala_tf.policy import ActorPolicy  # noqa: E402
+from impala_tf.acting.tf_policy import ActorPolicy  # noqa: E402
 
 __all__ = ["main"]
 

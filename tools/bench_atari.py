@@ -59,10 +59,10 @@ would not compare like with like.
 
 `--compare_inference SECONDS` runs only the train case, with `inference: actor` (each actor runs
 the model at a batch of its envs) and `inference: central` (the driver's server batches every
-actor's step, `impala_tf.inference`) alternately for `--rounds` rounds of SECONDS each, and prints
-the medians and the ratio (section "bench_atari_inference" of BENCHMARKS.md). `inference: auto`
-keeps inference in the actors because of this comparison on an idle machine (central only when a
-pool of TensorFlow actors would not fit in memory).
+actor's step, `impala_tf.acting.inference`) alternately for `--rounds` rounds of SECONDS each, and
+prints the medians and the ratio (section "bench_atari_inference" of BENCHMARKS.md). `inference:
+auto` keeps inference in the actors because of this comparison on an idle machine (central only when
+a pool of TensorFlow actors would not fit in memory).
 
 `--profile` runs the driver under cProfile and prints its top functions by own time and by
 cumulative time. cProfile sees the driver's main thread only: the learner thread and the actor
@@ -392,7 +392,7 @@ def _random_time_major(config, obs_space, act_space, rows: int, seed: int = 0) -
     """Synthetic time-major [T, B, ...] train batch with RLlib's columns; uint8 observations."""
     import numpy as np
 
-    from impala_tf import distributions
+    from impala_tf.models import distributions
 
     rng = np.random.default_rng(seed)
     shape = (int(config.rollout_fragment_length), rows)
@@ -439,7 +439,7 @@ def case_learner(path: str, repeats: int, rounds: int) -> dict:
     import numpy as np
     import tensorflow as tf
 
-    from impala_tf.learner import ImpalaLearner
+    from impala_tf.learning.learner import ImpalaLearner
     from impala_tf.models import build_model
 
     config = _load_config(path)
@@ -493,7 +493,7 @@ def case_inference(path: str, batch: int, threads: int | None, repeats: int, rou
     import numpy as np
 
     _set_tf_threads(threads)
-    from impala_tf.policy import ActorPolicy
+    from impala_tf.acting.tf_policy import ActorPolicy
 
     config = _load_config(path)
     obs_space, act_space = _spaces(config)

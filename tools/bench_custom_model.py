@@ -3,10 +3,10 @@
     .venv/bin/python -m tools.bench_custom_model --rounds 3 --train_s 20
 
 Run from the repository root. Each round runs `configs/cartpole-impala.yaml` (the catalog's MLP,
-which the actors run as a hand-written numpy program, `impala_tf.numpy_policy`) and
+which the actors run as a hand-written numpy program, `impala_tf.acting.numpy_policy`) and
 `configs/cartpole-impala-keras-model.yaml` (the same network written as a functional Keras
 model, `examples.custom_models:keras_mlp`, whose traced step the actors run with numpy op by
-op, `impala_tf.traced_policy`; every other key the same), one after the other, alternating
+op, `impala_tf.acting.traced_policy`; every other key the same), one after the other, alternating
 which goes first, with the same seed, for `--train_s` seconds of training each (the reward stop
 is lifted so both train the whole time). Every run is the real binary
 (`python -m impala_tf.bin.train`, `--checkpoint_freq=0`). The figures are env steps/s sampled

@@ -104,7 +104,7 @@ def workload_config(workload: str, **overrides: Any):
 def record(workload: str, path: str) -> dict[str, Any]:
     """Records `RECORDED_FRAGMENTS` packed fragments of a real env runner, and its weights."""
     from impala_tf.driver.plan import make_plan
-    from impala_tf.learner import ImpalaLearner
+    from impala_tf.learning.learner import ImpalaLearner
     from impala_tf.rollout.fragment import DEFAULT_POLICY_ID
     from impala_tf.rollout.host import make_runner_host
 
@@ -203,7 +203,7 @@ class StubLearners:
         """Stub learners never die."""
 
     def put(self, batches: list, counters: Any) -> None:
-        from impala_tf.minibatch import BatchHandle, TrainBatch
+        from impala_tf.data.train_batch import BatchHandle, TrainBatch
 
         for pid, batch, _ in batches:
             item = TrainBatch(batch)
@@ -279,8 +279,8 @@ def case_intake(
     actor_rate: float = 0.0,
 ) -> dict[str, Any]:
     """One case: the real driver fed by `actors` `ReplayHost`s for `seconds` (module docstring)."""
-    from impala_tf.batching import rows_per_batch
     from impala_tf.config.policies import policy_config
+    from impala_tf.data.batching import rows_per_batch
     from impala_tf.driver import specs
     from impala_tf.driver.aggregation import AggregationStage
     from impala_tf.driver.broadcast import Broadcaster
@@ -614,7 +614,7 @@ def main() -> None:
             )  # fmt: skip
             weights = _run_case(case)
             print(_row(weights), flush=True)
-    from impala_tf.quiet import import_tensorflow
+    from impala_tf.utils.quiet import import_tensorflow
 
     import_tensorflow()  # Quietly: the machine line names TensorFlow's version.
     text = report(records, intake, weights, load)

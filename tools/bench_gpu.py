@@ -20,7 +20,7 @@ the repository root. Parts (together one BENCHMARKS.md section, `bench_gpu`):
   batch 500, and the GPU's utilisation meanwhile: what the update alone reaches vs what the
   loader lets it reach; once with the next update queued before the last one's stats are read
   (the thread's way on an accelerator) and once with the stats read at once, which answers
-  whether queueing gains anything with the update's `tf.cond` (`impala_tf.learner_thread`).
+  whether queueing gains anything with the update's `tf.cond` (`impala_tf.learning.thread`).
 * `pong` - `impala-train --config=configs/pong-impala-small.yaml --set num_gpus=1` with
   `num_env_runners` = the machine's cores - 2, for `--pong_seconds` each with XLA off and on:
   env steps/s sampled and trained, and the GPU's utilisation (nvidia-smi, every 0.5 s).
@@ -197,10 +197,10 @@ def _bench_thread(queued: bool, batches: int) -> str:
     import numpy as np
     import tensorflow as tf
 
-    from impala_tf import pipeline
-    from impala_tf.learner import ImpalaLearner
-    from impala_tf.learner_thread import LearnerThread, TrainBatch
-    from impala_tf.sample_batch import SampleBatch
+    from impala_tf.data.sample_batch import SampleBatch
+    from impala_tf.learning import pipeline
+    from impala_tf.learning.learner import ImpalaLearner
+    from impala_tf.learning.thread import LearnerThread, TrainBatch
     from tools import bench_learner as bl
 
     batch = 500

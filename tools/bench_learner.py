@@ -41,9 +41,9 @@ Parts (each writes its own BENCHMARKS.md section):
   turn: forward at an actor's batch on one TensorFlow thread, and forward plus backward at the
   learner's batch 500 on both cores, each in a fresh subprocess.
 * `call` — an actor's forward call (`ActorPolicy.forward`'s model step) through the
-  `tf.function` as Python calls it and through `impala_tf.policy.TracedCall` (the traced graph
-  called directly), in turn, at the config's `num_envs_per_env_runner` on one TensorFlow thread,
-  in a fresh subprocess: `configs/pong-impala-small.yaml`'s vision net and
+  `tf.function` as Python calls it and through `impala_tf.acting.tf_policy.TracedCall` (the traced
+  graph called directly), in turn, at the config's `num_envs_per_env_runner` on one TensorFlow
+  thread, in a fresh subprocess: `configs/pong-impala-small.yaml`'s vision net and
   `configs/stateless-cartpole-impala.yaml`'s LSTM. The difference is Python's per-call work.
 """
 
@@ -132,7 +132,7 @@ def _random_batch(kind: str, rows: int, seed: int = 0) -> dict:
     """Random [rows, T, ...] columns (the fakes of tests/ are too slow for 84x84 frames)."""
     import numpy as np
 
-    from impala_tf import distributions
+    from impala_tf.models import distributions
 
     obs_space, act_space = _spaces(kind)
     rng = np.random.default_rng(seed)
@@ -161,9 +161,9 @@ def _learner_step(kind: str, batch: int, strategy, **overrides) -> Callable[[], 
     import numpy as np
     import tensorflow as tf
 
-    from impala_tf import pipeline
-    from impala_tf.learner import ImpalaLearner
-    from impala_tf.sample_batch import SampleBatch
+    from impala_tf.data.sample_batch import SampleBatch
+    from impala_tf.learning import pipeline
+    from impala_tf.learning.learner import ImpalaLearner
 
     config = _config(kind, batch, **overrides)
     obs_space, act_space = _spaces(kind)
@@ -386,7 +386,7 @@ def bench_xla(repeats: int, rounds: int = 5) -> str:
         f"{max(3, repeats // 6)}) of a compiled update on a batch already in memory, result "
         "fetched; `XLA on vs off` above 1 means XLA is faster. XLA compiles each device's "
         "forward, V-trace and backward pass; the all-reduce, clipping and optimizer step stay "
-        "outside it (`impala_tf.learner`).",
+        "outside it (`impala_tf.learning.learner`).",
     ]
     return "\n".join(lines)
 
@@ -407,7 +407,7 @@ def _inference_case(kind: str, batch: int, repeats: int, rounds: int) -> dict[st
     # Before TensorFlow runs an op, as actor processes do (`impala_tf.workers.process`).
     tf.config.threading.set_intra_op_parallelism_threads(1)
     tf.config.threading.set_inter_op_parallelism_threads(1)
-    from impala_tf.policy import ActorPolicy
+    from impala_tf.acting.tf_policy import ActorPolicy
 
     obs_space, act_space = _spaces(kind)
     model = _config(kind, 500).model
@@ -617,10 +617,10 @@ def _call_case(path: str, repeats: int, rounds: int) -> dict:
 
     tf.config.threading.set_intra_op_parallelism_threads(1)
     tf.config.threading.set_inter_op_parallelism_threads(1)
+    from impala_tf.acting.tf_policy import ActorPolicy
     from impala_tf.config import ImpalaConfig
     from impala_tf.driver.specs import env_spec
     from impala_tf.envs.make import make_env
-    from impala_tf.policy import ActorPolicy
 
     config = ImpalaConfig.from_yaml(path)[0]
     env = make_env(env_spec(config), worker_index=1)
@@ -679,7 +679,8 @@ def bench_call(repeats: int, rounds: int = 5) -> str:
         f"Median of {rounds} interleaved rounds (the two paths timed in turn each round), each "
         f"the median of {repeats} calls on the same numpy observations (and recurrent state), "
         "results fetched as numpy, as `ActorPolicy.forward` does. `TracedCall` "
-        "(impala_tf/policy.py) looks the trace up once per input signature and then calls the "
+        "(impala_tf/acting/tf_policy.py) looks the trace up once per input signature and then "
+        "calls the "
         "traced graph; the `tf.function` binds its arguments and looks the trace up on every "
         "call."
         + (" Other jobs were running when it started: figures are noisy." if loaded else ""),
@@ -692,10 +693,10 @@ def _memory_case(kind: str, batch: int, microbatch: int | None) -> dict:
     import numpy as np
     import tensorflow as tf
 
-    from impala_tf import pipeline
-    from impala_tf.learner import ImpalaLearner
-    from impala_tf.learner_thread import LearnerThread, TrainBatch
-    from impala_tf.sample_batch import SampleBatch
+    from impala_tf.data.sample_batch import SampleBatch
+    from impala_tf.learning import pipeline
+    from impala_tf.learning.learner import ImpalaLearner
+    from impala_tf.learning.thread import LearnerThread, TrainBatch
 
     def vm_hwm_mb() -> float:
         return proclib.peak_rss_bytes(os.getpid()) / 2**20

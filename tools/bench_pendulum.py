@@ -46,7 +46,8 @@ STOP_STEPS = 5_000_000
 #: One point of a learning curve: (wall seconds since launch, env steps sampled, mean return).
 Point = tuple[float, int, float]
 
-# `iter   13  t=65.2s  steps   332,000  return -1102.4 [-1556, -288]  ...` (impala_tf.reporting).
+# `iter   13  t=65.2s  steps   332,000  return -1102.4 [-1556, -288]  ...`
+# (impala_tf.training.reporting).
 _ITER_LINE = re.compile(r"^iter\s+\d+\s+t=\S+\s+steps\s+([\d,]+)\s+return\s+(\S+)")
 
 # RLlib's tuned example `pendulum_impala.py` (Ray 2.60, new API stack, torch), with the env

@@ -13,7 +13,7 @@ Measured here, each part in a fresh process:
   thread, the config's envs, fragments and vector-env threads): env steps per second of wall
   time and per second of the process's CPU time (the second is what one dedicated core would
   give), and the size of one fragment: its observations as stacks would be, as sent (each frame
-  once, `impala_tf.frames`), zlib-compressed (`compress_observations`), and the pickle of the
+  once, `impala_tf.models.frames`), zlib-compressed (`compress_observations`), and the pickle of the
   fragment as sent; zlib's CPU cost both ways; the bytes of the policy weights.
 * **learner** - `ImpalaLearner.train_step` samples/s at `train_batch_size` on this machine's
   CPU, all cores (`tools.bench_atari`'s learner case). No GPU here.
@@ -61,7 +61,7 @@ def _nbytes(batch) -> int:
 
 def case_actor(path: str, seconds: float) -> dict:
     """One env runner, as a Ray actor runs it: rates, fragment sizes, decode cost, weights."""
-    from impala_tf.quiet import import_tensorflow
+    from impala_tf.utils.quiet import import_tensorflow
 
     import_tensorflow()
     import tensorflow as tf
@@ -73,11 +73,11 @@ def case_actor(path: str, seconds: float) -> dict:
     import numpy as np
 
     from impala_tf.config import ImpalaConfig
+    from impala_tf.data.sample_batch import OBS, OBS_FRAMES, compress, decompress
     from impala_tf.driver.specs import runner_spec
-    from impala_tf.learner import ImpalaLearner
+    from impala_tf.learning.learner import ImpalaLearner
     from impala_tf.rollout.env_runner import EnvRunner
     from impala_tf.rollout.fragment import DEFAULT_POLICY_ID
-    from impala_tf.sample_batch import OBS, OBS_FRAMES, compress, decompress
 
     config, _ = ImpalaConfig.from_yaml(path)
     config.validate()

@@ -3,10 +3,10 @@
 Run from the repository root: `.venv/bin/python -m tools.bench_vtrace [--no-write]`.
 
 Sections:
-    bench_vtrace: V-trace (`impala_tf.vtrace.from_importance_weights`) against
-        `impala_tf.vtrace.scan_vtrace_baseline` (the same function with its reverse recursion
-        written as RLlib's `vtrace_tf.py` writes it: `tf.scan`, `parallel_iterations=1`; RLlib's
-        own code is not run) and a numpy loop, at T=50 (time), B=500 (batch), float32.
+    bench_vtrace: V-trace (`impala_tf.learning.vtrace.from_importance_weights`) against
+        `impala_tf.learning.vtrace.scan_vtrace_baseline` (the same function with its reverse
+        recursion written as RLlib's `vtrace_tf.py` writes it: `tf.scan`, `parallel_iterations=1`;
+        RLlib's own code is not run) and a numpy loop, at T=50 (time), B=500 (batch), float32.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
-from impala_tf import vtrace  # noqa: E402
+from impala_tf.learning import vtrace  # noqa: E402
 from tools import benchlib  # noqa: E402
 
 __all__ = ["main", "vtrace_section"]
@@ -172,7 +172,8 @@ def vtrace_section() -> str:
         f"rows measure. In graph: one call runs {CHAIN} chained V-traces (each one's `vs` feeds "
         f"the next one's values), time / {CHAIN}: the cost inside a learner's traced train step. "
         "Speed-ups are against the baseline under `tf.function` in the same column. The "
-        "baseline is `impala_tf.vtrace.scan_vtrace_baseline`: impala_tf's V-trace with its "
+        "baseline is `impala_tf.learning.vtrace.scan_vtrace_baseline`: impala_tf's V-trace with "
+        "its "
         "reverse recursion written as RLlib's `vtrace_tf.py` writes it (`tf.scan`, "
         "`parallel_iterations=1`); RLlib's own code is not run. Thresholds "
         "rho-bar = rho-bar_pg = 1.0; 2% of discounts are zero.",

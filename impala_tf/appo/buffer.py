@@ -13,7 +13,7 @@ A batch pushed out before any draw is counted, with its env steps, in `stats()`
 
 It has the queue methods the learner thread and the driver's learner group use (`put`,
 `put_nowait`, `get`, `get_nowait`, `qsize`, `drain`, `stats`), as
-`impala_tf.minibatch.LearnerQueue` has.
+`impala_tf.data.train_batch.LearnerQueue` has.
 """
 
 from __future__ import annotations

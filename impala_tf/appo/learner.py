@@ -1,6 +1,6 @@
 """`AppoLearner`: IMPALA's learner with APPO's loss, target network and KL coefficient.
 
-Everything but the loss is `impala_tf.learner.ImpalaLearner`'s: the devices and their one
+Everything but the loss is `impala_tf.learning.learner.ImpalaLearner`'s: the devices and their one
 all-reduce, gradient clipping, the optimizers and schedules, microbatches, the skip of a
 non-finite update. What APPO adds (RLlib's APPO learner; `impala_tf.appo.config` has the keys):
 
@@ -29,10 +29,10 @@ from typing import Any
 import gymnasium as gym
 import tensorflow as tf
 
-from impala_tf import distributions
 from impala_tf.appo.losses import AppoSums, appo_loss
 from impala_tf.appo.spec import AppoLearnerSpec
-from impala_tf.learner import ImpalaLearner, LossInputs
+from impala_tf.learning.learner import ImpalaLearner, LossInputs
+from impala_tf.models import distributions
 from impala_tf.models.catalog import build_model
 from impala_tf.models.spec import ModelSpec
 

@@ -1,8 +1,8 @@
 """APPO's loss: PPO's clipped surrogate on V-trace advantages taken against a target network.
 
-Time-major tensors, T time by B batch, as `impala_tf.losses`. With pi the policy being trained,
-pi_t the target network (a lagged copy of pi, no gradient), mu the policy that acted, epsilon =
-`clip_param` and m the valid steps (RLlib's APPO learner and old-stack TF policy):
+Time-major tensors, T time by B batch, as `impala_tf.learning.losses`. With pi the policy
+being trained, pi_t the target network (a lagged copy of pi, no gradient), mu the policy that
+acted, epsilon = `clip_param` and m the valid steps (RLlib's APPO learner and old-stack TF policy):
 
     V-trace with pi_t as its target policy: log rho = log pi_t(a|x) - log mu(a|x)
         -> value targets v_s and advantages A_s (no gradient)
@@ -18,7 +18,7 @@ The terms are means over the valid steps, as in RLlib's APPO (IMPALA's are sums)
 returns the sums (`AppoSums`), which the learner all-reduces across devices and accumulates
 across microbatches as IMPALA's; the learner then divides the summed gradient by the batch's
 valid steps (`AppoLearner.gradient_scale`), which gives the gradient of the means. The
-truncation and sequence-end handling is IMPALA's (`impala_tf.losses.prepare_steps`).
+truncation and sequence-end handling is IMPALA's (`impala_tf.learning.losses.prepare_steps`).
 """
 
 from __future__ import annotations
@@ -27,11 +27,11 @@ import collections
 
 import tensorflow as tf
 
-from impala_tf import losses
+from impala_tf.learning import losses
 
 __all__ = ["AppoSums", "appo_loss"]
 
-#: `impala_tf.losses.LossSums`' fields plus APPO's: `kl` (sum of KL(pi_t || pi)),
+#: `impala_tf.learning.losses.LossSums`' fields plus APPO's: `kl` (sum of KL(pi_t || pi)),
 #: `kl_penalty` (kl_coeff x kl when `use_kl_loss`, else 0), `is_ratio` and `is_ratio_sq`
 #: (of the clipped weight w_t) and `ratio_clipped` (the steps whose ratio fell outside
 #: [1 - epsilon, 1 + epsilon]). `pi_loss` is the negated surrogate's sum.
@@ -77,7 +77,7 @@ def appo_loss(
       rewards: float32 [T, B].
       terminateds: bool [T, B].
       truncateds: bool [T, B].
-      values_bootstrapped: float32 [T, B] (`impala_tf.losses.vtrace_loss`).
+      values_bootstrapped: float32 [T, B] (`impala_tf.learning.losses.vtrace_loss`).
       mask: float32 or bool [T, B] of valid steps, or None for all valid.
       gamma: The discount (`gamma`).
       clip_param: epsilon (`clip_param`).

@@ -10,8 +10,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from impala_tf.learner_spec import LearnerSpec, learner_spec
-from impala_tf.seeds import Stream, stream_seed
+from impala_tf.learning.spec import LearnerSpec, learner_spec
+from impala_tf.utils.seeds import Stream, stream_seed
 
 __all__ = ["AppoLearnerSpec", "appo_learner_spec"]
 

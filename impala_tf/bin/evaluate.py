@@ -14,7 +14,7 @@ Prints a readable summary, then one JSON line:
 "episode_len_mean"}`. `--video` records the first `--video_episodes` episodes with gymnasium's
 `rgb_array` rendering, one after another in one file: `.gif` is written with Pillow, `.mp4` with
 imageio (`pip install 'imageio[ffmpeg]'`). The recording is the one training-time evaluation
-uses (`impala_tf.video`; the flags set its `video_*` keys), at the env's size unless
+uses (`impala_tf.envs.video`; the flags set its `video_*` keys), at the env's size unless
 `--video_max_width` is given. Without `--video` nothing is recorded, whatever the checkpoint's
 `render_env` / `record_env` say.
 """
@@ -33,7 +33,7 @@ from absl import flags
 from absl import logging as absl_logging
 
 from impala_tf.bin import _common  # Defines --verbose.
-from impala_tf.video import Recording, video_format, write_video
+from impala_tf.envs.video import Recording, video_format, write_video
 
 if TYPE_CHECKING:
     from impala_tf.rollout.fragment import Episode
@@ -103,7 +103,7 @@ def _error(message: str) -> int:
 
 def main(argv: list[str]) -> int:
     del argv
-    from impala_tf.quiet import import_tensorflow, quiet_start
+    from impala_tf.utils.quiet import import_tensorflow, quiet_start
 
     # Before anything imports TensorFlow; it is imported once the flags that name files check
     # out, so that a wrong path or video format is told at once.
@@ -127,7 +127,7 @@ def main(argv: list[str]) -> int:
         spaces = probe_spaces(config)
     except (FileNotFoundError, ValueError) as e:
         return _error(str(e))
-    from impala_tf import evaluation
+    from impala_tf.driver import evaluation
 
     explore = bool(config.explore if FLAGS.explore is None else FLAGS.explore)
     config.update_from_dict(

@@ -53,7 +53,8 @@ def serving_module(model, action_space, obs_filter=None):
     Args:
       model: An `impala_tf.models.ActorCritic`.
       action_space: The env's action space (it picks the action distribution).
-      obs_filter: An `impala_tf.filters.MeanStdFilter` applied to `obs` first (frozen), or None.
+      obs_filter: An `impala_tf.acting.filters.MeanStdFilter` applied to `obs` first (frozen), or
+      None.
 
     Returns:
       `(module, signatures)`: the module to save and its signatures by name.
@@ -61,7 +62,7 @@ def serving_module(model, action_space, obs_filter=None):
     import numpy as np
     import tensorflow as tf
 
-    from impala_tf import distributions
+    from impala_tf.models import distributions
 
     module = tf.Module(name="impala_policy")
     # Tracked so that the SavedModel stores them; the functions below capture the same ones.
@@ -130,7 +131,7 @@ def export_saved_model(model, action_space, out_dir: str, obs_filter=None) -> di
 
 def main(argv: list[str]) -> int:
     del argv
-    from impala_tf.quiet import import_tensorflow, quiet_start
+    from impala_tf.utils.quiet import import_tensorflow, quiet_start
 
     # Before anything imports TensorFlow; it is imported once --checkpoint checks out, so that
     # a wrong path is told at once.
@@ -145,7 +146,7 @@ def main(argv: list[str]) -> int:
         checkpoint_dir = checkpoints.resolve_checkpoint_dir(FLAGS.checkpoint)
         import_tensorflow()  # Quietly, before the config imports a user's model module.
         config = checkpoints.load_config(checkpoint_dir)
-        from impala_tf.evaluation import load_policy_model
+        from impala_tf.driver.evaluation import load_policy_model
 
         model, action_space, obs_filter = load_policy_model(checkpoint_dir, config, FLAGS.policy_id)
     except (FileNotFoundError, ValueError) as e:

@@ -5,28 +5,28 @@ r"""impala-train: trains IMPALA from an RLlib tuned-example YAML (or the CartPol
   impala-train --logdir=runs/cartpole --stop_iters=200      # resumes runs/cartpole
 
 Writes to the logdir: `result.json` (one RLlib result dict per line), TensorBoard event files
-(tags in `impala_tf.reporting`), `params.json` (the config, stop criteria and these flags) and
-`checkpoints/checkpoint_<iteration>/` every `checkpoint_freq` iterations and at the end, keeping
+(tags in `impala_tf.training.reporting`), `params.json` (the config, stop criteria and these flags)
+and `checkpoints/checkpoint_<iteration>/` every `checkpoint_freq` iterations and at the end, keeping
 the newest `keep_checkpoints_num`. Prints one progress line per iteration (`--verbose`: also the
 whole result and TensorFlow's C++ start-up log) and exits 0 when a stop criterion is met. Flags
 override the YAML's `stop:`. SIGINT, SIGTERM and SIGHUP save a checkpoint, stop every child
 process and exit with 128 + the signal's number; a second one exits at once
-(`impala_tf.shutdown`).
+(`impala_tf.utils.shutdown`).
 
 Resuming: a `--logdir` that holds checkpoints is resumed from the newest one (`--noresume`
 refuses instead). The run's stored config and flags are used; `--set`, `--seed`, `--stop_*` and
 flags given on the command line override them. Weights, optimizer state, counters, schedules and
 result numbering continue; results logged after that checkpoint are moved to
 `result.discarded.json`. With `--deterministic`, a resumed run matches an uninterrupted one
-exactly (see `impala_tf.algorithm`).
+exactly (see `impala_tf.driver.algorithm`).
 
 Callbacks: `--callbacks=package.module:factory` (repeatable) adds Keras callbacks to the driver
-loop, one epoch per iteration (`impala_tf.callbacks`); `--learner_callbacks` adds them to the
-learner thread, called around each update. `factory` is a `keras.callbacks.Callback`, or a
+loop, one epoch per iteration (`impala_tf.training.callbacks`); `--learner_callbacks` adds them to
+the learner thread, called around each update. `factory` is a `keras.callbacks.Callback`, or a
 callable (a class) returning one or a list. RLlib's callbacks (`DefaultCallbacks`, with episode
-hooks and custom metrics) are the YAML's `callbacks` key instead (`impala_tf.algorithm_callbacks`).
-The current directory is importable: a YAML's import paths (`custom_model`, `callbacks`,
-an env creator) may name the user's own modules.
+hooks and custom metrics) are the YAML's `callbacks` key instead
+(`impala_tf.config.callbacks`). The current directory is importable: a YAML's import
+paths (`custom_model`, `callbacks`, an env creator) may name the user's own modules.
 """
 
 from __future__ import annotations
@@ -189,8 +189,8 @@ def load_resumed_config(logdir: str, checkpoint_dir: str):
 
 
 def load_callbacks(specs: list[str]) -> list:
-    """`impala_tf.callbacks.load_callbacks`, with the current directory importable."""
-    from impala_tf.callbacks import load_callbacks as load
+    """`impala_tf.training.callbacks.load_callbacks`, with the current directory importable."""
+    from impala_tf.training.callbacks import load_callbacks as load
 
     _common.import_from_cwd()
     try:
@@ -241,7 +241,7 @@ def truncate_results(logdir: str, iteration: int) -> dict | None:
 def _make_wall_clock(offset_s: float):
     import keras
 
-    from impala_tf.callbacks import result_of
+    from impala_tf.training.callbacks import result_of
 
     class WallClock(keras.callbacks.Callback):
         """Adds `time_since_start_s` (wall time, continued across resumes) to each result."""
@@ -264,11 +264,11 @@ def _stored(name: str, stored_flags: dict):
 
 def main(argv: list[str]) -> int:
     del argv
-    from impala_tf.quiet import quiet_start
+    from impala_tf.utils.quiet import quiet_start
 
     # Before anything imports TensorFlow; `_train` imports it once the fork server starts.
     quiet_start(FLAGS.verbose, import_now=False)
-    from impala_tf.shutdown import GracefulShutdown, Interrupted
+    from impala_tf.utils.shutdown import GracefulShutdown, Interrupted
 
     global _SHUTDOWN
     _SHUTDOWN = GracefulShutdown("impala-train").install()
@@ -287,7 +287,7 @@ def main(argv: list[str]) -> int:
 
 def _train() -> int:
     from impala_tf import checkpoints
-    from impala_tf.reporting import stop_reached
+    from impala_tf.training.reporting import stop_reached
 
     _common.import_from_cwd()  # Before the plan imports a config's custom model or callbacks.
     resume_from = checkpoints.latest_checkpoint(FLAGS.logdir) if FLAGS.logdir else None
@@ -332,7 +332,7 @@ def _train() -> int:
     if run_flags["deterministic"]:
         # A process-wide switch, so the binary (which owns the process) makes it, not the
         # library: an algorithm built in a notebook must not change every later one.
-        from impala_tf.quiet import import_tensorflow
+        from impala_tf.utils.quiet import import_tensorflow
 
         import_tensorflow()
         import tensorflow as tf
@@ -355,8 +355,8 @@ def _train() -> int:
         raise TrainError(str(e)) from e
     except ConnectionError as e:  # actor_backend=ray: no cluster at ray_address, or refused.
         raise TrainError(f"{type(e).__name__}: {e}") from e
-    from impala_tf import callbacks as cb
-    from impala_tf.loop import fit
+    from impala_tf.training import callbacks as cb
+    from impala_tf.training.loop import fit
 
     try:
         user_callbacks = load_callbacks(run_flags["callbacks"])
@@ -383,7 +383,7 @@ def _train() -> int:
         try:
             result = fit(algo, callbacks)
         except KeyboardInterrupt as e:
-            # SIGINT, SIGTERM or SIGHUP (`impala_tf.shutdown`); a second one exits at once.
+            # SIGINT, SIGTERM or SIGHUP (`impala_tf.utils.shutdown`); a second one exits at once.
             if _SHUTDOWN is not None:
                 _SHUTDOWN.shutting_down()
             print(

@@ -2,7 +2,7 @@
 
 Everything of `store` is re-exported here (`write_checkpoint`, `resolve_checkpoint_dir`,
 `restore_model`, ...), plus `load_config`, which rebuilds the config a checkpoint was
-trained with. Evaluating or exporting a checkpoint's policies is `impala_tf.evaluation`'s.
+trained with. Evaluating or exporting a checkpoint's policies is `impala_tf.driver.evaluation`'s.
 """
 
 from __future__ import annotations

@@ -39,8 +39,8 @@ class _Fields:
 #: Classes that older `runtime_state.pkl` files pickled, read back as `_Fields`.
 _PICKLED_CLASSES = {
     ("impala_tf.actors.aggregation", "Aggregator"),
-    ("impala_tf.batching", "BatchBuilder"),
-    ("impala_tf.replay", "MixInReplayBuffer"),
+    ("impala_tf.data.batching", "BatchBuilder"),
+    ("impala_tf.data.replay", "MixInReplayBuffer"),
 }
 
 

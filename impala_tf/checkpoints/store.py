@@ -47,6 +47,7 @@ import numpy as np
 
 from impala_tf.checkpoints.legacy import load_runtime_state, normalize_state
 from impala_tf.config.policies import DEFAULT_POLICY_ID
+from impala_tf.models.tracking import untracked_variables
 
 __all__ = [
     "CHECKPOINTS_DIR",
@@ -95,7 +96,7 @@ def learner_checkpoint(learner: Any) -> Any:
     """The `tf.train.Checkpoint` of everything the learner trains or counts.
 
     Args:
-      learner: An `impala_tf.learner.ImpalaLearner` (or an algorithm's subclass).
+      learner: An `impala_tf.learning.learner.ImpalaLearner` (or an algorithm's subclass).
 
     Returns:
       A checkpoint of the learner's `checkpoint_parts()`: `model`, `policy_optimizer`,
@@ -499,22 +500,6 @@ def storable_config(config: Any) -> dict[str, Any] | None:
             stored[pid] = spec
         out["policies"] = stored
     return out
-
-
-def untracked_variables(model: Any) -> list:
-    """The weights of `model` that a `tf.train.Checkpoint` of it would not hold.
-
-    Keras 3 does not track layers kept in Python lists for TensorFlow checkpoints (only
-    attributes), so a torso that keeps its layers in a list saves none of their weights under
-    the `model` part. A model whose list is empty checkpoints completely. Only weights count:
-    a Keras layer's random-seed state (a recurrent layer's dropout seeds) is not a weight, and
-    no checkpoint needs it.
-    """
-    import tensorflow as tf
-
-    root = tf.train.Checkpoint(model=model)
-    reachable = {id(obj) for obj in tf.train.TrackableView(root).descendants()}
-    return [v for v in model.weights if id(v) not in reachable]
 
 
 def restore_model(model: Any, checkpoint_dir: str, policy_id: str = DEFAULT_POLICY_ID) -> None:

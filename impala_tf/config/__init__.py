@@ -68,7 +68,7 @@ class ImpalaConfig(AlgorithmConfig):
           logdir: The run's directory (batches of skipped non-finite updates go there).
 
         Returns:
-          An `impala_tf.algorithm.Impala`.
+          An `impala_tf.driver.algorithm.Impala`.
         """
         if env is not None:
             self.environment(env)

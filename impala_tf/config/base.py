@@ -142,12 +142,13 @@ class AlgorithmConfig:
     env: str | Callable[[dict], Any] | None = config_key(None, "environment")
     env_config: dict = config_key({}, "environment")
     clip_rewards: bool | float | None = config_key(None, "environment")
-    # Box actions: the policy acts in [-1, 1], unsquashed to the bounds (see impala_tf.actions).
+    # Box actions: the policy acts in [-1, 1], unsquashed to the bounds (see
+    # impala_tf.acting.actions).
     normalize_actions: bool = config_key(True, "environment")
     clip_actions: bool = config_key(False, "environment")
     # RLlib's `render_env` and RLlib 1.x's `record_env` (True or a directory): here they record
     # evaluation episodes only, as GIFs in TensorBoard and, with `record_env`, in files
-    # (impala_tf.video); training env runners never render.
+    # (impala_tf.envs.video); training env runners never render.
     render_env: bool = config_key(False, "environment")
     record_env: bool | str = config_key(False, "environment")
 
@@ -163,8 +164,8 @@ class AlgorithmConfig:
     observation_filter: str = config_key("NoFilter", "env_runners")
     sample_timeout_s: float | None = config_key(60.0, "env_runners")
     drop_nonfinite_episodes: bool = config_key(False, "env_runners")
-    # Where the acting policy runs (impala_tf.inference): in each actor, or in the driver for all
-    # ("central", SEED RL style); "auto" keeps it in the actors unless local TensorFlow actors
+    # Where the acting policy runs (impala_tf.acting.inference): in each actor, or in the driver for
+    # all ("central", SEED RL style); "auto" keeps it in the actors unless local TensorFlow actors
     # would not fit in memory (impala_tf.driver.plan decides, once per build).
     inference: str = config_key("auto", "env_runners")
     # Ray resources of each actor (`actor_backend="ray"` only; see impala_tf.workers.ray_backend).
@@ -221,11 +222,11 @@ class AlgorithmConfig:
     _separate_vf_optimizer: bool = config_key(False, "training")
     _lr_vf: float = config_key(0.0005, "training")
     # Not an RLlib key: updates with a non-finite loss or gradient are skipped; this many in a
-    # row raise (`impala_tf.nonfinite`).
+    # row raise (`impala_tf.learning.nonfinite`).
     max_nonfinite_updates: int = config_key(10, "training")
     # Not an RLlib key: XLA-compile each device's part of the update (forward, V-trace,
     # backward; the all-reduce and the optimizer step stay outside XLA). True, False, or "auto"
-    # (`impala_tf.devices.resolve_jit_compile`: off on a CPU, where it measured slower).
+    # (`impala_tf.learning.devices.resolve_jit_compile`: off on a CPU, where it measured slower).
     jit_compile_update: bool | str = config_key("auto", "training")
     # Not an RLlib key (RLlib's TF policies have no mixed precision): the Keras dtype policy the
     # learner's model is built under, and the acting models' (TF actors, the inference server,
@@ -265,7 +266,7 @@ class AlgorithmConfig:
     evaluation_duration: int = config_key(10, "evaluation")
     evaluation_config: dict | None = config_key({}, "evaluation")
     # Not RLlib keys: the bounds of the videos `render_env` / `record_env` record
-    # (impala_tf.video): episodes per evaluation, frames per episode, frame width in pixels
+    # (impala_tf.envs.video): episodes per evaluation, frames per episode, frame width in pixels
     # (None: the env's), and every how many evaluations one records.
     video_episodes: int = config_key(1, "evaluation")
     video_max_frames: int = config_key(500, "evaluation")
@@ -277,7 +278,7 @@ class AlgorithmConfig:
     checkpoint_freq: int = config_key(1, "checkpointing")
 
     # callbacks() (YAML and dicts: `callbacks`): RLlib's DefaultCallbacks subclass, an import
-    # path to one, or a list of them (impala_tf.algorithm_callbacks); None: no callbacks.
+    # path to one, or a list of them (impala_tf.config.callbacks); None: no callbacks.
     callbacks_class: Any = config_key(None, "callbacks")
 
     # multi_agent() (YAML: the `multiagent:` block; see impala_tf.multi_agent)
@@ -637,20 +638,20 @@ class AlgorithmConfig:
     # What the runtime is built from ------------------------------------------------------------
 
     def learner_class(self) -> type:
-        """The learner this algorithm trains with: `impala_tf.learner.ImpalaLearner`, built
+        """The learner this algorithm trains with: `impala_tf.learning.learner.ImpalaLearner`, built
         from `learner_spec()` (an algorithm's config class returns its own subclass)."""
-        from impala_tf.learner import ImpalaLearner
+        from impala_tf.learning.learner import ImpalaLearner
 
         return ImpalaLearner
 
     def learner_spec(self, model: Any = None) -> Any:
         """The learner settings of this (policy's) config: a `LearnerSpec`
-        (`impala_tf.learner_spec`), which also makes the learner thread's queue.
+        (`impala_tf.learning.spec`), which also makes the learner thread's queue.
 
         Args:
           model: The policy's resolved `ModelSpec` (None: resolves `model` here).
         """
-        from impala_tf.learner_spec import learner_spec
+        from impala_tf.learning.spec import learner_spec
 
         return learner_spec(self, model)
 

@@ -119,7 +119,8 @@ MODEL_ALIASES: dict[str, tuple[str, ...]] = {
     "lstm_use_prev_action_reward": ("lstm_use_prev_action", "lstm_use_prev_reward"),
 }
 
-#: `observation_filter` values (`impala_tf.filters.FILTER_NAMES`; not imported, to stay light).
+#: `observation_filter` values (`impala_tf.acting.filters.FILTER_NAMES`; not imported, to
+#: stay light).
 FILTER_NAMES = ("NoFilter", "MeanStdFilter", "ConcurrentMeanStdFilter")
 
 # RLlib keys accepted and ignored, with the reason shown in the warning.

@@ -52,7 +52,7 @@ def validate(config: Any, require_env: bool = False) -> None:
     _multi_device(config)
     _video(config)
     if config.callbacks_class is not None:
-        from impala_tf.algorithm_callbacks import resolve_callbacks  # numpy only.
+        from impala_tf.config.callbacks import resolve_callbacks  # numpy only.
 
         resolve_callbacks(config.callbacks_class)
     if config.policies is not None or config.policy_mapping_fn is not None:
@@ -258,7 +258,8 @@ def _runtime(config) -> None:
 
 
 def _video(config) -> None:
-    """RLlib's `render_env` / `record_env` and the bounds of what they record (impala_tf.video)."""
+    """RLlib's `render_env` / `record_env` and the bounds of what they record
+    (`impala_tf.envs.video`)."""
     check_bool(config, "render_env")
     record = config.record_env
     if not (isinstance(record, bool) or (isinstance(record, str) and record.strip())):
@@ -284,7 +285,8 @@ def _video(config) -> None:
     ):
         warn_once(
             "render_env",
-            "`render_env` / `record_env` record evaluation episodes (impala_tf.video), but "
+            "`render_env` / `record_env` record evaluation episodes (impala_tf.envs.video), "
+            "but "
             "`evaluation_interval` is not set, so training runs no evaluation to record "
             "(`impala-evaluate --video` records after training).",
             ConfigWarning,

@@ -1,4 +1,4 @@
-"""The driver: the collaborators `impala_tf.algorithm.Impala` is a thin facade over.
+"""The driver: the collaborators `impala_tf.driver.algorithm.Impala` is a thin facade over.
 
 Bottom up: `specs` (the config resolved into the frozen specs workers are built from: no worker
 receives the config), `plan` (the run's modes, decided once), `metrics` (counters, episodes, the

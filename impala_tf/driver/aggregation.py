@@ -1,11 +1,11 @@
 """Aggregation: fragments -> decompressed, replayed, train-batch-sized pieces per policy.
 
 `Aggregator` is what happens to every fragment between the actors and the learners, per trained
-policy: decompression of its observations (`impala_tf.sample_batch.decompress`: zlib, with
-`compress_observations`; frame-stacked observations stay frames, `impala_tf.frames`), RLlib's
+policy: decompression of its observations (`impala_tf.data.sample_batch.decompress`: zlib, with
+`compress_observations`; frame-stacked observations stay frames, `impala_tf.models.frames`), RLlib's
 mix-in replay (`replay_proportion`, `replay_buffer_num_slots`; one buffer per policy, RLlib's
 "independent" multi-agent replay) and cutting into train batches of `train_batch_size`
-(`impala_tf.batching.BatchBuilder`). Policies not in `policies_to_train` are
+(`impala_tf.data.batching.BatchBuilder`). Policies not in `policies_to_train` are
 dropped here.
 
 `AggregationStage` runs it in the driver, or, with `num_aggregation_workers` > 0 (RLlib's tree
@@ -18,7 +18,7 @@ where the actor left them, in Ray's object store or in a shared memory segment
 batches come back the same way (`process_parts`). The driver so sees the fragments' counts and
 episodes and handles on the train batches only, and releases each fragment's batches once its
 aggregation worker answered or failed. The train batches stay in the store too until the
-learner's loader fetches them (`BatchRef`, an `impala_tf.minibatch.BatchHandle`): their bytes
+learner's loader fetches them (`BatchRef`, an `impala_tf.data.train_batch.BatchHandle`): their bytes
 never pass through the driver's main thread, which so does no per-byte work for the fragments
 its workers take. A train batch lost with its node before the loader fetched it is skipped and
 its env steps counted in `num_env_steps_lost_in_aggregation`. (On Ray a fragment whose batches
@@ -44,13 +44,13 @@ import threading
 from collections.abc import Mapping
 from typing import Any
 
-from impala_tf.batching import BatchBuilder
+from impala_tf.data.batching import BatchBuilder
+from impala_tf.data.replay import MixInReplayBuffer
+from impala_tf.data.sample_batch import SampleBatch, decompress
+from impala_tf.data.train_batch import BatchHandle, BatchLost, release_unread
 from impala_tf.driver.counters import Counters
-from impala_tf.minibatch import BatchHandle, BatchLost, release_unread
-from impala_tf.replay import MixInReplayBuffer
 from impala_tf.rollout.fragment import Fragment
-from impala_tf.sample_batch import SampleBatch, decompress
-from impala_tf.seeds import replay_seed
+from impala_tf.utils.seeds import replay_seed
 from impala_tf.workers import (
     RestartPolicy,
     StoredValue,

@@ -6,7 +6,7 @@ here, so that the two imports overlap, and builds the `Impala` algorithm with th
 for its learner threads, deterministic mode and the run's logdir. RLlib's
 `build(logger_creator=...)` is accepted: the logger it returns gives the logdir when it has one
 (RLlib's loggers have a `logdir`); otherwise it is ignored with a warning, since results go
-through Keras callbacks here (`impala_tf.callbacks`).
+through Keras callbacks here (`impala_tf.training.callbacks`).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from typing import Any
 from impala_tf.config.base import AlgorithmConfig
 from impala_tf.config.keys import ConfigWarning
 from impala_tf.driver.plan import make_plan
-from impala_tf.quiet import import_tensorflow
+from impala_tf.utils.quiet import import_tensorflow
 from impala_tf.workers.process import prestart_fork_server
 
 __all__ = ["build_algorithm"]
@@ -44,7 +44,7 @@ def build_algorithm(
       logger_creator: RLlib's `logger_creator(config_dict) -> logger`.
 
     Returns:
-      An `impala_tf.algorithm.Impala`.
+      An `impala_tf.driver.algorithm.Impala`.
 
     Raises:
       ValueError: an invalid config (the message names the key), or one that cannot run
@@ -58,7 +58,7 @@ def build_algorithm(
     if plan.backend == "process":
         prestart_fork_server(plan.preload)  # Its imports overlap TensorFlow's below.
     import_tensorflow()  # Without TensorFlow's C++ start-up lines unless asked for.
-    from impala_tf.algorithm import Impala
+    from impala_tf.driver.algorithm import Impala
 
     if callable(callbacks):
         callbacks = callbacks()
@@ -79,7 +79,7 @@ def _logdir_of(logger: Any, logdir: str | None) -> str | None:
         return found
     warnings.warn(
         f"`logger_creator` returned {type(logger).__name__}, which has no `logdir`: it is "
-        "ignored (results go through Keras callbacks, impala_tf.callbacks).",
+        "ignored (results go through Keras callbacks, impala_tf.training.callbacks).",
         ConfigWarning,
         stacklevel=3,
     )

@@ -25,17 +25,17 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from impala_tf import pipeline, sequences
 from impala_tf.config.base import AlgorithmConfig
 from impala_tf.config.policies import policy_config
+from impala_tf.data.sample_batch import SampleBatch
+from impala_tf.data.train_batch import TrainBatch
 from impala_tf.driver.counters import Counters
 from impala_tf.driver.plan import RuntimePlan
-from impala_tf.learner import ImpalaLearner
-from impala_tf.learner_thread import LearnerThread
-from impala_tf.minibatch import TrainBatch
-from impala_tf.nonfinite import NonFiniteUpdatesError
+from impala_tf.learning import pipeline, sequences
+from impala_tf.learning.learner import ImpalaLearner
+from impala_tf.learning.nonfinite import NonFiniteUpdatesError
+from impala_tf.learning.thread import LearnerThread
 from impala_tf.rollout.fragment import DEFAULT_POLICY_ID
-from impala_tf.sample_batch import SampleBatch
 
 __all__ = ["LearnerGroup"]
 

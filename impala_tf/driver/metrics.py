@@ -9,7 +9,7 @@ episodes, used for that window, for `evaluate()` and by `impala-evaluate`.
 Learner stats: RLlib's `learner_stats` are the last update's, as RLlib reports them; every
 update of the iteration is summarised beside them in `update_stats` (ours): for each stat,
 `<name>_mean`, `<name>_min` and `<name>_max` over the iteration's updates (RLlib's stats, the
-diagnostics of `impala_tf.learner.DIAGNOSTIC_KEYS`, and the policy lag
+diagnostics of `impala_tf.learning.learner.DIAGNOSTIC_KEYS`, and the policy lag
 `diff_num_grad_updates_vs_sampler_policy`), and `num_updates`. A short collapse inside an
 iteration shows there (an entropy minimum, a gradient-norm maximum) when the last update has
 recovered.
@@ -33,7 +33,7 @@ from typing import Any
 
 import numpy as np
 
-from impala_tf.algorithm_callbacks import custom_metric_stats, hist_stats
+from impala_tf.config.callbacks import custom_metric_stats, hist_stats
 from impala_tf.driver.counters import COUNTERS, Counters
 from impala_tf.rollout.fragment import Episode, Fragment
 
@@ -66,7 +66,7 @@ def summarize_episodes(episodes: Iterable[Episode], multi_agent: bool = False) -
     Returns:
       `episode_reward_mean/min/max`, `episode_len_mean`, `num_episodes`,
       `num_env_steps` (the episodes' summed lengths), `policy_reward_mean/min/max`, and
-      RLlib's `custom_metrics` and `hist_stats` (`impala_tf.algorithm_callbacks`).
+      RLlib's `custom_metrics` and `hist_stats` (`impala_tf.config.callbacks`).
     """
     episodes = list(episodes)
     returns = [e.ret for e in episodes]

@@ -25,14 +25,14 @@ from __future__ import annotations
 
 import dataclasses
 
-from impala_tf.algorithm_callbacks import resolve_callbacks
+from impala_tf.acting.numpy_policy import supports
 from impala_tf.config.base import AlgorithmConfig
+from impala_tf.config.callbacks import resolve_callbacks
 from impala_tf.config.policies import policy_config, policy_ids_to_train
+from impala_tf.config.portable import Portable
 from impala_tf.driver.specs import probe_spaces, runner_spec
 from impala_tf.envs.spaces import EnvSpaces
 from impala_tf.models.spec import ModelSpec, check_transport, model_spec
-from impala_tf.numpy_policy import supports
-from impala_tf.portable import Portable
 from impala_tf.rollout.spec import RunnerSpec
 from impala_tf.workers.memory import ActorMemoryError, check_actor_memory
 
@@ -47,7 +47,11 @@ __all__ = [
 #: Fork-server preload of actors that act in numpy or through the inference server.
 _NUMPY_PRELOAD = ("impala_tf.rollout.host",)
 #: Fork-server preload of actors that run TensorFlow policies (imported once, quietly).
-TENSORFLOW_PRELOAD = ("impala_tf.workers._quiet_tf", "impala_tf.policy", "impala_tf.rollout.host")
+TENSORFLOW_PRELOAD = (
+    "impala_tf.workers._quiet_tf",
+    "impala_tf.acting.tf_policy",
+    "impala_tf.rollout.host",
+)
 
 
 @dataclasses.dataclass(frozen=True)

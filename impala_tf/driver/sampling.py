@@ -41,14 +41,14 @@ import os
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from impala_tf import filters as filter_lib
+from impala_tf.acting import filters as filter_lib
 from impala_tf.driver.counters import Counters
 from impala_tf.driver.plan import RuntimePlan
 from impala_tf.driver.specs import SamplingSpec
 from impala_tf.envs.faults import StepProgress
 from impala_tf.rollout.fragment import Fragment
 from impala_tf.rollout.host import RunnerHost, make_runner_host
-from impala_tf.seeds import Stream, stream_seed
+from impala_tf.utils.seeds import Stream, stream_seed
 from impala_tf.workers import (
     ProcessBackend,
     RestartPolicy,
@@ -118,7 +118,7 @@ class EnvRunnerGroup:
         self._endpoint = None
         self._node_ip: str | None = None
         if plan.central_inference:
-            from impala_tf.inference import InferenceServer  # TensorFlow: the driver's.
+            from impala_tf.acting.inference import InferenceServer  # TensorFlow: the driver's.
 
             acting = plan.runner.policies
             self.server = InferenceServer(
@@ -176,7 +176,7 @@ class EnvRunnerGroup:
 
         On Ray, Ray's address of this node (`ray.util.get_node_ip_address`, what Ray actors
         reach the driver at); on local processes, this machine's address on its default route
-        (`impala_tf.inference.node_ip_address`, "127.0.0.1" offline).
+        (`impala_tf.acting.inference.node_ip_address`, "127.0.0.1" offline).
         """
         if self._node_ip is None:
             if self.plan.backend == "ray":
@@ -184,7 +184,7 @@ class EnvRunnerGroup:
 
                 self._node_ip = str(ray.util.get_node_ip_address())
             else:
-                from impala_tf.inference import node_ip_address
+                from impala_tf.acting.inference import node_ip_address
 
                 self._node_ip = node_ip_address()
         return self._node_ip

@@ -28,16 +28,16 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
-from impala_tf.algorithm_callbacks import resolve_callbacks
+from impala_tf.config.callbacks import resolve_callbacks
 from impala_tf.config.policies import policy_config, resolve_mapping_fn
+from impala_tf.config.portable import Portable
+from impala_tf.data.replay import replay_ratio_from_proportion
 from impala_tf.driver.aggregation import AggregatorSpec
 from impala_tf.envs import atari
 from impala_tf.envs.faults import env_name
 from impala_tf.envs.make import EnvSpec
 from impala_tf.envs.spaces import EnvSpaces, probe_env_spaces
 from impala_tf.models.spec import ModelSpec, model_spec
-from impala_tf.portable import Portable
-from impala_tf.replay import replay_ratio_from_proportion
 from impala_tf.rollout.spec import PolicyActing, RunnerSpec
 from impala_tf.workers.memory import check_actor_memory
 

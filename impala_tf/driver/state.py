@@ -38,7 +38,7 @@ from impala_tf.driver.plan import RuntimePlan
 from impala_tf.driver.sampling import EnvRunnerGroup
 from impala_tf.models.spec import registered_paths
 from impala_tf.rollout.fragment import DEFAULT_POLICY_ID
-from impala_tf.seeds import Stream, stream_seed
+from impala_tf.utils.seeds import Stream, stream_seed
 
 __all__ = ["Progress", "SavedState", "check_pixel_centering"]
 

@@ -241,12 +241,13 @@ class DeepMindPreprocessing(gym.Wrapper):
         self._frames: collections.deque[np.ndarray] = collections.deque(maxlen=self.stack)
         self._lives = 0
         self._game_over = True
-        # Whether the last reset or step refilled the stack (`impala_tf.frames`).
+        # Whether the last reset or step refilled the stack (`impala_tf.models.frames`).
         self.stack_refilled = True
 
     @property
     def frame_stack(self) -> tuple[int, int] | None:
-        """(k, s): k frames of s channels per observation (`impala_tf.frames`); None for k = 1."""
+        """(k, s): k frames of s channels per observation (`impala_tf.models.frames`); None for
+        k = 1."""
         return (self.stack, 1 if self.grayscale else 3) if self.stack > 1 else None
 
     # Frames -----------------------------------------------------------------------------------

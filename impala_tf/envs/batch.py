@@ -74,8 +74,8 @@ def declared_frame_stack(env: gym.Env) -> tuple[int, int] | None:
 def sent_frame_stack(
     declared: tuple[int, int] | None, observation_filter: str
 ) -> tuple[int, int] | None:
-    """The frame stack whose frames an env runner sends (`obs_frames`, `impala_tf.frames`): the
-    env's declared one, unless an `observation_filter` changes the observations, which then
+    """The frame stack whose frames an env runner sends (`obs_frames`, `impala_tf.models.frames`):
+    the env's declared one, unless an `observation_filter` changes the observations, which then
     travel as `obs`. The one rule for the runners and the learners' batch signature."""
     return declared if observation_filter == "NoFilter" else None
 
@@ -95,7 +95,7 @@ class BatchStep:
         (`drop_nonfinite_episodes`); it is not reported.
       stack_restarts: bool [B] where `obs` is a refilled frame stack (k copies of its newest
         frame: a reset, or a serve after a lost life) rather than the previous stack shifted by
-        one frame; None from a batch without a `frame_stack` (`impala_tf.frames`).
+        one frame; None from a batch without a `frame_stack` (`impala_tf.models.frames`).
       infos: With `collect_infos` on the batch: each env's info dict of this step; else None.
       ended_obs: With `collect_infos`: row -> the observation an episode (reported or
         training) ended on, before its env was reset; else None.
@@ -122,7 +122,7 @@ class EnvBatch(abc.ABC):
 
     `collect_infos` (off by default, since it costs a little per step): `step` also returns each
     env's info dict and the observations ended episodes ended on (what RLlib's episode
-    callbacks read, `impala_tf.algorithm_callbacks`).
+    callbacks read, `impala_tf.config.callbacks`).
     """
 
     num_envs: int

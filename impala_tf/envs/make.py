@@ -4,7 +4,7 @@
 (`impala_tf.driver.specs.env_spec`) and sent to every actor. `make_env(spec, worker_index,
 vector_index)` builds one env (DeepMind preprocessing for Atari, `impala_tf.envs.atari`);
 `make_env_batch` builds an env runner's envs as one `EnvBatch` (ale-py's native vector env where
-it covers the spec), seeded as RLlib seeds env j of runner i (`impala_tf.seeds.env_seed`). A
+it covers the spec), seeded as RLlib seeds env j of runner i (`impala_tf.utils.seeds.env_seed`). A
 user's env creator receives an `EnvContext`: its `env_config` with RLlib's `worker_index`,
 `vector_index` and `num_workers`.
 """
@@ -27,7 +27,7 @@ from impala_tf.envs.batch import (
     resets_in_the_ending_step,
 )
 from impala_tf.envs.faults import EnvGuard
-from impala_tf.seeds import env_seed
+from impala_tf.utils.seeds import env_seed
 
 __all__ = ["EnvContext", "EnvSpec", "make_env", "make_env_batch"]
 

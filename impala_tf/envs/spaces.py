@@ -36,7 +36,7 @@ class EnvSpaces:
       multi_agent: The env is a `MultiAgentEnv` (its runners step it per agent).
       policies: {policy_id: (observation_space, action_space)}, sorted by policy id.
       frame_stacks: {policy_id: (k, s)} of the policies whose train batches carry
-        `obs_frames` instead of `obs` (`impala_tf.frames`; single-agent frame-stacking envs).
+        `obs_frames` instead of `obs` (`impala_tf.models.frames`; single-agent frame-stacking envs).
     """
 
     multi_agent: bool

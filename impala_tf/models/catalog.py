@@ -35,8 +35,8 @@ import gymnasium as gym
 import numpy as np
 
 from impala_tf.config.keys import MODEL_DEFAULTS as RLLIB_MODEL_DEFAULTS
-from impala_tf.distributions import logits_size
 from impala_tf.models.actor_critic import ActorCritic
+from impala_tf.models.distributions import logits_size
 from impala_tf.models.mlp import MLP, get_activation
 from impala_tf.models.precision import dtype_policy
 from impala_tf.models.preprocessing import ObservationPreprocessor, is_image_space
@@ -116,7 +116,7 @@ def build_model(
 
     Args:
         observation_space: Box (vector or H x W x C image), Discrete, MultiDiscrete or MultiBinary.
-        action_space: Discrete, MultiDiscrete or Box (see `impala_tf.distributions`).
+        action_space: Discrete, MultiDiscrete or Box (see `impala_tf.models.distributions`).
         model_config: RLlib model keys, or a policy's resolved `ModelSpec`; missing keys take
             RLlib's defaults (`MODEL_DEFAULTS`).
             `lstm_use_prev_action` / `lstm_use_prev_reward` with `use_lstm` raise "not supported

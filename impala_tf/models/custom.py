@@ -43,6 +43,7 @@ from impala_tf.models.initializers import NormcInitializer
 from impala_tf.models.modelv2 import ModelV2
 from impala_tf.models.recurrent import LSTMCore
 from impala_tf.models.spec import ModelError, ModelSpec
+from impala_tf.models.tracking import untracked_variables
 
 __all__ = ["CustomActorCritic", "model_input_space"]
 
@@ -284,8 +285,6 @@ class CustomActorCritic(keras.Model):
         scratch). Each layer of the user's model is then also held by an attribute here (the
         weights and their order do not change); a weight still out of reach is an error.
         """
-        from impala_tf.checkpoints.store import untracked_variables  # No TensorFlow at import.
-
         if not untracked_variables(self):
             return
         parts = [self.net] if isinstance(self.net, keras.layers.Layer) else []

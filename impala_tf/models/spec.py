@@ -21,8 +21,8 @@ model); either is called with `(obs_space, action_space, num_outputs, model_conf
 
 A spec pickles its custom model by import path when the path finds it again (a module-level
 class of an importable module), else by value with cloudpickle (a class defined in the main
-script, a notebook or a function; `impala_tf.portable`); `check_transport` tells at build time
-when neither works.
+script, a notebook or a function; `impala_tf.config.portable`); `check_transport` tells at build
+time when neither works.
 A registered name is looked up here, in the driver: worker processes never need the registry.
 
 This module imports neither TensorFlow nor Keras; `impala_tf.models.build_model(obs_space,
@@ -36,7 +36,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from impala_tf.config.keys import MODEL_DEFAULTS
-from impala_tf.portable import Portable, portable, resolve_path
+from impala_tf.config.portable import Portable, portable, resolve_path
 
 #: A resolved `custom_model`: `.obj` builds the model, `.label` names it, `.path` is stored.
 CustomModel = Portable

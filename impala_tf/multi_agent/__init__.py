@@ -1,7 +1,7 @@
 """Multi-agent environments: RLlib's `MultiAgentEnv` interface, `MultiAgentCartPole`, PettingZoo.
 
-Multi-agent IMPALA is not a second runtime: the driver (`impala_tf.algorithm.Impala`) runs any
-number of policies, a single-agent config being the one-policy case (`"default_policy"`). What
+Multi-agent IMPALA is not a second runtime: the driver (`impala_tf.driver.algorithm.Impala`) runs
+any number of policies, a single-agent config being the one-policy case (`"default_policy"`). What
 is specific to several agents lives where its layer is:
 
 * `impala_tf.multi_agent.env`: the `MultiAgentEnv` interface, `MultiAgentCartPole`, PettingZoo;

@@ -17,8 +17,8 @@ from typing import Any
 
 import numpy as np
 
+from impala_tf.data.sample_batch import SampleBatch
 from impala_tf.rollout.fragment import POLICY_VERSION
-from impala_tf.sample_batch import SampleBatch
 
 __all__ = [
     "STEP_ACT",

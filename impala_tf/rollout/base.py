@@ -14,13 +14,13 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
-from impala_tf.algorithm_callbacks import Callbacks
-from impala_tf.algorithm_callbacks import Episode as CallbackEpisode
+from impala_tf.acting.factory import make_policy
+from impala_tf.acting.filters import Filter, get_filter
+from impala_tf.acting.remote_policy import RemotePolicy
+from impala_tf.config.callbacks import Callbacks
+from impala_tf.config.callbacks import Episode as CallbackEpisode
 from impala_tf.envs.faults import StepProgress
-from impala_tf.filters import Filter, get_filter
 from impala_tf.models.spec import ModelSpec
-from impala_tf.numpy_policy import make_policy
-from impala_tf.remote_policy import RemotePolicy
 from impala_tf.rollout.fragment import Episode
 from impala_tf.rollout.spec import RunnerSpec
 
@@ -131,8 +131,8 @@ class RunnerBase:
     def wrap_env(self, wrapper: Callable[[gym.Env], gym.Env]) -> gym.Env:
         """Replaces this runner's first env by `wrapper(env)` and returns the wrapper.
 
-        The evaluation runner wraps its one env in an `impala_tf.video.EpisodeRecorder`. Each
-        runner keeps its gymnasium envs in the list `self.envs`.
+        The evaluation runner wraps its one env in an `impala_tf.envs.video.EpisodeRecorder`.
+        Each runner keeps its gymnasium envs in the list `self.envs`.
 
         Raises:
           TypeError: the runner steps ale-py's native vector env (training runners only),

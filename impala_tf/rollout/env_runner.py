@@ -1,7 +1,7 @@
 """`EnvRunner`: steps a set of gymnasium envs with a policy and cuts rollout fragments.
 
-The policy is `impala_tf.numpy_policy.make_policy`'s choice: numpy for MLPs, TensorFlow for the
-rest; it has no weights until `set_weights` (the driver broadcasts them before any sample).
+The policy is `impala_tf.acting.factory.make_policy`'s choice: numpy for MLPs, TensorFlow for
+the rest; it has no weights until `set_weights` (the driver broadcasts them before any sample).
 
 One env runner (RLlib's "env runner" / "rollout worker") owns `num_envs_per_env_runner` envs and
 steps them together, one batched policy call per time step: the single-agent case, whose one
@@ -11,18 +11,18 @@ B = num_envs sequences of T = `rollout_fragment_length` steps, per-step columns 
 [B, T, ...] (`truncate_episodes`: episodes continue across fragments), plus the episodes that
 finished in it. Recurrent policies add `state_in_i` [B, C, H]: the
 state at the start of each of the C = ceil(T / `model.max_seq_len`) sequences the learner trains
-on (`impala_tf.sequences`).
+on (`impala_tf.learning.sequences`).
 
 An env that stacks frames (`frame_stack`: Atari with RLlib's `framestack`) has its frames stored
 once: `obs_frames` [B, T + k - 1, H, W, s] and `obs_restarts` [B, T] replace `obs`, and the
-learner rebuilds the stacks in its graph (`impala_tf.frames`). A policy acting in the runner
+learner rebuilds the stacks in its graph (`impala_tf.models.frames`). A policy acting in the runner
 acts on the env's own stacks; with central inference the runner sends the server each step's
 newest frames and refills, and the server rebuilds the stacks in its own graph. Fragments leave
 `sample()` unpacked; with RLlib's `compress_observations` the actor process zlib-compresses the
 observation column for transport, and the aggregation workers or the driver decompress it.
 
 Box actions reach the env unsquashed from [-1, 1] to the space's bounds (`normalize_actions`)
-or clipped (`clip_actions`), as `impala_tf.actions` says; the fragment keeps the policy's own
+or clipped (`clip_actions`), as `impala_tf.acting.actions` says; the fragment keeps the policy's own
 actions, as RLlib's sample batches do.
 
 Rewards are clipped for training as RLlib's `clip_rewards` says (True: to their sign, x: to
@@ -37,9 +37,9 @@ episode: V(x_{t+1}) from the next step's policy call, 0 after a termination, and
 observation) after a truncation (computed by one extra batched call on the truncated envs).
 
 With `observation_filter: MeanStdFilter` every observation the envs return passes through the
-runner's filter (`impala_tf.filters`) before the policy sees it, and the `obs` column holds the
-filtered observations; each fragment carries the filter's changes (`filter_deltas`) for the driver
-to merge, and `set_weights` syncs the filter to the driver's merged one.
+runner's filter (`impala_tf.acting.filters`) before the policy sees it, and the `obs` column holds
+the filtered observations; each fragment carries the filter's changes (`filter_deltas`) for the
+driver to merge, and `set_weights` syncs the filter to the driver's merged one.
 
 `policy_version[t]` (int64) is the `num_grad_updates` of the weights that chose step t's action.
 The runner computes each step's action one step ahead (the value of the next observation is the
@@ -47,8 +47,8 @@ previous step's bootstrap value), so after `set_weights` the first step of the n
 still chosen by the previous weights; this column says so, and the learner's
 `diff_num_grad_updates_vs_sampler_policy` is computed from it.
 
-Callbacks (`callbacks`, `impala_tf.algorithm_callbacks`): with an episode hook overridden the
-runner keeps one callbacks `Episode` per env (its agent is `"agent0"`) and calls
+Callbacks (`callbacks`, `impala_tf.config.callbacks`): with an episode hook overridden
+the runner keeps one callbacks `Episode` per env (its agent is `"agent0"`) and calls
 `on_episode_start` at each env's first step of an episode, `on_episode_step` after each step
 that does not end it and `on_episode_end` after the one that does (the reported episode: a whole
 game with episodic life); the finished episode's `custom_metrics` and `hist_data` travel with
@@ -75,19 +75,19 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
-from impala_tf.actions import ActionAdapter
-from impala_tf.algorithm_callbacks import AGENT_ID
-from impala_tf.algorithm_callbacks import Episode as CallbackEpisode
+from impala_tf.acting.actions import ActionAdapter
+from impala_tf.acting.filters import Filter, filter_from_state
+from impala_tf.config.callbacks import AGENT_ID
+from impala_tf.config.callbacks import Episode as CallbackEpisode
+from impala_tf.data.sample_batch import OBS, OBS_FRAMES, OBS_RESTARTS, SampleBatch
 from impala_tf.envs import atari
 from impala_tf.envs.batch import AtariVectorEnvBatch, GymEnvBatch, sent_frame_stack
 from impala_tf.envs.faults import EnvGuard, StepProgress, env_name
 from impala_tf.envs.make import make_env_batch
-from impala_tf.filters import Filter, filter_from_state
 from impala_tf.rollout.base import Remote, RunnerBase
 from impala_tf.rollout.fragment import DEFAULT_POLICY_ID, POLICY_VERSION, Episode, Fragment
 from impala_tf.rollout.spec import RunnerSpec
-from impala_tf.sample_batch import OBS, OBS_FRAMES, OBS_RESTARTS, SampleBatch
-from impala_tf.seeds import env_seed, sampler_seeds
+from impala_tf.utils.seeds import env_seed, sampler_seeds
 
 __all__ = ["EnvRunner", "Weights"]
 
@@ -107,7 +107,7 @@ class EnvRunner(RunnerBase):
         seen (actors); False applies it unchanged (evaluation).
       progress: Where the runner is (step, env index, phase), shared with the driver so that
         a hang can be reported with its place (`impala_tf.envs.faults.StepProgress`).
-      remote: With central inference (`impala_tf.inference`): this actor's connection to the
+      remote: With central inference (`impala_tf.acting.inference`): this actor's connection to the
         driver's inference server and {policy_id: per-env shapes of the model's recurrent
         state}. The runner then acts through a `RemotePolicy` and never imports TensorFlow.
     """
@@ -137,8 +137,8 @@ class EnvRunner(RunnerBase):
         self.action_space = self.env_batch.action_space
         acting = spec.policies[DEFAULT_POLICY_ID]
         seed = sampler_seeds(spec.seed, worker_index, self.policy_ids, False)[DEFAULT_POLICY_ID]
-        # Frame-stacking envs: each frame is stored once (`obs_frames`, impala_tf.frames), and
-        # sent once to the driver's inference server, which keeps the stacks. The driver's probe
+        # Frame-stacking envs: each frame is stored once (`obs_frames`, impala_tf.models.frames),
+        # and sent once to the driver's inference server, which keeps the stacks. The driver's probe
         # decided it; this runner's envs must stack as the probed one did.
         self.frame_stack = spec.frame_stacks.get(DEFAULT_POLICY_ID)
         own = sent_frame_stack(self.env_batch.frame_stack, spec.observation_filter)
@@ -257,7 +257,8 @@ class EnvRunner(RunnerBase):
         rew_buf = np.empty((horizon, n), np.float32)
         term_buf = np.zeros((horizon, n), bool)
         trunc_buf = np.zeros((horizon, n), bool)
-        # The recurrent state at the start of each `max_seq_len` sequence (impala_tf.sequences).
+        # The recurrent state at the start of each `max_seq_len` sequence
+        # (impala_tf.learning.sequences).
         seq_len = self._seq_len
         starts: list[tuple[np.ndarray, ...]] = []
         episodes: list[Episode] = []

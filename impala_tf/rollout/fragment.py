@@ -10,7 +10,7 @@ column of each batch says which weights chose each step) and the episodes that e
 `Episode` is the one record of a finished episode: its return summed over the agents (RLlib's
 `episode_reward`), its length in env steps, each policy's agents' own returns (RLlib's
 `policy_reward_*` inputs; `{"default_policy": [return]}` for a single-agent env), and what the
-episode callbacks set (`custom_metrics`, `hist_data`; `impala_tf.algorithm_callbacks`).
+episode callbacks set (`custom_metrics`, `hist_data`; `impala_tf.config.callbacks`).
 
 This module imports numpy only.
 """
@@ -21,7 +21,7 @@ import dataclasses
 from typing import Any, NamedTuple
 
 from impala_tf.config.policies import DEFAULT_POLICY_ID
-from impala_tf.sample_batch import SampleBatch
+from impala_tf.data.sample_batch import SampleBatch
 
 __all__ = ["DEFAULT_POLICY_ID", "Episode", "Fragment", "POLICY_VERSION"]
 
@@ -61,7 +61,7 @@ class Fragment:
       actor_id: Index of the actor that produced it (0-based).
       sample_time_s: Wall time spent producing it.
       filter_deltas: {policy_id: the observation filter's changes while sampling}
-        (`impala_tf.filters.Filter.delta()`), for the driver to merge; None without filters.
+        (`impala_tf.acting.filters.Filter.delta()`), for the driver to merge; None without filters.
       num_nonfinite_episodes_dropped: Episodes cut for a non-finite observation or reward
         (`drop_nonfinite_episodes`).
     """

@@ -30,7 +30,7 @@ step.
 Recurrent policies (`model.use_lstm`) keep one state per (env, agent): the agents of a policy
 are stepped with their states batched, and an agent's state restarts from zeros when its episode
 ends. Each sequence carries `state_in_i` [R, C, H], the agent's state at the start of each of
-its C chunks of L steps, exactly as `EnvRunner` emits them (`impala_tf.sequences`).
+its C chunks of L steps, exactly as `EnvRunner` emits them (`impala_tf.learning.sequences`).
 
 Observations pass through one filter per policy (`observation_filter`; RLlib keeps one per
 policy too); the fragment carries each policy's changes (`filter_deltas`).
@@ -39,16 +39,16 @@ Episodes: the return of an episode is the sum over its agents (RLlib's `episode_
 length counts env steps, and `Episode.policy_returns[policy_id]` lists the return of each agent
 that acted with that policy (RLlib's `policy_reward_mean` inputs).
 
-Callbacks (`callbacks`, `impala_tf.algorithm_callbacks`): with an episode hook overridden, each
-env's episode has a callbacks `Episode` (per agent: its last raw and filtered observation, info,
-action, reward and policy) and the hooks run as in the single-agent runner, once per env step:
+Callbacks (`callbacks`, `impala_tf.config.callbacks`): with an episode hook overridden,
+each env's episode has a callbacks `Episode` (per agent: its last raw and filtered observation,
+info, action, reward and policy) and the hooks run as in the single-agent runner, once per env step:
 `on_episode_start` after a reset, `on_episode_step` after a step that does not end the
 episode, `on_episode_end` after the one that does. `on_sample_end` gets a `MultiAgentBatch` of
 the fragment's policy batches.
 
-With central inference (`remote`), each policy acts through an `impala_tf.inference.RemotePolicy`
-on the one connection to the driver's inference server, and this module never imports
-TensorFlow.
+With central inference (`remote`), each policy acts through an
+`impala_tf.acting.inference.RemotePolicy` on the one connection to the driver's inference server,
+and this module never imports TensorFlow.
 
 `get_state()` pickles the envs together with everything in flight (the streams, the steps
 waiting for their bootstrap value, the actions computed one step ahead, the recurrent states
@@ -67,11 +67,12 @@ import gymnasium as gym
 import numpy as np
 
 import impala_tf.config.policies as policy_specs
-from impala_tf.actions import ActionAdapter
-from impala_tf.algorithm_callbacks import Episode as CallbackEpisode
+from impala_tf.acting.actions import ActionAdapter
+from impala_tf.acting.filters import Filter, filter_from_state
+from impala_tf.config.callbacks import Episode as CallbackEpisode
+from impala_tf.data.sample_batch import MultiAgentBatch, SampleBatch
 from impala_tf.envs.faults import StepProgress
 from impala_tf.envs.make import make_env
-from impala_tf.filters import Filter, filter_from_state
 from impala_tf.multi_agent.env import ALL, MultiAgentEnv
 from impala_tf.rollout.agent_streams import (
     STEP_REW,
@@ -86,8 +87,7 @@ from impala_tf.rollout.base import Remote, RunnerBase
 from impala_tf.rollout.env_runner import Weights
 from impala_tf.rollout.fragment import Episode, Fragment
 from impala_tf.rollout.spec import RunnerSpec
-from impala_tf.sample_batch import MultiAgentBatch, SampleBatch
-from impala_tf.seeds import env_seed, sampler_seeds
+from impala_tf.utils.seeds import env_seed, sampler_seeds
 
 __all__ = ["MultiAgentEnvRunner"]
 
@@ -124,7 +124,7 @@ class MultiAgentEnvRunner(RunnerBase):
       update_filter: Update the observation filters with what is seen (actors); False applies
         them unchanged (evaluation).
       progress: Shared progress record (kept for the pool's hang reports).
-      remote: With central inference (`impala_tf.inference`): this actor's connection to the
+      remote: With central inference (`impala_tf.acting.inference`): this actor's connection to the
         driver's inference server and {policy_id: per-env shapes of the model's recurrent
         state}. Every policy then acts through a `RemotePolicy` and TensorFlow is never
         imported.

@@ -4,7 +4,7 @@ The driver resolves the config into a `RunnerSpec` (`impala_tf.driver.specs.runn
 the actors and for evaluation) and each actor builds its runner from it: the actors never receive
 the algorithm config, and nothing here re-reads a config key. A spec is plain data and pickles
 (a user object in it, such as a custom model or the callbacks class, travels as an
-`impala_tf.portable.Portable`).
+`impala_tf.config.portable.Portable`).
 """
 
 from __future__ import annotations
@@ -15,9 +15,9 @@ from typing import Any
 
 import gymnasium as gym
 
+from impala_tf.config.portable import Portable
 from impala_tf.envs.make import EnvSpec
 from impala_tf.models.spec import ModelSpec
-from impala_tf.portable import Portable
 
 __all__ = ["PolicyActing", "RunnerSpec"]
 
@@ -64,7 +64,7 @@ class RunnerSpec:
       compress_observations: zlib-compress the observations an actor sends
         (`compress_observations`).
       frame_stacks: {policy_id: (k, s)} of the policies whose frames are sent once each
-        (`impala_tf.frames`; the driver's probe of the env).
+        (`impala_tf.models.frames`; the driver's probe of the env).
       callbacks: The resolved `callbacks` class (None: none).
     """
 

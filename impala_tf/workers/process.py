@@ -67,7 +67,7 @@ WORKER_ENV = {
     "TF_NUM_INTEROP_THREADS": "1",
     "CUDA_VISIBLE_DEVICES": "",
 }
-#: TensorFlow's C++ log level in the workers unless the user set one (`impala_tf.quiet`).
+#: TensorFlow's C++ log level in the workers unless the user set one (`impala_tf.utils.quiet`).
 _WORKER_TF_LOG_LEVEL = "3"
 #: How long a worker that is being ended gets for each step (SIGTERM, SIGKILL).
 _JOIN_S = 3.0

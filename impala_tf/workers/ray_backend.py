@@ -102,7 +102,7 @@ class RayWorker:
     def __init__(self, needs_tensorflow: bool):
         if needs_tensorflow:
             # Before the hosted object runs a first op: afterwards TF refuses to change its pools.
-            from impala_tf.quiet import import_tensorflow
+            from impala_tf.utils.quiet import import_tensorflow
 
             import_tensorflow()
             import tensorflow as tf

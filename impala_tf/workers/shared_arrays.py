@@ -67,7 +67,7 @@ from typing import Any
 
 import numpy as np
 
-from impala_tf.shutdown import uninterrupted
+from impala_tf.utils.shutdown import uninterrupted
 from impala_tf.workers.group import StoredValue
 
 __all__ = [

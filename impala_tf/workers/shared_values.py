@@ -39,8 +39,8 @@ and unregisters):
   first signal's orderly shutdown).
 
 Each removal is an unlink and then an unregistration, which a first signal does not cut in two
-(`impala_tf.shutdown.uninterrupted`): cut after the unlink, the name would stay registered with
-no segment, and the tracker would report it as leaked at exit.
+(`impala_tf.utils.shutdown.uninterrupted`): cut after the unlink, the name would stay registered
+with no segment, and the tracker would report it as leaked at exit.
 
 A driver that dies without stopping (SIGKILL, or a second signal's immediate exit) leaves the
 registered names to Python's resource tracker, which unlinks them once the driver and its
@@ -65,7 +65,7 @@ from typing import Any
 
 import numpy as np
 
-from impala_tf.shutdown import uninterrupted
+from impala_tf.utils.shutdown import uninterrupted
 from impala_tf.workers.group import StoredValue
 from impala_tf.workers.shared_arrays import NO_ROOM_ADVICE, new_segment_name
 

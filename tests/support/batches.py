@@ -13,8 +13,8 @@ import gymnasium as gym
 import keras
 import numpy as np
 
-from impala_tf import distributions
 from impala_tf.config import ImpalaConfig
+from impala_tf.models import distributions
 from tests.support.configs import small_config
 
 

@@ -80,7 +80,7 @@ class StackedFrames(gym.Env):
     last `episode_len` steps (terminated); reward 1 when the action equals the newest frame's
     first pixel modulo the number of actions.
 
-    With `declare` (the default) it declares its stack as `impala_tf.frames` asks
+    With `declare` (the default) it declares its stack as `impala_tf.models.frames` asks
     (`frame_stack`, `stack_refilled`), so env runners send its frames once.
     """
 

@@ -9,7 +9,7 @@ import threading
 import keras
 import numpy as np
 
-from impala_tf.algorithm_callbacks import DefaultCallbacks
+from impala_tf.config.callbacks import DefaultCallbacks
 from impala_tf.models import RecurrentNetwork, TFModelV2, normc_initializer, try_import_tf
 
 tf1, tf, tfv = try_import_tf()
