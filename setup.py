@@ -45,13 +45,18 @@ setup(
     ],
     extras_require={
         "test": [
-            "pytest", "pytest-xdist", "ruff", "matplotlib", "hypothesis", "ray==2.60.0",
-            "pettingzoo>=1.24",
+            "pytest", "pytest-xdist", "ruff", "matplotlib", "hypothesis", "ray[tune]==2.60.0",
+            "pettingzoo>=1.24", "wandb", "mlflow-skinny",
             # pygame: the multi-agent CartPole and impala-evaluate --video render real CartPoles.
             "gymnasium[classic-control]",
         ],
         # Actors and aggregation workers on Ray (`actor_backend: ray`).
         "ray": ["ray==2.60.0"],
+        # Searches and trials: impala_tf.tune, and impala-train on YAMLs with search spaces.
+        "tune": ["ray[tune]==2.60.0"],
+        # Experiment trackers (impala_tf.training.trackers; --wandb_project, --mlflow_experiment).
+        "wandb": ["wandb"],
+        "mlflow": ["mlflow-skinny"],
         "tools": ["matplotlib"],
         # Rendering classic-control envs and writing .mp4 videos in impala-evaluate.
         "video": ["gymnasium[classic-control]", "imageio[ffmpeg]"],

@@ -27,7 +27,7 @@ _EXPORTS = {
     "normalize_stop_criteria": "impala_tf.config",
     "Impala": "impala_tf.driver.algorithm",
     "MultiAgentImpala": "impala_tf.driver.algorithm",
-    "make_strategy": "impala_tf.driver.algorithm",
+    "make_strategy": "impala_tf.learning.strategy",
     "ImpalaLearner": "impala_tf.learning.learner",
     "LearnerThread": "impala_tf.learning.thread",
     "MinibatchBuffer": "impala_tf.data.train_batch",

@@ -11,7 +11,8 @@ import tensorflow as tf
 
 from impala_tf.acting.actions import ActionAdapter, clip_action, unsquash_action
 from impala_tf.config import ImpalaConfig
-from impala_tf.data.sample_batch import concat_samples, time_major
+from impala_tf.data.layouts import time_major
+from impala_tf.data.sample_batch import concat_samples
 from impala_tf.driver.specs import runner_spec
 from impala_tf.learning.learner import ImpalaLearner
 from impala_tf.models import build_model

@@ -506,8 +506,10 @@ def test_appo_trains_saves_and_resumes_on_the_shared_runtime(tmp_path):
         assert {"kl", "KL_Coeff", "mean_IS", "var_IS", "num_target_updates"} <= set(stats)
         assert "learner_thread_env_steps_dropped" in result["info"]["learner_queue"]
         assert isinstance(algo.learner, AppoLearner)
-        path = algo.save(str(tmp_path / "ckpt"))
+        # Read before the save: the learner thread trains on meanwhile, so the checkpoint holds
+        # at least this many updates.
         trained = algo.learner.num_grad_updates.numpy()
+        path = algo.save(str(tmp_path / "ckpt"))
     assert type(load_config(path)) is APPOConfig
     from impala_tf import Impala
 

@@ -15,7 +15,8 @@ import pytest
 from impala_tf.config import ImpalaConfig
 from impala_tf.driver.specs import env_spec, runner_spec
 from impala_tf.envs import atari
-from impala_tf.envs.batch import AtariVectorEnvBatch, GymEnvBatch
+from impala_tf.envs.atari_vector import AtariVectorEnvBatch
+from impala_tf.envs.batch import GymEnvBatch
 from impala_tf.envs.make import EnvSpec, make_env, make_env_batch
 from impala_tf.rollout.env_runner import EnvRunner
 from tests.support.processes import kill_session, log_tail, run_in_background

@@ -28,6 +28,8 @@ from impala_tf.config import (
     ImpalaConfig,
     normalize_stop_criteria,
 )
+from impala_tf.config.experiments import read_search_file, search_space_paths
+from impala_tf.config.registry import config_class
 from tests.support.configs import small_config
 from tests.support.envs import HugeRewardCartPole
 from tests.support.processes import (
@@ -746,8 +748,19 @@ def test_repr_is_short_and_shows_changes():
 
 @pytest.mark.parametrize("path", sorted(CONFIGS.glob("*.yaml")), ids=lambda p: p.stem)
 def test_every_shipped_yaml_reads_and_validates(path):
-    config, _ = ImpalaConfig.from_yaml(path)
-    config.validate(require_env=True)
+    search = read_search_file(path)
+    if search.scheduler is None and not search_space_paths(search.settings):
+        config, _ = ImpalaConfig.from_yaml(path)
+        config.validate(require_env=True)
+        return
+    from impala_tf.tune.search import make_scheduler, resolved_points
+
+    points = resolved_points(search.settings)  # A search: every trial's config validates.
+    assert len(points) > 1 or search.scheduler is not None
+    for point in points:
+        config_class(search.algo_name).from_dict(point).validate(require_env=True)
+    if search.scheduler is not None:
+        make_scheduler(search.scheduler)
 
 
 def test_from_yaml_cartpole():

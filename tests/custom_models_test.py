@@ -161,7 +161,7 @@ def test_checkpoints_hold_every_variable_of_a_tfmodelv2(tmp_path):
 
 
 def test_layers_kept_in_a_list_are_in_the_checkpoint_too(tmp_path):
-    from impala_tf.checkpoints.store import untracked_variables
+    from impala_tf.models.tracking import untracked_variables
 
     model = _build("tests.support.models:ListedLayersModel")
     assert untracked_variables(model) == [] and len(model.get_weights()) == 8

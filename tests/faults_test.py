@@ -146,6 +146,27 @@ def test_max_num_env_runner_restarts_limits_restarts():
         algo.stop()
 
 
+def test_restarts_before_a_resume_count_against_max_num_env_runner_restarts(tmp_path):
+    # The counter is the one count: restored, it leaves no restart of the limit of 2, where a
+    # fresh count would restart twice and then give up on 3 failures in a row.
+    config = _config("raise_step", max_num_env_runner_restarts=2)
+    algo = config.build()
+    try:
+        algo.metrics.counters.num_env_runner_restarts = 2
+        path = algo.save(str(tmp_path / "checkpoint"))
+    finally:
+        algo.stop()
+    resumed = config.build()
+    try:
+        resumed.restore(path)
+        assert resumed.metrics.counters.num_env_runner_restarts == 2
+        with pytest.raises(RuntimeError, match=r"after 2 restarts \(max_num_env_runner_restarts=2"):
+            for _ in range(20):
+                resumed.train()
+    finally:
+        resumed.stop()
+
+
 @pytest.mark.parametrize(
     "key, value",
     [

@@ -18,13 +18,9 @@ import gymnasium as gym
 import numpy as np
 import pytest
 
-from impala_tf.acting.inference import (
-    InferenceError,
-    InferenceServer,
-    RemotePolicy,
-    TcpEndpoint,
-    connect,
-)
+from impala_tf.acting.inference import InferenceServer
+from impala_tf.acting.inference_protocol import InferenceError, TcpEndpoint, connect
+from impala_tf.acting.remote_policy import RemotePolicy
 from tests.support.envs import stacked_obs
 from tests.support.inference import RecordingConnection
 
@@ -340,7 +336,7 @@ def test_stop_ends_every_thread_and_closes_every_descriptor():
 
 
 def test_the_node_address_is_one_of_this_machines_own():
-    from impala_tf.acting.inference import node_ip_address
+    from impala_tf.acting.inference_protocol import node_ip_address
 
     address = node_ip_address()
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
@@ -348,7 +344,7 @@ def test_the_node_address_is_one_of_this_machines_own():
 
 
 def test_offline_the_node_address_is_loopback_and_no_name_is_looked_up(monkeypatch):
-    import impala_tf.acting.inference as inference
+    import impala_tf.acting.inference_protocol as protocol
 
     class NoRoute(socket.socket):
         def connect(self, address):
@@ -357,9 +353,9 @@ def test_offline_the_node_address_is_loopback_and_no_name_is_looked_up(monkeypat
     def no_lookup(*args):
         raise AssertionError("a name lookup can wait on DNS")
 
-    monkeypatch.setattr(inference.socket, "socket", NoRoute)
-    monkeypatch.setattr(inference.socket, "gethostbyname", no_lookup)
-    assert inference.node_ip_address() == "127.0.0.1"
+    monkeypatch.setattr(protocol.socket, "socket", NoRoute)
+    monkeypatch.setattr(protocol.socket, "gethostbyname", no_lookup)
+    assert protocol.node_ip_address() == "127.0.0.1"
 
 
 # Frame stacks kept on the server ------------------------------------------------------------------

@@ -30,6 +30,7 @@ LAYERS = (
     "checkpoints",
     "driver",
     "training",
+    "tune",
     "bin",
 )
 
@@ -113,3 +114,8 @@ def test_the_config_readers_table_is_generated_and_current():
     assert "num_env_runners" in found["impala_tf/driver/specs.py"]
     assert not any(module.startswith("impala_tf/config/") for module in found)
     assert config_readers.main(["--check"]) == 0
+
+
+def test_no_package_module_is_over_500_lines():
+    long = {name: n for name, path in _modules() if (n := len(path.read_text().splitlines())) > 500}
+    assert long == {}

@@ -18,11 +18,11 @@ import tensorflow as tf
 from tensorflow.python.framework import ops
 
 from impala_tf.data.sample_batch import SampleBatch
-from impala_tf.driver.algorithm import make_strategy
 from impala_tf.driver.learners import LearnerGroup
 from impala_tf.driver.plan import make_plan
 from impala_tf.learning import devices, pipeline
 from impala_tf.learning.learner import ImpalaLearner
+from impala_tf.learning.strategy import make_strategy
 from impala_tf.learning.thread import LearnerThread, TrainBatch
 from tests.support import batches as fakes
 from tests.support import strategies
@@ -176,7 +176,7 @@ class _Events:
 
     def __init__(self, thread: LearnerThread):
         self.events: list[str] = []
-        queue_update, unpack = thread._queue, thread._unpack
+        queue_update, unpack = thread._queue, thread.reports.unpack
 
         def queued(*args):
             self.events.append("q")
@@ -186,7 +186,7 @@ class _Events:
             self.events.append("r")
             return unpack(packed)
 
-        thread._queue, thread._unpack = queued, read
+        thread._queue, thread.reports.unpack = queued, read
 
 
 class _NextUnitLoaded(keras.callbacks.Callback):

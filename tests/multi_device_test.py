@@ -125,7 +125,7 @@ def test_timers_measure_loading_and_waiting():
     assert metrics["learner_load_wait_time_ms"] >= 300
     assert metrics["learner_dequeue_time_ms"] >= 300
     assert thread.load_timer.count == 1 and metrics["learner_load_time_ms"] > 0
-    assert thread.grad_timer.count == 1 and metrics["learner_grad_time_ms"] > 0
+    assert thread.reports.grad_timer.count == 1 and metrics["learner_grad_time_ms"] > 0
 
 
 @pytest.mark.parametrize(

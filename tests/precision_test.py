@@ -18,8 +18,9 @@ import tensorflow as tf
 
 from impala_tf import checkpoints
 from impala_tf.acting.factory import make_policy
-from impala_tf.acting.inference import InferenceServer, RemotePolicy
+from impala_tf.acting.inference import InferenceServer
 from impala_tf.acting.numpy_policy import NumpyPolicy
+from impala_tf.acting.remote_policy import RemotePolicy
 from impala_tf.acting.tf_policy import ActorPolicy
 from impala_tf.checkpoints.store import learner_checkpoint
 from impala_tf.config import ImpalaConfig

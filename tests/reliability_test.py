@@ -73,7 +73,7 @@ class _TearingWriter(threading.Thread):
                     variable.assign(tf.fill(variable.shape, float(self.rounds)))
                     time.sleep(0.001)
                 learner.num_grad_updates.assign_add(1)
-                self.thread._set_version(self.thread.version + 1)  # As an update publishes it.
+                self.thread.publisher.set_version(self.thread.version + 1)  # As an update does.
             time.sleep(0.005)
 
 
@@ -245,7 +245,7 @@ def test_flush_drops_queued_loaded_and_buffered_batches(microbatch_size):
             for seed in range(3):
                 thread.inqueue.put(TrainBatch(_batch(seed)))
             # The learner has a loaded unit (also in the minibatch buffer), waiting for the lock.
-            assert wait_until(lambda: thread.load_wait_timer.count >= 1, 120)
+            assert wait_until(lambda: thread.reports.load_wait_timer.count >= 1, 120)
             thread.flush()
             assert thread.inqueue.qsize() == 0
         assert wait_until(lambda: thread.num_units_dropped >= 1, 120)
@@ -279,12 +279,12 @@ class _PausingTimer(TimerStat):
 def test_a_flush_mid_microbatch_empties_the_accumulators():
     config = learner_config(microbatch_size=2 * T)  # Two microbatches per train batch.
     thread = _thread(config)
-    thread.load_wait_timer = timer = _PausingTimer(pause_at=2)
+    thread.reports.load_wait_timer = timer = _PausingTimer(pause_at=2)
     thread.start()
     try:
         thread.inqueue.put(TrainBatch(_batch(1)))
         assert timer.paused.wait(60)  # Paused before the second microbatch ...
-        assert thread.microbatch_grad_timer.count == 1  # ... the first one accumulated.
+        assert thread.reports.microbatch_grad_timer.count == 1  # ... the first one accumulated.
         with thread.lock:
             thread.flush()
         timer.resume.set()

@@ -68,7 +68,7 @@ def _node_ip(backend: str) -> str:
         import ray
 
         return ray.util.get_node_ip_address()
-    from impala_tf.acting.inference import node_ip_address
+    from impala_tf.acting.inference_protocol import node_ip_address
 
     return node_ip_address()
 

@@ -1,4 +1,5 @@
-"""Tests for impala_tf.data.sample_batch: validation, slicing, concat, layouts, compression."""
+"""Tests for impala_tf.data.sample_batch and impala_tf.data.layouts: validation, slicing, concat,
+layouts, compression."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import numpy as np
 import pytest
 
 from impala_tf.data import sample_batch as sb
+from impala_tf.data.layouts import from_flat, from_time_major, time_major, to_flat
 from impala_tf.data.sample_batch import (
     OBS,
     REWARDS,
@@ -16,11 +18,7 @@ from impala_tf.data.sample_batch import (
     compress,
     concat_samples,
     decompress,
-    from_flat,
-    from_time_major,
     is_per_sequence_column,
-    time_major,
-    to_flat,
 )
 
 B, T, OBS_DIM, STATE = 3, 5, 4, 6

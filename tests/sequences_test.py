@@ -8,7 +8,7 @@ import pytest
 import tensorflow as tf
 
 from impala_tf.config import ImpalaConfig
-from impala_tf.data.sample_batch import time_major
+from impala_tf.data.layouts import time_major
 from impala_tf.driver.specs import runner_spec
 from impala_tf.learning import losses, vtrace
 from impala_tf.learning.learner import ImpalaLearner

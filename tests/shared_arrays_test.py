@@ -28,7 +28,7 @@ from impala_tf.driver.specs import sampling_spec
 from impala_tf.rollout.host import RunnerHost
 from impala_tf.workers import WorkerHost
 from impala_tf.workers import shared_arrays as sa
-from impala_tf.workers.group import StoredValue
+from impala_tf.workers.protocol import StoredValue
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _WAIT_S = 60.0

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from impala_tf.learning import vtrace
+from impala_tf.learning import recursion, vtrace
 
 MODES = ["eager", "function", "xla"]
 RHO_BAR = 2.0
@@ -352,7 +352,7 @@ def test_multi_from_logits_rejects_mismatched_components():
 
 def test_xla_context_detection():
     """The XLA-specific recursion must be picked under jit_compile and only there."""
-    probe = lambda: tf.constant(vtrace._in_xla_context())  # noqa: E731
-    assert not vtrace._in_xla_context()
+    probe = lambda: tf.constant(recursion.in_xla_context())  # noqa: E731
+    assert not recursion.in_xla_context()
     assert not tf.function(probe)().numpy()
     assert tf.function(probe, jit_compile=True)().numpy()

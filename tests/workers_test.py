@@ -217,33 +217,35 @@ def test_host_applies_the_newest_coalesced_call_of_each_method_before_the_next_c
         host.run_next()
 
 
-def test_restart_policy_raises_or_counts_a_restart():
+def test_restart_policy_raises_or_allows_a_restart_against_the_callers_count():
     failure, fatal = WorkerFailure(3, "it broke"), WorkerFailure(3, "it broke", fatal=True)
     with pytest.raises(RuntimeError, match="^Actor 3 failed: it broke"):
-        RestartPolicy("actor", enabled=True, max_restarts=5).on_failure(fatal)
+        RestartPolicy("actor", enabled=True, max_restarts=5).on_failure(fatal, 0)
     with pytest.raises(RuntimeError, match="restart_failed_env_runners=False: it broke"):
-        RestartPolicy("actor", enabled=False, max_restarts=5).on_failure(failure)
+        RestartPolicy("actor", enabled=False, max_restarts=5).on_failure(failure, 0)
     with pytest.raises(RuntimeError, match=r"max_num_env_runner_restarts=0\): it broke"):
-        RestartPolicy("actor", enabled=True, max_restarts=0).on_failure(failure)
+        RestartPolicy("actor", enabled=True, max_restarts=0).on_failure(failure, 0)
 
     policy = RestartPolicy(
         "aggregation worker", enabled=True, max_restarts=4, max_key="max_agg_restarts"
     )
-    policy.on_failure(failure)
-    policy.on_failure(failure)
+    policy.on_failure(failure, 0)
+    policy.on_failure(failure, 1)
     policy.succeeded(3)  # A reply in between: the count in a row starts again.
-    policy.on_failure(failure)
-    policy.on_failure(WorkerFailure(1, "other"))
-    assert policy.restarts == 4
+    policy.on_failure(failure, 2)
+    policy.on_failure(WorkerFailure(1, "other"), 3)
     with pytest.raises(RuntimeError, match=r"after 4 restarts \(max_agg_restarts=4\)"):
-        policy.on_failure(WorkerFailure(1, "other"))
+        policy.on_failure(WorkerFailure(1, "other"), 4)
+    # A resumed run's count: the policy holds no count of its own.
+    fresh = RestartPolicy("actor", enabled=True, max_restarts=4)
+    with pytest.raises(RuntimeError, match=r"after 4 restarts \(max_num_env_runner_restarts=4\)"):
+        fresh.on_failure(failure, 4)
 
     policy = RestartPolicy("actor", enabled=True, max_restarts=None)
-    policy.on_failure(failure)
-    policy.on_failure(failure)
+    policy.on_failure(failure, 0)
+    policy.on_failure(failure, 1)
     with pytest.raises(RuntimeError, match="^Actor 3 failed 3 times in a row.*Last error: it"):
-        policy.on_failure(failure)
-    assert policy.restarts == 2
+        policy.on_failure(failure, 2)
 
 
 # Both backends -------------------------------------------------------------------------------
@@ -354,14 +356,14 @@ def test_restart_failed_applies_the_groups_restart_rules():
     try:
         os.kill(group.pids()[0], signal.SIGKILL)
         _, failures = _collect(group, failures=1)
-        group.restart_failed(failures[0])
-        assert group.healthy_ids() == [0] and policy.restarts == 1
+        group.restart_failed(failures[0], restarts_so_far=0)
+        assert group.healthy_ids() == [0]
         group.call(0, Counter.get)
         _collect(group, replies=1)
         os.kill(group.pids()[0], signal.SIGKILL)
         _, failures = _collect(group, failures=1)
         with pytest.raises(RuntimeError, match="after 1 restarts"):
-            group.restart_failed(failures[0])
+            group.restart_failed(failures[0], restarts_so_far=1)
     finally:
         group.stop()
 
@@ -548,7 +550,7 @@ def test_a_script_without_main_guard_is_not_rerun_in_its_workers(tmp_path):
 
 
 def test_calls_name_the_hosted_classs_method_not_a_string():
-    from impala_tf.workers.group import method_name
+    from impala_tf.workers.protocol import method_name
 
     assert method_name(Counter.incr) == "incr"
     for wrong in ("incr", lambda: None, Counter._private_helper, 3):

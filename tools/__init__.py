@@ -29,6 +29,9 @@ Benchmarks (each rewrites its own section of BENCHMARKS.md unless `--no-write`):
 * `tools.bench_actor_inference` - one actor's CNN inference rate on one TF thread (prints only).
 * `tools.bench_gpu` - on a GPU only: learner vs bare Keras with XLA off and on, the learner
   thread's rate and GPU utilisation, Pong end to end; `--dry` prints the plan anywhere.
+* `tools.bench_tune` - searches: a 4-trial Tune grid of the CartPole config against the same
+  four runs one after another (wall time, every trial to 450), and population-based training
+  recovering a trial from a bad learning rate.
 * `tools.measure_actor_memory` - Rss, Pss and private memory of actor processes (prints only;
   the figures behind `impala_tf.workers.memory`'s estimates).
 
@@ -41,9 +44,11 @@ Run checks (exit 1 when a check fails):
 * `tools.soak` - hours of CartPole: memory, step rate and file descriptors stay flat.
 * `tools.storm` - actors SIGKILLed every few seconds: the run goes on and nothing leaks.
 
-Figures and plots:
+Figures, plots and generated docs:
 
 * `tools.plot_results` - learning curves from impala-train logdirs, and when they reach a return.
+* `tools.config_readers` - the "which module reads which config key" table of
+  docs/architecture.md, generated from the code (`--check`: exit 1 when it is stale).
 
 Libraries the tools share (imported as `from tools import benchlib, proclib`):
 

@@ -368,7 +368,8 @@ def case_env(
     """
     from impala_tf.driver.specs import env_spec
     from impala_tf.envs import atari
-    from impala_tf.envs.batch import AtariVectorEnvBatch, GymEnvBatch
+    from impala_tf.envs.atari_vector import AtariVectorEnvBatch
+    from impala_tf.envs.batch import GymEnvBatch
     from impala_tf.envs.make import make_env
 
     spec = env_spec(_load_config(path))

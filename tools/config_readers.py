@@ -44,9 +44,12 @@ def _key_read(node: ast.AST) -> tuple[str, str] | None:
     """(the expression asked, the key) for `x.key`, `x["key"]` and `x.get("key", ...)`."""
     if isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Load):
         return ast.unparse(node.value), node.attr
-    if isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Constant):
-        if isinstance(node.slice.value, str):
-            return ast.unparse(node.value), node.slice.value
+    if (
+        isinstance(node, ast.Subscript)
+        and isinstance(node.slice, ast.Constant)
+        and isinstance(node.slice.value, str)
+    ):
+        return ast.unparse(node.value), node.slice.value
     if (
         isinstance(node, ast.Call)
         and isinstance(node.func, ast.Attribute)
@@ -102,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
     updated = f"{head}{START}\n{table()}{END}{tail}"
     if args.check:
         if updated != page:
-            print(f"{PAGE}'s table is out of date: run python -m tools.config_readers", file=sys.stderr)
+            print(f"{PAGE}'s table is stale: run python -m tools.config_readers", file=sys.stderr)
             return 1
         return 0
     PAGE.write_text(updated)

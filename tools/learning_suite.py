@@ -173,6 +173,7 @@ def suite_configs(configs_dir: str = CONFIGS_DIR) -> list[SuiteConfig]:
     import warnings
 
     from impala_tf.config.base import AlgorithmConfig
+    from impala_tf.config.experiments import read_search_file, search_space_paths
     from impala_tf.envs.atari import is_atari
 
     found = []
@@ -180,6 +181,9 @@ def suite_configs(configs_dir: str = CONFIGS_DIR) -> list[SuiteConfig]:
         if not file.endswith((".yaml", ".yml")):
             continue
         path = os.path.join(configs_dir, file)
+        search = read_search_file(path)
+        if search.scheduler is not None or search_space_paths(search.settings):
+            continue  # A Tune search (many trials), not one config the suite can run.
         with warnings.catch_warnings():  # RLlib's old key names warn; the runs will say so.
             warnings.simplefilter("ignore")
             experiment = AlgorithmConfig.read_experiment(path)

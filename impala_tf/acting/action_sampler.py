@@ -2,10 +2,10 @@
 
 Every acting policy splits into a forward pass (observations to logits, values and the next
 recurrent state) and this sampler: `NumpyPolicy` runs the forward pass in numpy, `ActorPolicy`
-in TensorFlow, and `impala_tf.acting.inference.RemotePolicy` asks the driver's inference server for
-it (central inference). Because all three sample here, with one numpy generator per actor seeded
-as RLlib seeds its samplers, an actor with a fixed seed takes the same actions whichever of them
-computes its logits.
+in TensorFlow, and `impala_tf.acting.remote_policy.RemotePolicy` asks the driver's inference
+server for it (central inference). Because all three sample here, with one numpy generator per
+actor seeded as RLlib seeds its samplers, an actor with a fixed seed takes the same actions
+whichever of them computes its logits.
 
 Distributions, as `impala_tf.models.distributions` defines them for the learner:
 - Discrete: categorical over the logits (Gumbel-max sampling).

@@ -15,41 +15,19 @@ are waiting with one forward pass per policy, so a model runs at a batch of up t
 and the actors never import TensorFlow (lighter: no TensorFlow runtime or model in each actor;
 `impala_tf.workers.memory` estimates both kinds, `tools.measure_actor_memory` prints them).
 
-The actor's side (`connect`, `RemotePolicy`, `TcpEndpoint`) is `impala_tf.acting.remote_policy`,
-re-exported here. An actor reaches the server through an endpoint that `connect` turns into a
-`multiprocessing.connection.Connection`:
-- a local actor process gets one end of a duplex pipe (`InferenceServer.attach`), passed to it
-  when it starts;
-- an actor that cannot receive a pipe end (a Ray actor, maybe on another machine) gets a
-  `TcpEndpoint` (`InferenceServer.listen`): the server's address and a random authkey. It opens
-  a TCP connection, proves it knows the key (multiprocessing's challenge-response
-  authentication; a connection without the key is refused before anything is unpickled) and
-  announces its actor id; reconnecting with the same id replaces its old connection.
-All the policies of one actor share its connection, and its requests are sequential.
+The actor's side is `impala_tf.acting.remote_policy.RemotePolicy`; the endpoints (`attach`'s
+pipe ends, `listen`'s TCP endpoints), the handshake and the messages are
+`impala_tf.acting.inference_protocol`. The stacks of a policy whose env stacks frames are kept
+here (`impala_tf.acting.kept_stacks`), so that each frame travels once.
 
-A policy whose env stacks frames (`frame_stacks`, from the env's `frame_stack`; Atari) has its
-actors' stacks kept here, so that each frame travels once (`impala_tf.models.frames`). An actor's
-request `(policy_id, obs, state, refills)` asks the server to keep them: with `refills` None,
-`obs` are its B envs' whole stacks [B, H, W, k * s] (its first such request, and again after
-its envs were reset or restored); then `obs` are the newest frames [B, H, W, s] and `refills`
-bool [B] says which envs refilled their stacks (`BatchStep.stack_restarts`). Each env of a
-connection owns a ring of its last k frames in a TensorFlow variable of the policy's; the
-serving graph writes the new frames, gathers the stacks and runs the model on them, so the
-policy sees exactly the stacks the env returned and the host copies no pixels. A connection's
-rings are freed when it closes: a restarted actor's new connection holds none, and frames sent
-before whole stacks are refused rather than read against another env's frames. A request
-`(policy_id, obs, state)` is served as it is and keeps nothing (the final observations of
-truncated episodes, and every request of a policy without frame stacks).
-
-The server keeps its own copy of each model (with `explore=False`: it never samples): the driver
-loads them at every weight broadcast from the same consistent snapshot it would send the actors
-(`Impala._policy_snapshot`), so acting never reads variables the learner is updating, and a
-request is served wholly with the weights from before a `set_weights` or wholly with those after.
-
-A request the server cannot serve (an unknown policy id, an observation or state of the wrong
-shape, a model error) is answered with the error, to the requesters concerned only, and the
-actor raises it (`InferenceError`) like any env error; an actor whose server is gone (the driver
-stopped) gets `EOFError` and exits. Neither side waits forever on the other.
+The server keeps its own copy of each model (with `explore=False`: it never samples), loaded at
+every weight broadcast from the snapshot the driver would send the actors
+(`Impala._policy_snapshot`): acting never reads variables the learner is updating, and a request
+is served wholly with the weights from before a `set_weights` or wholly with those after. A
+request it cannot serve (an unknown policy id, an observation or state of the wrong shape, a
+model error) is answered with the error, to the requesters concerned only, and the actor raises
+it (`InferenceError`) like any env error; an actor whose server is gone (the driver stopped)
+gets `EOFError` and exits. Neither side waits forever on the other.
 """
 
 from __future__ import annotations
@@ -57,56 +35,35 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import socket
-import struct
 import threading
 import traceback
 from collections.abc import Iterator, Mapping
 from multiprocessing import connection
-from typing import Any, NamedTuple
+from typing import Any
 
 import gymnasium as gym
 import numpy as np
 
-from impala_tf.acting.remote_policy import (
-    Endpoint,
-    InferenceError,
-    RemotePolicy,
+from impala_tf.acting.inference_protocol import (
+    Request,
     TcpEndpoint,
-    connect,
+    accept_actor,
+    advertised_host,
+    send_reply,
+    shutdown,
+    unblock_accept,
 )
+from impala_tf.acting.kept_stacks import KeptStacks
 
-__all__ = [
-    "INFERENCE_MODES",
-    "Endpoint",
-    "InferenceError",
-    "InferenceServer",
-    "RemotePolicy",
-    "TcpEndpoint",
-    "connect",
-    "node_ip_address",
-]
+__all__ = ["INFERENCE_MODES", "InferenceServer"]
 
 #: `inference` config values: each actor runs its policy, or the driver runs it for all.
 INFERENCE_MODES = ("actor", "central")
 
 _POLL_S = 0.5
-# A TCP peer gets this long per read to authenticate and announce its id; a silent one is
-# dropped instead of holding a thread until `stop`.
-_HANDSHAKE_S = 10.0
 _JOIN_S = 5.0
 
 _log = logging.getLogger(__name__)
-
-
-class _Request(NamedTuple):
-    conn: connection.Connection
-    obs: np.ndarray
-    state: tuple
-    # None: `obs` served as they are. "stacks": whole stacks, kept for the connection's envs.
-    # "frames": the newest frames, which update the kept stacks (`refills` where refilled).
-    kept: str | None = None
-    refills: np.ndarray | None = None
 
 
 class InferenceServer:
@@ -119,7 +76,7 @@ class InferenceServer:
         model is built under; a policy not in it is built in float32.
       frame_stacks: {policy_id: (k, s)} of the policies whose envs stack frames
         (`EnvSpaces.frame_stacks`): the server keeps their actors' stacks and takes each new
-        frame once (see the module docstring). Other policies take whole observations only.
+        frame once (`impala_tf.acting.kept_stacks`). Other policies take whole observations only.
     """
 
     def __init__(
@@ -154,7 +111,7 @@ class InferenceServer:
         if unknown:
             raise ValueError(f"frame stacks for policies {unknown} that the server does not serve")
         self._kept = {
-            str(pid): _KeptStacks(self._policies[str(pid)], (int(k), int(ch)))
+            str(pid): KeptStacks(self._policies[str(pid)], (int(k), int(ch)))
             for pid, (k, ch) in (frame_stacks or {}).items()
         }
         self._versions = dict.fromkeys(self._policies, 0)
@@ -277,7 +234,7 @@ class InferenceServer:
                 )
                 self._accept_thread.start()
             bound, port = self._listener.address
-        return TcpEndpoint(advertise or _advertised_host(bound), int(port), self._authkey)
+        return TcpEndpoint(advertise or advertised_host(bound), int(port), self._authkey)
 
     def detach(self, actor_id: int) -> None:
         """Closes actor `actor_id`'s connection (it sees EOFError)."""
@@ -295,12 +252,13 @@ class InferenceServer:
             self._stop_event.set()
             # Ends the handshakes blocked in a read (under the lock: their sockets are open).
             for conn in self._handshakes.values():
-                _shutdown(conn)
+                shutdown(conn)
             handshakes = list(self._handshakes)
         self._wake()
         self._thread.join(_JOIN_S)
         if self._accept_thread is not None:
-            self._unblock_accept()
+            if self._listener is not None:
+                unblock_accept(self._listener.address)
             self._accept_thread.join(_JOIN_S)
         for thread in handshakes:
             thread.join(_JOIN_S)
@@ -369,13 +327,7 @@ class InferenceServer:
         thread = threading.current_thread()
         actor_id = None
         try:
-            _set_read_timeout(conn, _HANDSHAKE_S)
-            connection.deliver_challenge(conn, self._authkey)
-            connection.answer_challenge(conn, self._authkey)
-            actor_id = conn.recv()
-            if not isinstance(actor_id, int) or isinstance(actor_id, bool):
-                raise ValueError(f"expected an int actor id, got {actor_id!r}")
-            _set_read_timeout(conn, 0.0)
+            actor_id = accept_actor(conn, self._authkey)
         except Exception as e:  # noqa: BLE001 - any failure refuses this peer only.
             _log.warning("inference server refused a connection: %s: %s", type(e).__name__, e)
             actor_id = None
@@ -385,17 +337,6 @@ class InferenceServer:
             conn.close()
         else:
             self._register(actor_id, conn)
-
-    def _unblock_accept(self) -> None:
-        """Connects to the listener so that its blocking `accept` returns and sees the stop."""
-        listener = self._listener
-        if listener is None:
-            return
-        host, port = listener.address
-        if host in ("0.0.0.0", ""):
-            host = "127.0.0.1"
-        with contextlib.suppress(OSError), socket.create_connection((host, port), 2.0):
-            pass
 
     # The server thread ------------------------------------------------------------------------
 
@@ -433,9 +374,9 @@ class InferenceServer:
 
     def _read(
         self, ready: list[Any], by_conn: dict[connection.Connection, int]
-    ) -> dict[str, list[_Request]]:
+    ) -> dict[str, list[Request]]:
         """Receives the waiting requests, grouped by policy; answers the invalid ones."""
-        groups: dict[str, list[_Request]] = {}
+        groups: dict[str, list[Request]] = {}
         for conn in ready:
             try:
                 message = conn.recv()
@@ -443,17 +384,17 @@ class InferenceServer:
                 self._drop(by_conn.get(conn), conn)
                 continue
             except Exception as e:  # noqa: BLE001 - an unpicklable request.
-                _reply(conn, ("error", f"{type(e).__name__}: {e}"))
+                send_reply(conn, ("error", f"{type(e).__name__}: {e}"))
                 continue
             try:
                 request = self._check(conn, message)
             except Exception as e:  # noqa: BLE001 - answered to this actor only.
-                _reply(conn, ("error", f"{type(e).__name__}: {e}"))
+                send_reply(conn, ("error", f"{type(e).__name__}: {e}"))
                 continue
             groups.setdefault(message[0], []).append(request)
         return groups
 
-    def _check(self, conn: connection.Connection, message: Any) -> _Request:
+    def _check(self, conn: connection.Connection, message: Any) -> Request:
         """The request in `message`; ValueError unless it is one, its policy is served, and its
         observations (or frames) and state fit the policy's model."""
         if not isinstance(message, tuple) or len(message) not in (3, 4):
@@ -493,7 +434,7 @@ class InferenceServer:
                 f"observations of policy {policy_id!r}, whose model's state per env has "
                 f"shapes {shapes}"
             )
-        return _Request(conn, obs, state, kept, refills)
+        return Request(conn, obs, state, kept, refills)
 
     def _drop(self, actor_id: int | None, conn: connection.Connection) -> None:
         with self._lock:
@@ -507,7 +448,7 @@ class InferenceServer:
         for stacks in self._kept.values():
             stacks.release(conn)
 
-    def _serve(self, policy_id: str, requests: list[_Request]) -> None:
+    def _serve(self, policy_id: str, requests: list[Request]) -> None:
         """One forward pass of `policy_id` for all its requests; answers each its rows."""
         stacks = self._kept.get(policy_id)
         if stacks is not None:  # Whole observations first, then frames: the graph's order.
@@ -529,7 +470,7 @@ class InferenceServer:
                 stacks.forget(requests)
             message = f"{type(e).__name__}: {e}\n{traceback.format_exc()}"
             for r in requests:
-                _reply(r.conn, ("error", message))
+                send_reply(r.conn, ("error", message))
             return
         self.num_requests += len(requests)
         self.num_batches += 1
@@ -540,7 +481,7 @@ class InferenceServer:
             rows = slice(start, start + len(r.obs))
             start = rows.stop
             new = tuple(s[rows] for s in new_state)
-            _reply(r.conn, ("ok", logits[rows], values[rows], new, version))
+            send_reply(r.conn, ("ok", logits[rows], values[rows], new, version))
 
 
 def _concatenate(states: list[tuple]) -> tuple:
@@ -548,240 +489,3 @@ def _concatenate(states: list[tuple]) -> tuple:
     if len(states) == 1:
         return tuple(states[0])
     return tuple(np.concatenate([s[i] for s in states]) for i in range(len(states[0])))
-
-
-class _KeptStacks:
-    """One policy's frame stacks, kept for the actors' envs inside TensorFlow.
-
-    Each env of a connection owns a slot: a ring of its last k frames, rows `slot * k .. slot *
-    k + k - 1` of one variable [slots * k, H, W, s]. A request's whole stacks are written as
-    their k frames; a request's new frames are written once each, and the stacks the model acts
-    on are gathered from the rings, in the same graph (`forward`). The host keeps each slot's
-    ring position and frames since its refill (`impala_tf.models.frames.ring_step_np`): integers, no
-    pixels. Only the server thread uses it.
-
-    Args:
-      policy: The policy's `ActorPolicy` (the server's own copy).
-      frame_stack: (k, s): k frames of s channels per stack.
-    """
-
-    def __init__(self, policy: Any, frame_stack: tuple[int, int]):
-        import tensorflow as tf  # The driver's: only a server with frame stacks builds this.
-
-        from impala_tf.models import frames as frames_lib
-
-        k, channels = frame_stack
-        shape = tuple(int(d) for d in policy.observation_space.shape)
-        if len(shape) != 3 or shape[-1] != k * channels:
-            raise ValueError(
-                f"a frame stack of {k} frames of {channels} channels does not fit observations "
-                f"of shape {shape} ([H, W, k * s] expected)"
-            )
-        self.k = k
-        self.shape = shape
-        self.frame_shape = (*shape[:2], channels)
-        self.dtype = np.dtype(policy.observation_space.dtype)
-        # On a GPU uint8 frames are kept as float16, exactly (every uint8 value is a float16
-        # integer): TensorFlow's GPU scatter for integer types copies the whole variable to the
-        # host and back, its float16 one writes the rows in device memory.
-        on_gpu = bool(tf.config.list_logical_devices("GPU"))
-        wide = on_gpu and self.dtype == np.uint8
-        storage = tf.float16 if wide else tf.as_dtype(self.dtype)
-        self._tf, self._ring_step = tf, frames_lib.ring_step_np
-        self._ring = tf.Variable(
-            tf.zeros((0, *self.frame_shape), storage),
-            shape=(None, *self.frame_shape),
-            trainable=False,
-        )
-        self._regions: dict[connection.Connection, tuple[int, int]] = {}  # conn: (slot, B)
-        self._loaded: set[connection.Connection] = set()  # Rings holding the actors' frames.
-        self._free: list[tuple[int, int]] = []
-        self._end = 0  # Slots given to regions so far.
-        self._newest = np.zeros(0, np.int64)  # Per slot: its newest frame's ring position.
-        self._age = np.zeros(0, np.int64)  # Per slot: frames since its refill (at most k - 1).
-        model, obs_dtype = policy.model, tf.as_dtype(self.dtype)
-
-        def step(whole, keep, load_rows, frames, write_rows, read_rows, state):
-            loads = frames_lib.split_stacks(tf.boolean_mask(whole, keep), k)
-            loads = tf.reshape(loads, (-1, *self.frame_shape))
-            self._ring.scatter_update(tf.IndexedSlices(tf.cast(loads, storage), load_rows))
-            self._ring.scatter_update(tf.IndexedSlices(tf.cast(frames, storage), write_rows))
-            stacks = frames_lib.join_frames(tf.gather(self._ring, read_rows))
-            obs = tf.concat([whole, tf.cast(stacks, obs_dtype)], axis=0)
-            return model.step(obs, state)
-
-        state_specs = tuple(
-            tf.TensorSpec((None, *s.shape[1:]), s.dtype) for s in model.initial_state(1)
-        )
-        self._step = tf.function(
-            step,
-            input_signature=(
-                tf.TensorSpec((None, *shape), obs_dtype),
-                tf.TensorSpec((None,), tf.bool),
-                tf.TensorSpec((None,), tf.int64),
-                tf.TensorSpec((None, *self.frame_shape), obs_dtype),
-                tf.TensorSpec((None,), tf.int64),
-                tf.TensorSpec((None, k), tf.int64),
-                state_specs,
-            ),
-            autograph=False,
-        )
-
-    def check(self, conn: connection.Connection, obs: np.ndarray, refills: Any) -> Any:
-        """Raises ValueError unless `obs` are whole stacks (`refills` None) or the newest frames
-        of the envs whose stacks `conn` had kept; returns `refills` as a bool array (or None)."""
-        if obs.dtype != self.dtype:
-            raise ValueError(f"frames of dtype {obs.dtype}; the env's are {self.dtype}")
-        if refills is None:
-            if tuple(obs.shape[1:]) != self.shape:
-                raise ValueError(
-                    f"stacks of shape {tuple(obs.shape[1:])} to keep, the env's are {self.shape}"
-                )
-            return None
-        refills = np.asarray(refills)
-        if refills.dtype != bool or refills.shape != obs.shape[:1]:
-            raise ValueError(
-                f"refills of dtype {refills.dtype} and shape {refills.shape} for {len(obs)} "
-                "frames (bool, one per frame expected)"
-            )
-        if tuple(obs.shape[1:]) != self.frame_shape:
-            raise ValueError(
-                f"frames of shape {tuple(obs.shape[1:])}, the env's are {self.frame_shape}"
-            )
-        region = self._regions.get(conn)
-        if conn not in self._loaded or region is None:
-            raise ValueError(
-                "frames before whole stacks: the server keeps no stacks for this connection "
-                "(a new or restarted actor, or one whose request failed, sends its stacks whole "
-                "first)"
-            )
-        if region[1] != len(obs):
-            raise ValueError(f"{len(obs)} frames for the {region[1]} envs whose stacks are kept")
-        return refills
-
-    def forward(self, requests: list[_Request], state: tuple) -> tuple:
-        """Updates the requests' kept stacks and runs the model on the stacks; numpy results.
-
-        `requests` come whole observations first (kept or not), frames last.
-        """
-        k, tf = self.k, self._tf
-        whole = [r for r in requests if r.kept != "frames"]
-        framed = [r for r in requests if r.kept == "frames"]
-        loads = [r for r in whole if r.kept == "stacks"]
-        for r in loads:
-            self._loaded.discard(r.conn)  # Until the graph has written them.
-        load_slots = _rows_or_empty([self._slots(r.conn, len(r.obs)) for r in loads], (0,))
-        self._newest[load_slots] = k - 1  # A whole stack fills its ring in order.
-        self._age[load_slots] = k - 1
-        slots = _rows_or_empty([self._slots(r.conn, len(r.obs)) for r in framed], (0,))
-        newest, age, positions = self._ring_step(
-            self._newest[slots],
-            self._age[slots],
-            _rows_or_empty([r.refills for r in framed], (0,), bool),
-            k,
-        )
-        self._newest[slots], self._age[slots] = newest, age
-        keep = [np.full(len(r.obs), r.kept == "stacks") for r in whole]
-        logits, values, new_state = self._step(
-            _rows_or_empty([r.obs for r in whole], (0, *self.shape), self.dtype),
-            _rows_or_empty(keep, (0,), bool),
-            (load_slots[:, None] * k + np.arange(k)).reshape(-1),
-            _rows_or_empty([r.obs for r in framed], (0, *self.frame_shape), self.dtype),
-            slots * k + newest,
-            slots[:, None] * k + positions,
-            tuple(tf.convert_to_tensor(s) for s in state),
-        )
-        self._loaded.update(r.conn for r in loads)
-        return logits.numpy(), values.numpy(), tuple(s.numpy() for s in new_state)
-
-    def forget(self, requests: list[_Request]) -> None:
-        """After a failed pass: the requesters' kept stacks are unknown (refused until resent)."""
-        for r in requests:
-            if r.kept:
-                self._loaded.discard(r.conn)
-
-    def release(self, conn: connection.Connection) -> None:
-        """Frees a closed connection's slots for the next connection that needs as many."""
-        self._loaded.discard(conn)
-        region = self._regions.pop(conn, None)
-        if region is not None:
-            self._free.append(region)
-
-    def _slots(self, conn: connection.Connection, n: int) -> np.ndarray:
-        """int64 [n]: the slots of `conn`'s n envs (allocated on its first whole stacks)."""
-        region = self._regions.get(conn)
-        if region is None or region[1] != n:
-            self.release(conn)
-            region = self._allocate(n)
-            self._regions[conn] = region
-        return np.arange(region[0], region[0] + n, dtype=np.int64)
-
-    def _allocate(self, n: int) -> tuple[int, int]:
-        for i, region in enumerate(self._free):
-            if region[1] == n:
-                return self._free.pop(i)
-        first, self._end = self._end, self._end + n
-        capacity = len(self._newest)
-        if self._end > capacity:  # Grows by doubling: rare, outside the serving graph.
-            more = max(capacity, self._end - capacity)
-            tf = self._tf
-            zeros = tf.zeros((more * self.k, *self.frame_shape), self._ring.dtype)
-            self._ring.assign(tf.concat([self._ring, zeros], axis=0))
-            self._newest = np.concatenate([self._newest, np.zeros(more, np.int64)])
-            self._age = np.concatenate([self._age, np.zeros(more, np.int64)])
-        return first, n
-
-
-def _rows_or_empty(parts: list[np.ndarray], empty: tuple, dtype: Any = np.int64) -> np.ndarray:
-    """The parts' rows one after the other; an empty array of shape `empty` when none."""
-    if not parts:
-        return np.zeros(empty, dtype)
-    return parts[0] if len(parts) == 1 else np.concatenate(parts)
-
-
-def _reply(conn: connection.Connection, message: tuple) -> None:
-    try:
-        conn.send(message)
-    except (OSError, ValueError):  # Closed by the actor's end; the next read drops it.
-        _log.debug("inference reply to a closed connection dropped")
-
-
-def _set_read_timeout(conn: connection.Connection, seconds: float) -> None:
-    """Bounds each blocking read of a TCP connection (0: no bound), via its socket."""
-    whole = int(seconds)
-    timeval = struct.pack("ll", whole, int((seconds - whole) * 1e6))
-    with socket.socket(fileno=os.dup(conn.fileno())) as sock:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, timeval)
-
-
-def _shutdown(conn: connection.Connection) -> None:
-    """Wakes a thread blocked reading `conn` (a TCP connection) with end of file."""
-    with contextlib.suppress(OSError), socket.socket(fileno=os.dup(conn.fileno())) as sock:
-        sock.shutdown(socket.SHUT_RDWR)
-
-
-def node_ip_address() -> str:
-    """This machine's IPv4 address on its default route: what other nodes reach it at.
-
-    Found without the network and without waiting: connecting a UDP socket only picks the route
-    and its source address, it sends nothing, and no name is resolved. Ray's
-    `get_node_ip_address` finds a node's address the same way. "127.0.0.1" when the machine has
-    no route to anywhere (offline).
-    """
-    with contextlib.suppress(OSError), socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-        s.connect(("10.254.254.254", 1))
-        return s.getsockname()[0]
-    return "127.0.0.1"
-
-
-def _advertised_host(bound: str) -> str:
-    """The address remote actors reach a listener bound to `bound` at."""
-    if bound not in ("0.0.0.0", ""):
-        return bound
-    address = node_ip_address()
-    if address != "127.0.0.1":
-        return address
-    try:  # No route: the hostname's address may still be one the peers reach.
-        return socket.gethostbyname(socket.gethostname())
-    except OSError:
-        return "127.0.0.1"

@@ -1,81 +1,26 @@
-"""The actor's side of central inference: reaching the driver's `InferenceServer` and acting.
+"""The actor's side of central inference: an acting policy whose forward pass runs in the driver.
 
-`connect` turns the endpoint an actor was given into a `multiprocessing.connection.Connection`:
-a pipe end (local actor processes) as is, or a `TcpEndpoint` (Ray actors, maybe on another
-machine) by opening an authenticated TCP connection and announcing the actor's id.
-`RemotePolicy` is an acting policy whose forward pass runs in the server: it sends
+`RemotePolicy` is an acting policy whose forward pass runs in the driver's `InferenceServer`
+(`impala_tf.acting.inference`), over the connection `connect` opened
+(`impala_tf.acting.inference_protocol`, which defines the messages): it sends
 `(policy_id, obs, state)` and samples the actions itself from the logits it gets back; for an
 env that stacks frames it sends the stacks whole once and then each step's newest frames with
-the refills, the server keeping the stacks. See `impala_tf.acting.inference` for the server and the
-protocol. numpy only: an actor that acts through
-the server never imports TensorFlow.
+the refills, the server keeping the stacks. numpy only: an actor that acts through the server
+never imports TensorFlow.
 """
 
 from __future__ import annotations
 
 from multiprocessing import connection
-from typing import NamedTuple
 
 import gymnasium as gym
 import numpy as np
 
 from impala_tf.acting.action_sampler import ActionSampler, SamplerState
+from impala_tf.acting.inference_protocol import InferenceError
 from impala_tf.acting.policy_step import PolicyStep
 
-__all__ = ["Endpoint", "InferenceError", "RemotePolicy", "TcpEndpoint", "connect"]
-
-
-class InferenceError(RuntimeError):
-    """The inference server could not serve a request (raised in the actor)."""
-
-
-class TcpEndpoint(NamedTuple):
-    """Where a remote actor finds the inference server (picklable: sent to Ray actors).
-
-    Attributes:
-      host: The address the actor connects to (the driver's IP, `listen`'s `advertise`).
-      port: The server's TCP port.
-      authkey: The secret the actor authenticates with.
-    """
-
-    host: str
-    port: int
-    authkey: bytes
-
-    @property
-    def address(self) -> tuple[str, int]:
-        return (self.host, self.port)
-
-
-#: What an actor is given to reach the server: a pipe end (local processes) or a TCP endpoint.
-Endpoint = connection.Connection | TcpEndpoint
-
-
-def connect(endpoint: Endpoint, actor_id: int) -> connection.Connection:
-    """Opens the actor's connection to the server (in the actor).
-
-    Args:
-      endpoint: A pipe end from `InferenceServer.attach` (returned as is) or a `TcpEndpoint`
-        from `InferenceServer.listen` (connected, authenticated, and told `actor_id`).
-      actor_id: The actor's id; a TCP connection announcing an id replaces the server's older
-        connection of that id.
-
-    Returns:
-      The connection to give `RemotePolicy`.
-
-    Raises:
-      multiprocessing.AuthenticationError: The endpoint's authkey is not the server's.
-      OSError: The server cannot be reached.
-    """
-    if not isinstance(endpoint, TcpEndpoint):
-        return endpoint
-    conn = connection.Client(endpoint.address, authkey=bytes(endpoint.authkey))
-    try:
-        conn.send(int(actor_id))
-    except BaseException:
-        conn.close()
-        raise
-    return conn
+__all__ = ["RemotePolicy"]
 
 
 class RemotePolicy(SamplerState):
@@ -95,9 +40,8 @@ class RemotePolicy(SamplerState):
       explore: Sample (True) or take the mode.
       seed: Seed of the action sampler.
       frame_stack: (k, s) when the env stacks frames (`impala_tf.models.frames`) and the server
-      keeps
-        the stacks of this policy: `step` with `stack_restarts` then sends each env's newest
-        frame only (the whole stacks on the first such step and after `forget_stacks`).
+        keeps the stacks of this policy: `step` with `stack_restarts` then sends each env's
+        newest frame only (the whole stacks on the first such step and after `forget_stacks`).
     """
 
     def __init__(

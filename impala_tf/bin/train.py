@@ -20,6 +20,16 @@ result numbering continue; results logged after that checkpoint are moved to
 `result.discarded.json`. With `--deterministic`, a resumed run matches an uninterrupted one
 exactly (see `impala_tf.driver.algorithm`).
 
+Searches: a YAML (or a `--set`) with Ray Tune's search spaces (`lr: {grid_search: [...]}`,
+`env: {grid_search: [...]}`, `{eval: "..."}`), or `--num_samples` above 1, runs as RLlib runs it:
+one Tune trial per point (`impala_tf.tune.search`), each in `<logdir>/<trial name>/`, on the
+Ray at `ray_address` or a local Ray with `--ray_num_cpus` CPUs, and a table of every trial at
+the end. Needs Ray Tune (`pip install 'impala_tf[tune]'`).
+
+Trackers: `--wandb_project=P` and `--mlflow_experiment=E` (with `--mlflow_tracking_uri`) log
+every iteration to Weights & Biases or MLflow (`impala_tf.training.trackers`; Ray Tune's own
+logger callbacks in a search).
+
 Callbacks: `--callbacks=package.module:factory` (repeatable) adds Keras callbacks to the driver
 loop, one epoch per iteration (`impala_tf.training.callbacks`); `--learner_callbacks` adds them to
 the learner thread, called around each update. `factory` is a `keras.callbacks.Callback`, or a
@@ -43,6 +53,7 @@ from absl import app, flags  # noqa: E402
 from absl import logging as absl_logging  # noqa: E402
 
 from impala_tf.bin import _common  # noqa: E402 - defines --verbose.
+from impala_tf.bin import _search as _search_lib  # noqa: E402
 
 FLAGS = flags.FLAGS
 
@@ -71,6 +82,11 @@ flags.DEFINE_multi_string(
     "learner_callbacks", [], "module.path:factory of Keras callbacks for the learner thread."
 )
 flags.DEFINE_integer("histogram_freq", 0, "Iterations between weight histograms (0: none).")
+flags.DEFINE_integer("num_samples", 1, "Tune trials per grid point (a search: see above).")
+flags.DEFINE_float("ray_num_cpus", None, "CPUs of the local Ray a search starts (default: all).")
+flags.DEFINE_string("wandb_project", None, "Log every iteration to this W&B project.")
+flags.DEFINE_string("mlflow_experiment", None, "Log every iteration to this MLflow experiment.")
+flags.DEFINE_string("mlflow_tracking_uri", None, "MLflow's store (default: ./mlruns).")
 flags.DEFINE_string(
     "save_best",
     None,
@@ -92,6 +108,14 @@ _STORED_FLAGS = (
     "save_best",
 )
 
+
+#: The --stop_* flags and the result keys they stop at.
+_STOP_FLAGS = (
+    ("stop_reward", "episode_reward_mean"),
+    ("stop_timesteps", "timesteps_total"),
+    ("stop_iters", "training_iteration"),
+    ("stop_time_s", "time_total_s"),
+)
 
 #: The signal handlers of this run (installed by `main`).
 _SHUTDOWN = None
@@ -131,12 +155,7 @@ def _apply_flags(config, stop: dict) -> None:
     config.update_from_dict(parse_overrides(FLAGS.set))
     if FLAGS.seed is not None:
         config.debugging(seed=FLAGS.seed)
-    for flag, key in (
-        ("stop_reward", "episode_reward_mean"),
-        ("stop_timesteps", "timesteps_total"),
-        ("stop_iters", "training_iteration"),
-        ("stop_time_s", "time_total_s"),
-    ):
+    for flag, key in _STOP_FLAGS:
         value = getattr(FLAGS, flag)
         if value is not None:
             stop[key] = value
@@ -285,11 +304,60 @@ def main(argv: list[str]) -> int:
         return e.exit_code
 
 
+def _search() -> tuple | None:
+    """(name, algorithm, settings, stop, scheduler) when the flags ask for a Tune search."""
+    stop_flags = {key: getattr(FLAGS, flag) for flag, key in _STOP_FLAGS}
+    return _search_lib.search_request(
+        FLAGS.config, parse_overrides(FLAGS.set), FLAGS.seed, stop_flags, FLAGS.num_samples
+    )
+
+
+def _train_search(
+    name: str, algo_name: str, settings: dict, stop: dict, scheduler: dict | None
+) -> int:
+    logdir = FLAGS.logdir or os.path.join("runs", f"{name}-{time.strftime('%Y%m%d-%H%M%S')}")
+    try:
+        return _search_lib.run(
+            name, algo_name, settings, stop, scheduler,
+            logdir=logdir,
+            num_samples=FLAGS.num_samples,
+            ray_num_cpus=FLAGS.ray_num_cpus,
+            checkpoint_freq=FLAGS.checkpoint_freq,
+            wandb_project=FLAGS.wandb_project,
+            mlflow_experiment=FLAGS.mlflow_experiment,
+            mlflow_tracking_uri=FLAGS.mlflow_tracking_uri,
+            verbose=FLAGS.verbose,
+        )  # fmt: skip
+    except (ImportError, ValueError) as e:
+        raise TrainError(str(e)) from e
+
+
+def _trackers(name: str) -> list:
+    from impala_tf.training import trackers
+
+    out = []
+    if FLAGS.wandb_project:
+        out.append(trackers.WandbLogger(FLAGS.wandb_project, name=name))
+    if FLAGS.mlflow_experiment:
+        out.append(
+            trackers.MLflowLogger(
+                FLAGS.mlflow_experiment, tracking_uri=FLAGS.mlflow_tracking_uri, run_name=name
+            )
+        )
+    return out
+
+
 def _train() -> int:
     from impala_tf import checkpoints
     from impala_tf.training.reporting import stop_reached
 
     _common.import_from_cwd()  # Before the plan imports a config's custom model or callbacks.
+    try:
+        search = _search()
+    except (FileNotFoundError, ValueError) as e:
+        raise TrainError(str(e)) from e
+    if search is not None:
+        return _train_search(*search)
     resume_from = checkpoints.latest_checkpoint(FLAGS.logdir) if FLAGS.logdir else None
     if resume_from and not FLAGS.resume:
         raise TrainError(
@@ -374,6 +442,7 @@ def _train() -> int:
             cb.ResultLogger(logdir, histogram_freq=run_flags["histogram_freq"]),
             cb.ProgressLogger(stop.get("timesteps_total"), verbose=FLAGS.verbose),
             *user_callbacks,
+            *_trackers(name),
             periodic,
         ]
         if run_flags["save_best"]:

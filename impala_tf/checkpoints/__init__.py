@@ -1,12 +1,23 @@
-"""Checkpoints: the on-disk layout (`impala_tf.checkpoints.store`) and loading a run's config.
+"""Checkpoints: the on-disk layout, written and found (`impala_tf.checkpoints.store`), the config
+as stored (`impala_tf.checkpoints.stored_config`), reading back (`impala_tf.checkpoints.reading`)
+and loading a run's config.
 
-Everything of `store` is re-exported here (`write_checkpoint`, `resolve_checkpoint_dir`,
-`restore_model`, ...), plus `load_config`, which rebuilds the config a checkpoint was
-trained with. Evaluating or exporting a checkpoint's policies is `impala_tf.driver.evaluation`'s.
+The public names of those modules are re-exported here (`write_checkpoint`,
+`resolve_checkpoint_dir`, `read_state`, `restore_model`, ...), plus `load_config`, which rebuilds
+the config a checkpoint was trained with. Evaluating or exporting a checkpoint's policies is
+`impala_tf.driver.evaluation`'s.
 """
 
 from __future__ import annotations
 
+from impala_tf.checkpoints.reading import (
+    learner_prefix,
+    read_config_dict,
+    read_driver_state,
+    read_runtime_state,
+    read_state,
+    restore_model,
+)
 from impala_tf.checkpoints.store import (
     CHECKPOINTS_DIR,
     DRIVER_STATE_FILE,
@@ -17,22 +28,16 @@ from impala_tf.checkpoints.store import (
     checkpoint_path,
     latest_checkpoint,
     learner_checkpoint,
-    learner_prefix,
     list_checkpoints,
     prune_checkpoints,
-    read_config_dict,
-    read_driver_state,
-    read_runtime_state,
-    read_state,
     resolve_checkpoint_dir,
-    restore_model,
-    storable_config,
-    untracked_variables,
     write_checkpoint,
 )
+from impala_tf.checkpoints.stored_config import storable_config
 from impala_tf.config.base import AlgorithmConfig
 from impala_tf.config.registry import config_class
 from impala_tf.models.spec import register_stored_models
+from impala_tf.models.tracking import untracked_variables
 
 __all__ = [
     "CHECKPOINTS_DIR",

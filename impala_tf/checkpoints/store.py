@@ -1,4 +1,4 @@
-"""Checkpoints on disk: the one layout for one policy or many, written atomically.
+"""Checkpoints on disk: the one layout for one policy or many, written atomically, found again.
 
 A checkpoint is a directory holding
 
@@ -8,25 +8,20 @@ A checkpoint is a directory holding
   `value_optimizer` (see `learner_checkpoint`);
 * `driver_state.json`: the driver's state (`"format": 2`, the iteration, counters, the episode
   window, `"policy_ids"`, `"observation_filters"`: {policy_id: the merged observation filter's
-  state}) plus `"config": ImpalaConfig.to_dict()` (None when `env` is a callable, which JSON
-  cannot hold);
+  state}) plus `"config"`, the config as `impala_tf.checkpoints.stored_config.storable_config`
+  gives it (None when `env` is a callable, which JSON cannot hold);
 * `runtime_state.pkl` (when the driver has such state): plain data only (dicts, lists, numpy
   arrays, bytes) that resuming needs and JSON cannot hold: the rows waiting to fill a train
   batch and, in deterministic mode, the replay buffers and the actors' runner snapshots (their
   envs pickled into bytes by the runner itself). Like any pickle, load only checkpoints you
   trust.
 
-Checkpoints written before this layout still load (`read_state`, `learner_prefix`,
-`read_runtime_state`; `impala_tf.checkpoints.legacy`): a single-agent one keeps its learner at
-the top (`learner.*`) and its filter under `"observation_filter"`; a multi-agent one has the
-same `policies/<policy_id>/learner.*` (each a complete single-policy checkpoint then); its
-`runtime_state.pkl` may pickle the driver's aggregator object, read back as plain data.
-
-Training writes one directory per save under `<logdir>/checkpoints/`, named by iteration
-(`checkpoint_000010`), and keeps the newest `keep_checkpoints_num` (`checkpoint_path`,
-`list_checkpoints`, `prune_checkpoints`); `resolve_checkpoint_dir` finds the newest from a logdir.
-Evaluation and export need a policy's weights and observation filter only: `restore_model`
-loads one policy's `model` part into a model rebuilt from the config and the env's spaces.
+`write_checkpoint` writes one atomically: a process killed at any point leaves the previous
+checkpoint or the new one loadable. Training writes one directory per save under
+`<logdir>/checkpoints/`, named by iteration (`checkpoint_000010`), and keeps the newest
+`keep_checkpoints_num` (`checkpoint_path`, `list_checkpoints`, `prune_checkpoints`);
+`resolve_checkpoint_dir` finds the newest from a logdir. Reading a checkpoint back, of this
+layout or of those before it, is `impala_tf.checkpoints.reading`'s.
 
 This module imports TensorFlow only in the functions that need it, and no config class.
 """
@@ -45,9 +40,8 @@ from typing import Any
 
 import numpy as np
 
-from impala_tf.checkpoints.legacy import load_runtime_state, normalize_state
+from impala_tf.checkpoints.stored_config import storable_config
 from impala_tf.config.policies import DEFAULT_POLICY_ID
-from impala_tf.models.tracking import untracked_variables
 
 __all__ = [
     "CHECKPOINTS_DIR",
@@ -57,20 +51,12 @@ __all__ = [
     "POLICIES_DIR",
     "RUNTIME_STATE_FILE",
     "checkpoint_path",
+    "json_default",
     "latest_checkpoint",
     "learner_checkpoint",
-    "learner_prefix",
     "list_checkpoints",
     "prune_checkpoints",
-    "json_default",
-    "read_config_dict",
-    "read_driver_state",
-    "read_runtime_state",
-    "read_state",
     "resolve_checkpoint_dir",
-    "restore_model",
-    "storable_config",
-    "untracked_variables",
     "write_checkpoint",
 ]
 
@@ -376,158 +362,3 @@ def latest_checkpoint(path: str) -> str | None:
             return children[-1]
     children = list_checkpoints(path)
     return children[-1] if children else None
-
-
-def read_driver_state(checkpoint_dir: str) -> dict[str, Any]:
-    """Returns the parsed `driver_state.json` of the checkpoint at `checkpoint_dir`."""
-    directory = resolve_checkpoint_dir(checkpoint_dir)
-    with open(os.path.join(directory, DRIVER_STATE_FILE), encoding="utf-8") as f:
-        return json.load(f)
-
-
-def read_state(checkpoint_dir: str) -> dict[str, Any]:
-    """`driver_state.json` of any layout, in this layout's keys.
-
-    Always present in the result: `"policy_ids"` and `"observation_filters"` ({policy_id:
-    filter state or None}); the rest as saved (`"iteration"`, `"counters"`, `"episodes"`, ...).
-    """
-    return normalize_state(read_driver_state(checkpoint_dir))
-
-
-def read_config_dict(checkpoint_dir: str) -> dict[str, Any]:
-    """The stored config as a dict (`AlgorithmConfig.to_dict()`).
-
-    Raises:
-      ValueError: if the checkpoint holds no config (it was trained on an `env` callable, which
-        JSON cannot store).
-    """
-    config = read_driver_state(checkpoint_dir).get("config")
-    if config is None:
-        raise ValueError(
-            f"The checkpoint at {checkpoint_dir!r} holds no config: it was trained on an "
-            "env_creator callable, which cannot be stored. Rebuild the ImpalaConfig in Python "
-            "and pass it as `config=`."
-        )
-    return config
-
-
-def learner_prefix(checkpoint_dir: str, policy_id: str = DEFAULT_POLICY_ID) -> str:
-    """The `tf.train.Checkpoint` prefix of one policy's learner in a checkpoint of any layout.
-
-    Raises:
-      ValueError: naming the policies the checkpoint has, when it has no `policy_id`.
-    """
-    directory = resolve_checkpoint_dir(checkpoint_dir)
-    prefix = os.path.join(directory, POLICIES_DIR, policy_id, LEARNER_PREFIX)
-    if os.path.isfile(prefix + ".index"):
-        return prefix
-    state = read_state(directory)
-    if policy_id in state["policy_ids"] and os.path.isfile(
-        os.path.join(directory, LEARNER_PREFIX + ".index")
-    ):
-        return os.path.join(directory, LEARNER_PREFIX)  # The single-agent layout before 2.
-    raise ValueError(
-        f"No policy {policy_id!r} in the checkpoint {directory}; it has {state['policy_ids']}."
-    )
-
-
-def read_runtime_state(checkpoint_dir: str) -> dict[str, Any]:
-    """The plain data of `runtime_state.pkl` ({} when there is none).
-
-    Keys: `"aggregator"` ({policy_id: {"pending": ..., "replay": ...}}, see
-    `impala_tf.driver.aggregation.Aggregator.get_state`) and `"actors"` ({actor id: runner
-    snapshot}); older checkpoints' pickled objects are read back as that data.
-    """
-    path = os.path.join(resolve_checkpoint_dir(checkpoint_dir), RUNTIME_STATE_FILE)
-    if not os.path.isfile(path):
-        return {}
-    with open(path, "rb") as f:
-        return load_runtime_state(f)  # A checkpoint is trusted like code (docstring).
-
-
-def _import_path(obj: Any) -> str | None:
-    """`module:qualname` of a module-level class or function (of an instance: its class)."""
-    target = obj if isinstance(obj, type) or hasattr(obj, "__qualname__") else type(obj)
-    qualname = getattr(target, "__qualname__", "")
-    module = getattr(target, "__module__", None)
-    return f"{module}:{qualname}" if module and qualname and "<" not in qualname else None
-
-
-def _storable_model(model: Any) -> Any:
-    """A `model` dict with a `custom_model` given as a class stored as its import path."""
-    if not isinstance(model, Mapping):
-        return model
-    custom = model.get("custom_model")
-    if custom is None or isinstance(custom, str):
-        return model
-    return {**model, "custom_model": _import_path(custom) or str(custom)}
-
-
-def storable_config(config: Any) -> dict[str, Any] | None:
-    """`config.to_dict()` as JSON can hold it, or None when `env` is a callable.
-
-    A module-level `policy_mapping_fn` (function or class), a `custom_model` given as a class
-    (of the config's `model` or of a policy's config) and a `callbacks` class are stored as
-    `module:qualname`,
-    which the config resolves back on load. Anything else that is not JSON (a lambda,
-    `PolicySpec`s holding spaces) is written as text and must be passed again as `config=` when
-    loading.
-    """
-    if callable(config.env):
-        return None
-    out = config.to_dict()
-    fn = out.get("policy_mapping_fn")
-    if fn is not None and not isinstance(fn, (str, dict)):
-        path = _import_path(fn)
-        if path is not None:
-            out["policy_mapping_fn"] = path
-    out["model"] = _storable_model(out.get("model"))
-    callbacks = out.get("callbacks_class")
-    if isinstance(callbacks, (list, tuple)):
-        out["callbacks_class"] = [c if isinstance(c, str) else _import_path(c) for c in callbacks]
-    elif callbacks is not None and not isinstance(callbacks, str):
-        out["callbacks_class"] = _import_path(callbacks) or str(callbacks)
-    policies = out.get("policies")
-    if isinstance(policies, Mapping):
-        stored = {}
-        for pid, spec in policies.items():
-            pconfig = spec.get("config") if isinstance(spec, Mapping) else None
-            is_spec = pconfig is None and getattr(spec, "config", None) is not None
-            if is_spec and spec.observation_space is None and spec.action_space is None:
-                spec, pconfig = {"config": spec.config}, spec.config  # A PolicySpec.
-            if isinstance(pconfig, Mapping) and "model" in pconfig:
-                spec = {**spec, "config": {**pconfig, "model": _storable_model(pconfig["model"])}}
-            stored[pid] = spec
-        out["policies"] = stored
-    return out
-
-
-def restore_model(model: Any, checkpoint_dir: str, policy_id: str = DEFAULT_POLICY_ID) -> None:
-    """Loads one policy's `model` part into `model`, ignoring optimizers and counters.
-
-    Args:
-      model: An `ActorCritic` built from the checkpoint's (policy) config and the env's spaces.
-      checkpoint_dir: Anything `resolve_checkpoint_dir` accepts.
-      policy_id: The policy (`"default_policy"` for a single-agent run).
-
-    Raises:
-      ValueError: if some variables of `model` cannot be in a checkpoint's `model` part (see
-        `untracked_variables`), rather than leave them at their initial values; or if the
-        checkpoint has no such policy.
-      AssertionError: if a variable of `model` has no value in the checkpoint (a different
-        architecture); a variable of another shape raises while reading.
-    """
-    import tensorflow as tf
-
-    missing = untracked_variables(model)
-    if missing:
-        raise ValueError(
-            f"{len(missing)} of the model's {len(model.variables)} variables "
-            f"({', '.join(v.path for v in missing[:4])}{', ...' if len(missing) > 4 else ''}) "
-            "are not tracked by tf.train.Checkpoint, so no checkpoint holds them under `model`: "
-            "a layer keeps sublayers in a Python list, which Keras 3 does not track for "
-            "TensorFlow checkpoints. Assign each sublayer to an attribute as well."
-        )
-    status = tf.train.Checkpoint(model=model).read(learner_prefix(checkpoint_dir, policy_id))
-    # The optimizers and counters stay unread on purpose; every model variable must be matched.
-    status.expect_partial().assert_existing_objects_matched()

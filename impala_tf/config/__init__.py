@@ -7,8 +7,9 @@
 
 The package's parts, bottom up: `keys` (the key tables, model defaults, stop criteria, warnings),
 `validation` (pure checks), `policies` (RLlib's multi-agent keys: `PolicySpec`, the policy mapping
-function, per-policy configs) and `base` (`AlgorithmConfig`: the keys as attributes, builders,
-YAML). The runtime reads configs through `AlgorithmConfig` and never imports this module, whose
+function, per-policy configs), `experiments` (tuned-example YAML files), `resolution` (how a
+setting finds its key) and `base` (`AlgorithmConfig`: the keys as attributes, builders, YAML).
+The runtime reads configs through `AlgorithmConfig` and never imports this module, whose
 `build()` reaches up to it (`impala_tf.driver.factory.build_algorithm`).
 """
 

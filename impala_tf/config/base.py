@@ -12,31 +12,13 @@ through `update_from_dict`:
   scripts run);
 * `from_dict(d)`;
 * `from_yaml(path)`, reading RLlib's tuned-example format (`read_experiment(path)` also returns
-  the entry's name and the learning suite's `pass_criteria`).
+  the entry's name and the learning suite's `pass_criteria`; `impala_tf.config.experiments`).
 
-Every key is resolved by one function against four tables (the last three, with the model
-defaults and RLlib's stop criteria, live in `impala_tf.config.keys`):
+Every key is resolved against the fields and RLlib's old, ignored and refused names by one
+function (`impala_tf.config.resolution`). Values are checked in one place, `validate()`
+(`impala_tf.config.validation`), which never changes the config.
 
-* the dataclass fields (each field's metadata names its builder group), and `MODEL_DEFAULTS`
-  for the keys of the `model` dict;
-* `ALIASES`: old RLlib names, applied to the new key with one `DeprecatedKeyWarning` per name;
-* `IGNORED`: RLlib keys with no meaning here, accepted with one `ConfigWarning` per name;
-* `UNSUPPORTED`: RLlib keys whose behaviour we do not have and that no other key reproduces;
-  a non-None value is an error that says what to use instead.
-
-Anything else is an error naming the key, with a "did you mean" suggestion. Values are checked
-in one place, `validate()` (`impala_tf.config.validation`), which never changes the config.
-
-Deliberate differences from RLlib:
-
-* `num_gpus` counts learner devices. `num_gpus > 0` on a machine without a GPU is not an error
-  (RLlib raises); the runtime falls back to one CPU device with a warning. With
-  `_fake_gpus=True`, `num_gpus` logical CPU devices stand in for GPUs.
-* `sgd_minibatch_size` / `minibatch_size` have no equivalent: old-stack IMPALA trains every pass
-  on the whole train batch. `microbatch_size` is gradient accumulation (one update per train
-  batch), not minibatching, so mapping one onto the other would change the number of updates.
-* Only `batch_mode="truncate_episodes"` exists (fragments are always `rollout_fragment_length`
-  steps long, T in the [T, B] learner batches).
+Where keys depart from RLlib's: `docs/differences.md` and `docs/configs.md`.
 
 This module holds no tensors and imports neither TensorFlow nor gymnasium at import time.
 """
@@ -45,49 +27,24 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import functools
 import os
 from collections.abc import Callable, Mapping
-from typing import Any, ClassVar, NamedTuple
+from typing import Any, ClassVar
 
+from impala_tf.config.experiments import Experiment, read_experiment_file
 from impala_tf.config.keys import (
-    ALIASES,
     IGNORED,
-    IGNORED_MODEL,
-    MODEL_ALIASES,
     MODEL_DEFAULTS,
-    SYNONYMS,
     UNSUPPORTED,
-    ConfigWarning,
     DeprecatedKeyWarning,
     is_number,
-    load_yaml,
-    normalize_pass_criteria,
     normalize_schedule,
-    normalize_stop_criteria,
-    suggest,
     warn_once,
 )
+from impala_tf.config.resolution import apply_settings
 from impala_tf.config.validation import validate
 
-__all__ = ["AlgorithmConfig", "Experiment", "config_key"]
-
-
-class Experiment(NamedTuple):
-    """One tuned-example YAML entry, as `AlgorithmConfig.read_experiment` reads it.
-
-    Attributes:
-      name: The entry's name (`cartpole-impala`).
-      config: The config (not validated).
-      stop: The stop criteria, canonical keys (`normalize_stop_criteria`).
-      pass_criteria: The learning suite's criteria, canonical keys (`normalize_pass_criteria`);
-        empty when the entry has none.
-    """
-
-    name: str
-    config: AlgorithmConfig
-    stop: dict[str, float]
-    pass_criteria: list[dict[str, float]]
+__all__ = ["AlgorithmConfig", "config_key"]
 
 
 def config_key(default: Any, group: str) -> Any:
@@ -100,29 +57,6 @@ def config_key(default: Any, group: str) -> Any:
 
 
 _UNSET: Any = object()
-
-
-#: Ray Tune's search spaces as a YAML writes them (`lr: {grid_search: [...]}`).
-_SEARCH_SPACE_KEYS = ("grid_search",)
-
-
-def _refuse_search_spaces(settings: Mapping[str, Any], prefix: str = "") -> None:
-    """Raises a ValueError naming the first key whose value is a Tune search space: a config
-    is one trial, and impala_tf does not run Tune's trials (a grid would otherwise fail later
-    as a wrong value, or not at all inside a free-form dict)."""
-    for key, value in settings.items():
-        if not isinstance(value, Mapping):
-            continue
-        name = f"{prefix}{key}"
-        space = next((k for k in _SEARCH_SPACE_KEYS if k in value), None)
-        if space is not None:
-            raise ValueError(
-                f"Config key `{name}` is a Ray Tune search space ({{{space}: "
-                f"{value[space]!r}}}): impala_tf trains one configuration per run and does not "
-                f"run Tune's trials. Give `{name}` one value, e.g. `--set {name}=...` once per "
-                "value."
-            )
-        _refuse_search_spaces(value, prefix=f"{name}.")
 
 
 @dataclasses.dataclass(init=False, repr=False, eq=True)
@@ -168,7 +102,7 @@ class AlgorithmConfig:
     # all ("central", SEED RL style); "auto" keeps it in the actors unless local TensorFlow actors
     # would not fit in memory (impala_tf.driver.plan decides, once per build).
     inference: str = config_key("auto", "env_runners")
-    # Ray resources of each actor (`actor_backend="ray"` only; see impala_tf.workers.ray_backend).
+    # Ray resources of each actor (Ray actors, impala_tf.workers.ray_backend; Tune trials).
     num_cpus_per_env_runner: float = config_key(1, "env_runners")
     custom_resources_per_env_runner: dict = config_key({}, "env_runners")
 
@@ -184,10 +118,8 @@ class AlgorithmConfig:
     vtrace_drop_last_ts: bool = config_key(False, "training")
     # training(): data flow into the learner
     num_multi_gpu_tower_stacks: int = config_key(1, "training")
-    # Threads of the loader's `tf.data` pipeline when it copies onto learner devices (an
-    # accelerator, or several devices): its private thread pool, which runs the prefetching and
-    # the host->device copies (RLlib's loader threads copy batches into the towers). Cutting a
-    # batch into device shards stays one Python thread, which keeps units in order. No effect
+    # The private thread pool of the loader's `tf.data` pipeline that prefetches and copies onto
+    # the learner devices, as RLlib's loader threads (`impala_tf.learning.pipeline`); no effect
     # on one CPU device, where the loader is a plain prefetching dataset.
     num_gpu_loader_threads: int = config_key(8, "training")
     minibatch_buffer_size: int = config_key(1, "training")
@@ -201,9 +133,8 @@ class AlgorithmConfig:
     broadcast_interval: int = config_key(1, "training")
     # Not an RLlib key: the least seconds between two weight broadcasts, so that weight traffic
     # stays bounded however fast the learner updates (`impala_tf.driver.broadcast`). "auto":
-    # the weights' bytes / 40 MB/s (0.1 s for the 4 MB Pong CNN, 7 ms for the CartPole MLP);
-    # 0 sends after every training step with a new update, as RLlib does. Ignored in
-    # deterministic (lockstep) runs.
+    # the weights' bytes / 40 MB/s; 0 sends after every training step with a new update, as
+    # RLlib does. Ignored in deterministic (lockstep) runs.
     min_time_s_per_broadcast: float | str = config_key("auto", "training")
     num_aggregation_workers: int = config_key(0, "training")
     # training(): replay
@@ -236,13 +167,14 @@ class AlgorithmConfig:
     precision: str = config_key("float32", "training")
     # Not an RLlib key: the dtype policy of the models that act (TF actors, the inference
     # server, evaluation, export) when it differs from the learner's `precision`; None: the
-    # same as `precision` (`acting_precision`). bfloat16 pays at the learner's batch of
-    # hundreds and can cost at an actor's batch of 16 (BENCHMARKS.md `bench_learner_bf16`).
+    # same as `precision` (`acting_precision`): bfloat16 pays at the learner's batch of
+    # hundreds and can cost at an actor's batch of 16 (docs/differences.md).
     inference_precision: str | None = config_key(None, "training")
 
     # resources()
     num_gpus: float = config_key(1, "resources")
     _fake_gpus: bool = config_key(False, "resources")
+    num_cpus_for_main_process: float = config_key(1, "resources")  # A Tune trial's driver.
     # Not RLlib keys: where the actors and aggregation workers run. "local": local processes
     # (the default); "ray": Ray actors, on a Ray started here (`ray_address=None`) or on the
     # running cluster at `ray_address` ("auto" or "HOST:PORT").
@@ -388,80 +320,8 @@ class AlgorithmConfig:
         return self._apply(config_dict, group=None)
 
     def _apply(self, settings: Mapping[str, Any], group: str | None) -> AlgorithmConfig:
-        _refuse_search_spaces(settings)
-        set_by: dict[str, str] = {}
-        if "multiagent" in settings or "replay_ratio" in settings:
-            from impala_tf.config.policies import expand_rllib_keys
-
-            settings = expand_rllib_keys(settings)
-        for key, value in settings.items():
-            name = key
-            if key in ALIASES:
-                name = ALIASES[key]
-                if key not in SYNONYMS:
-                    warn_once(
-                        key,
-                        f"Config key `{key}` is deprecated; use `{name}` (value applied to it).",
-                        DeprecatedKeyWarning,
-                    )
-            ignored, unsupported = self.ignored_keys, self.unsupported_keys
-            if name in ignored:
-                warn_once(name, f"Config key `{name}` is ignored: {ignored[name]}.", ConfigWarning)
-                continue
-            if name in unsupported:
-                if value is None:
-                    warn_once(name, f"Config key `{name}` is ignored (None).", ConfigWarning)
-                    continue
-                raise ValueError(f"Config key `{name}` is not supported: {unsupported[name]}.")
-            fields = _fields(type(self))
-            field = fields.get(name)
-            if field is None:
-                known = [*fields, *ALIASES, *ignored, *unsupported]
-                raise ValueError(
-                    f"Unknown {self.algo_name} config key `{key}`.{suggest(key, known)}"
-                )
-            if group is not None and field.metadata["group"] != group:
-                raise TypeError(
-                    f"`{key}` is not a setting of `.{group}()`; set it with "
-                    f"`.{field.metadata['group']}({key}=...)`."
-                )
-            if name in set_by and set_by[name] != key and getattr(self, name) != value:
-                raise ValueError(
-                    f"Both `{set_by[name]}` and `{key}` set `{name}`, to different values; "
-                    "keep one."
-                )
-            set_by[name] = key
-            if name == "model":
-                self._merge_model(value)
-            else:
-                setattr(self, name, copy.deepcopy(value))
+        apply_settings(self, settings, group)
         return self
-
-    def _merge_model(self, model: Any) -> None:
-        if not isinstance(model, Mapping):
-            raise ValueError(f"`model` must be a dict of model settings, got {model!r}.")
-        for key, value in model.items():
-            if key in IGNORED_MODEL:
-                warn_once(
-                    f"model.{key}",
-                    f"Model key `{key}` is ignored: {IGNORED_MODEL[key]}.",
-                    ConfigWarning,
-                )
-                continue
-            if key in MODEL_ALIASES:
-                targets = MODEL_ALIASES[key]
-                warn_once(
-                    f"model.{key}",
-                    f"Model key `{key}` is deprecated; use {' and '.join(targets)}.",
-                    DeprecatedKeyWarning,
-                )
-            elif key in MODEL_DEFAULTS:
-                targets = (key,)
-            else:
-                known = [*MODEL_DEFAULTS, *MODEL_ALIASES, *IGNORED_MODEL]
-                raise ValueError(f"Unknown model key `{key}` in `model`.{suggest(key, known)}")
-            for target in targets:
-                self.model[target] = copy.deepcopy(value)
 
     # Serialisation ----------------------------------------------------------------------------
 
@@ -516,64 +376,15 @@ class AlgorithmConfig:
           path: Path of the YAML file.
 
         Returns:
-          An `Experiment`: the entry's name, the config, the stop criteria and the pass
-          criteria (`normalize_pass_criteria`; empty when the file has none).
+          An `Experiment` (`impala_tf.config.experiments`): the entry's name, the config, the
+          stop criteria and the pass criteria (`normalize_pass_criteria`; empty when the file
+          has none).
 
         Raises:
           ValueError: as `from_yaml`, and for a malformed `pass_criteria` block (the message
             names the file).
         """
-        from impala_tf.config.shipped import resolve_config
-
-        path = resolve_config(path)  # A shipped config may be named: `cartpole-impala`.
-        with open(path, encoding="utf-8") as f:
-            document = load_yaml(f)
-        if not isinstance(document, Mapping) or len(document) != 1:
-            raise ValueError(
-                f"{path}: expected exactly one top-level experiment entry "
-                "(`name: {env: ..., run: IMPALA, stop: {...}, config: {...}}`)."
-            )
-        ((name, entry),) = document.items()
-        if not isinstance(entry, Mapping):
-            raise ValueError(f"{path}: entry `{name}` must be a mapping.")
-        unknown = set(entry) - {
-            "env", "run", "stop", "pass_criteria", "config", "checkpoint_freq",
-            "keep_checkpoints_num",
-        }  # fmt: skip
-        if unknown:
-            raise ValueError(f"{path}: unknown keys {sorted(unknown)} in entry `{name}`.")
-        from impala_tf.config.registry import ALGORITHMS, config_class
-
-        run = entry.get("run")
-        try:
-            algorithm = config_class(run)
-        except ValueError:
-            raise ValueError(
-                f"{path}: `run` must be one of {', '.join(ALGORITHMS)}, got {run!r}."
-            ) from None
-        if not isinstance(entry.get("config") or {}, Mapping):
-            raise ValueError(f"{path}: `config` of entry `{name}` must be a mapping.")
-        try:
-            pass_criteria = normalize_pass_criteria(entry.get("pass_criteria"))
-        except ValueError as e:
-            raise ValueError(f"{path}: entry `{name}`: {e}") from e
-        settings = dict(entry.get("config") or {})
-        if "env" in entry:
-            if "env" in settings and settings["env"] != entry["env"]:
-                raise ValueError(
-                    f"{path}: `env` is {entry['env']!r} in entry `{name}` but "
-                    f"{settings['env']!r} in its config; keep one."
-                )
-            settings["env"] = entry["env"]
-        for key in ("checkpoint_freq", "keep_checkpoints_num"):
-            if key in entry:
-                settings[key] = entry[key]
-        return Experiment(
-            name=str(name),
-            config=algorithm.from_dict(settings),
-            stop=normalize_stop_criteria(entry.get("stop")),
-            pass_criteria=pass_criteria,
-        )
+        return read_experiment_file(path)
 
     # Derived values ---------------------------------------------------------------------------
 
@@ -687,9 +498,3 @@ class AlgorithmConfig:
                 changed.append(f"{f.name}={value!r}")
         more = f", ... {len(changed) - 6} more" if len(changed) > 6 else ""
         return f"{type(self).__name__}({', '.join([f'env={self.env!r}', *changed[:6]])}{more})"
-
-
-@functools.cache
-def _fields(cls: type) -> dict[str, dataclasses.Field]:
-    """The config keys of a config class (`AlgorithmConfig` or a subclass), by name."""
-    return {f.name: f for f in dataclasses.fields(cls)}

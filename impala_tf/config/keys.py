@@ -1,9 +1,9 @@
 """RLlib's IMPALA config keys as tables: model defaults, old names, ignored and refused keys.
 
 `impala_tf.config.base.AlgorithmConfig` resolves every key it is given against these tables
-(its module docstring says how), and checks values with the helpers here. Also here: RLlib's
-stop criteria in their old and new spellings (`normalize_stop_criteria`), the pass criteria of
-the learning suite (`normalize_pass_criteria`) and the YAML loader of tuned examples
+(`impala_tf.config.resolution` says how), and checks values with the helpers here. Also here:
+RLlib's stop criteria in their old and new spellings (`normalize_stop_criteria`), the pass
+criteria of the learning suite (`normalize_pass_criteria`) and the YAML loader of tuned examples
 (`load_yaml`).
 
 Also the config warnings (`ConfigWarning`, each shown once per key). This module holds data
@@ -98,6 +98,7 @@ ALIASES: dict[str, str] = {
     "num_data_loader_buffers": "num_multi_gpu_tower_stacks",
     "max_sample_requests_in_flight_per_worker": "max_requests_in_flight_per_env_runner",
     "num_cpus_per_worker": "num_cpus_per_env_runner",
+    "num_cpus_for_driver": "num_cpus_for_main_process",
     "custom_resources_per_worker": "custom_resources_per_env_runner",
     "ignore_worker_failures": "restart_failed_env_runners",
     "ignore_env_runner_failures": "restart_failed_env_runners",
@@ -144,9 +145,7 @@ IGNORED: dict[str, str] = {
     "num_cpus_per_learner": "there is no resource scheduler",
     "num_gpus_per_worker": "env runners always run on CPU",
     "num_gpus_per_env_runner": "env runners always run on CPU",
-    "num_cpus_for_driver": "there is no resource scheduler",
-    "num_cpus_for_main_process": "there is no resource scheduler",
-    "placement_strategy": "there is no resource scheduler",
+    "placement_strategy": "a Tune trial packs its bundles as its actors need (impala_tf.tune)",
     "create_env_on_driver": "the driver never steps an environment",
     "exploration_config": "actions are always sampled from the policy (`explore`)",
     "grad_clip_by": "RLlib's old stack, like us, always clips by global norm",

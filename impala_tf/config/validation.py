@@ -310,6 +310,7 @@ def _backend(config) -> None:
             f"this machine) or 'HOST:PORT' (the head node's GCS address), got {address!r}."
         )
     check_number(config, "num_cpus_per_env_runner", minimum=0.0)
+    check_number(config, "num_cpus_for_main_process", minimum=0.0)
     resources = config.custom_resources_per_env_runner
     if not isinstance(resources, Mapping) or not all(
         isinstance(k, str) and is_number(v) and math.isfinite(v) and v > 0

@@ -5,7 +5,8 @@ receives the config), `plan` (the run's modes, decided once), `metrics` (counter
 result dict), `sampling` (the actors on the worker mechanism), `aggregation` (replay and batch
 cutting, in the driver or in aggregation workers), `learners` (one learner and learner thread per
 policy), `broadcast` (weights to the actors), `schedule` (the training step: asynchronous or
-lockstep), `state` (checkpoints), and `factory` (`build_algorithm`, behind `ImpalaConfig.build()`
-and `impala-train`). This package's `__init__` imports nothing, so aggregation workers can
-import `impala_tf.driver.aggregation` without TensorFlow.
+lockstep), `state` (checkpoints), `policies` (the policies to call: `get_policy`, weights), and
+`factory` (`build_algorithm`, behind `ImpalaConfig.build()` and `impala-train`). This
+package's `__init__` imports nothing, so aggregation workers can import
+`impala_tf.driver.aggregation` without TensorFlow.
 """

@@ -372,7 +372,8 @@ class AggregationStage:
                 lost += steps
             worker, error = failure.worker_id, failure.error
             logger.warning("Aggregation worker %d failed (%s); restarting it.", worker, error)
-            self.workers.restart_failed(failure)  # Raises when no restart is allowed.
+            restarts = self.counters.num_aggregation_worker_restarts
+            self.workers.restart_failed(failure, restarts)  # Raises when no restart is allowed.
             self.counters.num_aggregation_worker_restarts += 1
             self.counters.num_env_steps_lost_in_aggregation += lost
         return out

@@ -7,8 +7,7 @@ Each `train()` call runs training steps for at least `min_time_s_per_iteration` 
 one-policy case (`"default_policy"`); a multi-agent one (RLlib's `policies`,
 `policy_mapping_fn`, `policies_to_train`, or a `MultiAgentEnv`) has one learner per policy.
 
-`Impala` is a thin facade over the driver's collaborators (`impala_tf.driver`), each readable
-alone:
+`Impala` is a thin facade over the driver's collaborators (`impala_tf.driver`):
 
 * `plan` (`RuntimePlan`): the modes decided once at build time (backend, inference, schedule);
 * `actors` (`EnvRunnerGroup`): the env runners, sample requests, restarts, observation filters;
@@ -18,18 +17,13 @@ alone:
 * `broadcaster` (`Broadcaster`): when and which weights go to the actors;
 * `schedule`: the training step, asynchronous or lockstep (`deterministic=True`);
 * `metrics` (`Metrics`): counters, the episode window and the result dict;
+* `policies` (`Policies`): the policies to call (`get_policy`, `compute_single_action`, weights);
 * checkpoints (`SavedState`): `save` and `restore`.
-
-`Impala(config, deterministic=True)` samples and trains in lockstep (one fragment is sampled,
-trained on and answered with a broadcast before the next is requested), so that a run with a
-fixed seed is reproducible update for update and, resumed from a checkpoint, continues exactly as
-if it had not stopped (`save` then also snapshots the actors' envs).
 """
 
 from __future__ import annotations
 
 import atexit
-import contextlib
 import logging
 import time
 import weakref
@@ -38,104 +32,31 @@ from typing import Any
 
 import keras
 import numpy as np
-import tensorflow as tf
 
-from impala_tf.acting import filters as filter_lib
-from impala_tf.acting.actions import ActionAdapter
 from impala_tf.acting.trained_policy import Policy
-from impala_tf.checkpoints import load_config, read_state, resolve_checkpoint_dir, restore_model
+from impala_tf.checkpoints import load_config, resolve_checkpoint_dir
 from impala_tf.config.base import AlgorithmConfig
 from impala_tf.config.callbacks import Callbacks
-from impala_tf.config.policies import policy_config
 from impala_tf.driver.aggregation import AggregationStage
 from impala_tf.driver.broadcast import Broadcaster
 from impala_tf.driver.evaluation import Evaluator, evaluation_media, evaluation_metrics
 from impala_tf.driver.learners import LearnerGroup
 from impala_tf.driver.metrics import Metrics
 from impala_tf.driver.plan import RuntimePlan, check_deterministic, make_plan
+from impala_tf.driver.policies import Policies
 from impala_tf.driver.sampling import EnvRunnerGroup, make_backend
 from impala_tf.driver.schedule import make_schedule
 from impala_tf.driver.specs import aggregator_spec, sampling_spec
 from impala_tf.driver.state import Progress, SavedState
-from impala_tf.learning import devices
 from impala_tf.learning.learner import ImpalaLearner
+from impala_tf.learning.strategy import make_strategy
 from impala_tf.learning.thread import LearnerThread
-from impala_tf.models.catalog import build_model
 from impala_tf.rollout.fragment import DEFAULT_POLICY_ID
-from impala_tf.utils.seeds import Stream, sampler_seeds, stream_seed
+from impala_tf.utils.seeds import Stream, stream_seed
 
-__all__ = ["Impala", "MultiAgentImpala", "check_deterministic", "make_strategy"]
+__all__ = ["Impala", "MultiAgentImpala", "check_deterministic"]
 
 logger = logging.getLogger(__name__)
-
-
-def make_strategy(config: AlgorithmConfig) -> tf.distribute.Strategy:
-    """The learner's `tf.distribute` strategy for `num_gpus` / `_fake_gpus`.
-
-    Call it before any TensorFlow op: it first makes the GPU settings that must precede
-    TensorFlow's initialisation (`devices.configure_gpus`: memory growth on, or with
-    `num_gpus: 0` the GPUs hidden).
-
-    One device: the default strategy (TensorFlow places ops on the GPU if there is one and
-    `num_gpus > 0`); with `num_gpus: 0` and GPUs that could no longer be hidden, a
-    `OneDeviceStrategy` on the CPU. N > 1: `MirroredStrategy` over N GPUs, or over N logical
-    CPU devices with `_fake_gpus=True` (these must be configured before TensorFlow initialises;
-    we do that here when we can).
-    """
-    pin_to_cpu = devices.configure_gpus(config.num_gpus)
-    n = config.num_learner_devices
-    if pin_to_cpu:
-        return tf.distribute.OneDeviceStrategy("/cpu:0")
-    if n <= 1:
-        return tf.distribute.get_strategy()
-    if config._fake_gpus:
-        cpus = tf.config.list_physical_devices("CPU")
-        # `list_logical_devices` initialises the runtime, after which logical devices can no
-        # longer be configured: look at the (uninitialised) configuration first.
-        if tf.config.get_logical_device_configuration(cpus[0]) is None:
-            # If TF is already initialised this fails; the check below explains.
-            with contextlib.suppress(RuntimeError):
-                tf.config.set_logical_device_configuration(
-                    cpus[0], [tf.config.LogicalDeviceConfiguration() for _ in range(n)]
-                )
-        logical = tf.config.list_logical_devices("CPU")
-        if len(logical) < n:
-            raise RuntimeError(
-                f"num_gpus={n} with _fake_gpus=True needs {n} logical CPU devices, but "
-                f"TensorFlow was initialised with {len(logical)}: build the algorithm before "
-                "running any TensorFlow op, or configure the logical devices yourself."
-            )
-        return _mirrored([d.name for d in logical[:n]])
-    gpus = tf.config.list_logical_devices("GPU")
-    if not gpus:
-        logger.warning(
-            "num_gpus=%d but no GPU is visible: training on the CPU (set _fake_gpus=True to "
-            "simulate %d devices).",
-            n,
-            n,
-        )
-        return tf.distribute.get_strategy()
-    if len(gpus) < n:
-        raise ValueError(f"num_gpus={n} but only {len(gpus)} GPU(s) are visible")
-    return _mirrored([d.name for d in gpus[:n]])
-
-
-_MIRRORED: dict[tuple[str, ...], tf.distribute.MirroredStrategy] = {}
-
-
-def _mirrored(devices: list[str]) -> tf.distribute.MirroredStrategy:
-    """One `MirroredStrategy` per set of devices and process.
-
-    TensorFlow numbers each new strategy's collective all-reduces from the same start, so two
-    strategies over the same devices in one process (two algorithms built one after the other,
-    as in tests) reuse instance keys, and the runtime aborts on the first two that differ in
-    shape ("Shape mismatch in the collective instance ..."). Sharing the strategy keeps the
-    numbering unique.
-    """
-    key = tuple(devices)
-    if key not in _MIRRORED:
-        _MIRRORED[key] = tf.distribute.MirroredStrategy(list(devices))
-    return _MIRRORED[key]
 
 
 class Impala:
@@ -144,9 +65,11 @@ class Impala:
     Args:
       config: A validated (or validatable) config with `env` set.
       callbacks: Keras callbacks for the learner threads (called around each update).
-      deterministic: Sample and train in lockstep, for runs that a seed reproduces exactly and
-        checkpoints that resume exactly (see the module docstring; `check_deterministic` lists
-        what the config needs). Slower: actors and learners never overlap.
+      deterministic: Sample and train in lockstep (one fragment is sampled, trained on and
+        answered with a broadcast before the next is requested), so that a seeded run is
+        reproducible update for update and, resumed from a checkpoint, continues exactly as if
+        it had not stopped (`save` then also snapshots the actors' envs; `check_deterministic`
+        lists what the config needs). Slower: actors and learners never overlap.
       logdir: The run's directory; the train batches of skipped non-finite updates are saved
         in `<logdir>/nonfinite/` (`impala_tf.learning.nonfinite`). None: a temporary directory, made
         when the first one is saved.
@@ -179,8 +102,7 @@ class Impala:
         self._stopped = False
         self._started = False
         self._checkpoint: str | None = None  # `from_checkpoint`: restored when started.
-        self._policies: dict[str, Policy] = {}
-        self._pending_weights: dict[str, list[np.ndarray]] = {}  # Set before the start.
+        self.policies = Policies(config, plan)
         self.actors: EnvRunnerGroup | None = None
         self.learners: LearnerGroup | None = None
         self.aggregation: AggregationStage | None = None
@@ -195,7 +117,6 @@ class Impala:
         """Starts the actors, the learners and their threads, and the driver loop."""
         config, plan = self.config, self.plan
         self._started = True
-        self._policies = {}  # Policies from a checkpoint give way to the learners' own.
         # TF sets its logical devices on first use: choose them before anything else runs.
         self.strategy = make_strategy(config)
         if config.seed is not None:
@@ -216,13 +137,10 @@ class Impala:
             self.stop()
             raise
         self.broadcaster = Broadcaster(
-            self.learners,
-            self.actors,
-            config.broadcast_interval,
-            counters,
+            self.learners, self.actors, config.broadcast_interval, counters,
             wait=self.deterministic,
             min_time_s=0.0 if self.deterministic else config.min_time_s_per_broadcast,
-        )
+        )  # fmt: skip
         self.schedule = make_schedule(
             plan, self.actors, self.aggregation, self.learners, self.broadcaster, self.metrics,
             fetch_wait_s=config.timeout_s_sampler_manager,
@@ -237,8 +155,7 @@ class Impala:
         try:
             if self._checkpoint is not None:
                 self.saved_state.restore(self._checkpoint)
-            if self._pending_weights:
-                self.set_weights(self._pending_weights)
+            self.policies.follow(self.learners, self.actors, self.broadcaster)
             self.callbacks("on_algorithm_init", algorithm=self)
         except BaseException:
             self.stop()
@@ -261,11 +178,10 @@ class Impala:
     ) -> Impala:
         """Loads a checkpoint (RLlib's `Algorithm.from_checkpoint`); starts no process.
 
-        The returned algorithm's policies are ready at once (`get_policy`,
-        `compute_single_action`, `compute_actions`, `get_weights`), built from the
-        checkpoint's config and weights in this process. Its first `train()`, `evaluate()` or
-        `save()` starts the actors and learners and restores the checkpoint into them, so that
-        training continues from it.
+        The returned algorithm's policies are ready at once (`get_policy`, `compute_single_action`,
+        `compute_actions`, `get_weights`), built from the checkpoint's config and weights in this
+        process. Its first `train()`, `evaluate()` or `save()` starts the actors and learners and
+        restores the checkpoint into them, so that training continues from it.
 
         Args:
           checkpoint: A checkpoint directory, or a training logdir (its newest checkpoint).
@@ -284,7 +200,7 @@ class Impala:
         config.validate(require_env=True)
         algo = cls.__new__(cls)
         algo._setup(config, make_plan(config), logdir)
-        algo._checkpoint = checkpoint_dir
+        algo.restore(checkpoint_dir)  # Not started: kept for the start, policies built from it.
         return algo
 
     # Single-policy views ------------------------------------------------------------------------
@@ -305,16 +221,12 @@ class Impala:
         return self.learners.threads[self.learners.first]
 
     @property
-    def _first(self) -> str:
-        return (list(self.plan.trained) or self.plan.policy_ids)[0]
-
-    @property
     def observation_space(self) -> Any:
-        return self.plan.spaces.policies[self._first][0]
+        return self.plan.spaces.policies[self.policies.first][0]
 
     @property
     def action_space(self) -> Any:
-        return self.plan.spaces.policies[self._first][1]
+        return self.plan.spaces.policies[self.policies.first][1]
 
     @property
     def iteration(self) -> int:
@@ -335,40 +247,7 @@ class Impala:
         Raises:
           KeyError: no such policy (the message lists them).
         """
-        if policy_id not in self.plan.spaces.policies:
-            raise KeyError(f"No policy {policy_id!r}; policies: {self.policy_ids}.")
-        policy = self._policies.get(policy_id)
-        if policy is None:
-            policy = self._policies[policy_id] = self._make_policy(policy_id)
-        return policy
-
-    def _make_policy(self, pid: str) -> Policy:
-        obs_space, act_space = self.plan.spaces.policies[pid]
-        pconfig = policy_config(self.config, pid)
-        spec = self.plan.models[pid]
-        # As the driver's evaluation runner (and so `impala-evaluate`) seeds its samplers.
-        seed = sampler_seeds(self.config.seed, 0, self.plan.policy_ids, self.plan.multi_agent)[pid]
-        if self._started:
-            learner = self.learners.learners[pid]
-
-            def newer(version: int) -> tuple[list[np.ndarray], int] | None:
-                if int(learner.num_grad_updates.numpy()) == version:
-                    return None
-                return self.learners.snapshot(pid, wait=True)
-
-            return Policy(
-                pid, learner.model, spec, obs_space, act_space, pconfig,
-                lambda: self.actors.filters[pid], seed, newer,
-                lambda weights: self.set_weights({pid: weights}),
-            )  # fmt: skip
-        model = build_model(obs_space, act_space, spec, precision=pconfig.acting_precision)
-        restore_model(model, self._checkpoint, pid)
-        saved = read_state(self._checkpoint)["observation_filters"].get(pid)
-        if saved is not None:
-            obs_filter = filter_lib.filter_from_state(saved)
-        else:
-            obs_filter = filter_lib.get_filter(self.config.observation_filter, obs_space.shape)
-        return Policy(pid, model, spec, obs_space, act_space, pconfig, lambda: obs_filter, seed)
+        return self.policies.get(policy_id)
 
     def get_weights(self, policies: list[str] | None = None) -> dict[str, list[np.ndarray]]:
         """{policy_id: weights} of `policies` (default: all), RLlib's `Algorithm.get_weights`.
@@ -376,13 +255,7 @@ class Impala:
         Raises:
           KeyError: a policy id that is not one of this algorithm's.
         """
-        ids = self.policy_ids if policies is None else list(policies)
-        unknown = sorted(set(ids) - set(self.policy_ids))
-        if unknown:
-            raise KeyError(f"No policies {unknown}; policies: {self.policy_ids}.")
-        if self._started:
-            return {pid: self.learners.snapshot(pid, wait=True)[0] for pid in ids}
-        return {pid: self.get_policy(pid).get_weights() for pid in ids}
+        return self.policies.get_weights(policies)
 
     def set_weights(self, weights: Mapping[str, list[np.ndarray]]) -> None:
         """Sets policies' weights (RLlib's `Algorithm.set_weights`): the learners' (between two
@@ -393,18 +266,7 @@ class Impala:
           KeyError: a policy id that is not one of this algorithm's.
           ValueError: weights that do not fit the policy's model.
         """
-        unknown = sorted(set(weights) - set(self.policy_ids))
-        if unknown:
-            raise KeyError(f"No policies {unknown}; policies: {self.policy_ids}.")
-        if not self._started:
-            for pid, w in weights.items():
-                self.get_policy(pid).set_weights(w)
-                self._pending_weights[pid] = [np.asarray(a) for a in w]
-            return
-        with self.learners.locked():
-            for pid, w in weights.items():
-                self.learners.learners[pid].set_policy_weights([np.asarray(a) for a in w])
-        self.broadcaster.send(self.actors.healthy_ids())
+        self.policies.set_weights(weights)
 
     def compute_single_action(
         self,
@@ -452,27 +314,12 @@ class Impala:
           `full_fetch`.
         """
         del info, timestep, episode
-        if prev_action is not None or prev_reward is not None:
-            raise ValueError(
-                "compute_single_action: prev_action / prev_reward are not supported (no model "
-                "takes previous actions or rewards: lstm_use_prev_action is not supported)."
-            )
-        if input_dict is not None:
-            observation = input_dict["obs"]
-        batch_state = None if state is None else [np.asarray(s)[None] for s in state]
-        actions, state_out, extra = self.compute_actions(
-            np.asarray(observation)[None],
-            batch_state,
-            policy_id=policy_id,
-            full_fetch=True,
-            explore=explore,
-            unsquash_action=unsquash_action,
+        return self.policies.compute_single_action(
+            input_dict["obs"] if input_dict is not None else observation, state,
+            prev_action=prev_action, prev_reward=prev_reward, policy_id=policy_id,
+            full_fetch=full_fetch, explore=explore, unsquash_action=unsquash_action,
             clip_action=clip_action,
-        )
-        action = actions[0]
-        if state is None and not full_fetch:
-            return action
-        return action, [s[0] for s in state_out], {k: v[0] for k, v in extra.items()}
+        )  # fmt: skip
 
     def compute_actions(
         self,
@@ -500,22 +347,10 @@ class Impala:
           The actions, [B, *action_shape] (or a dict with the keys of `observations`); with
           `state` or `full_fetch`, `(actions, state out, extra fetches)`.
         """
-        policy = self.get_policy(policy_id)
-        keys = list(observations) if isinstance(observations, Mapping) else None
-        obs = np.stack([observations[k] for k in keys]) if keys is not None else observations
-        actions, state_out, extra = policy.compute_actions(policy.filter(obs), state, explore)
-        config = policy.config
-        adapter = ActionAdapter(
-            policy.action_space,
-            config.normalize_actions if unsquash_action is None else unsquash_action,
-            config.clip_actions if clip_action is None else clip_action,
-        )
-        actions = adapter(actions)
-        if keys is not None:
-            actions = dict(zip(keys, actions))
-        if state is None and not full_fetch:
-            return actions
-        return actions, state_out, extra
+        return self.policies.compute_actions(
+            observations, state, policy_id=policy_id, full_fetch=full_fetch, explore=explore,
+            unsquash_action=unsquash_action, clip_action=clip_action,
+        )  # fmt: skip
 
     # Iterations ---------------------------------------------------------------------------------
 
@@ -620,11 +455,10 @@ class Impala:
         return self.saved_state.save(checkpoint_dir)
 
     def restore(self, checkpoint_dir: str) -> None:
-        """Restores a checkpoint of any layout; the run continues from there
-        (`SavedState.restore`)."""
+        """Restores a checkpoint (any layout); the run continues from it (`SavedState.restore`)."""
         if not self._started and not self._stopped:
             self._checkpoint = resolve_checkpoint_dir(checkpoint_dir)  # Restored at the start.
-            self._policies = {}
+            self.policies.load(self._checkpoint)
             return
         self._ensure_started()
         self.saved_state.restore(checkpoint_dir)

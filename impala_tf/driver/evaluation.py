@@ -31,7 +31,8 @@ from typing import Any
 import numpy as np
 
 from impala_tf.acting import filters as filter_lib
-from impala_tf.checkpoints.store import read_state, resolve_checkpoint_dir, restore_model
+from impala_tf.checkpoints.reading import read_state, restore_model
+from impala_tf.checkpoints.store import resolve_checkpoint_dir
 from impala_tf.config.base import AlgorithmConfig
 from impala_tf.config.callbacks import resolve_callbacks
 from impala_tf.config.policies import policy_config
@@ -210,7 +211,7 @@ def load_checkpoint_policies(
     """Every policy's weights and the run's observation filters, from a checkpoint.
 
     Each policy's model is rebuilt from its resolved model (`models`, else its config) and
-    spaces and its `model` part restored (`impala_tf.checkpoints.store.restore_model`).
+    spaces and its `model` part restored (`impala_tf.checkpoints.reading.restore_model`).
 
     Returns:
       ({policy_id: (weights, 0)}, {policy_id: Filter} or None without filters).

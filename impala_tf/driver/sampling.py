@@ -10,7 +10,8 @@ RLlib's env-runner group seen from the driver:
 * a failed actor is restarted (`restart_failed_env_runners`, `max_num_env_runner_restarts`; the
   `impala_tf.workers.RestartPolicy` rules) with the newest weights and, in a seeded run, env and
   sampler seeds of its own (a new process would otherwise replay the episodes of the one it
-  replaces); `num_env_runner_failures` and `num_env_runner_restarts` count them;
+  replaces); `num_env_runner_failures` and `num_env_runner_restarts` count them (the latter,
+  restored on a resume, is the one count `max_num_env_runner_restarts` limits);
 * the master observation filters (`observation_filter`, one per policy) merge each fragment's
   changes and go to the actors with the weights;
 * with central inference the driver's `InferenceServer` acts for every actor: broadcasts load
@@ -176,7 +177,7 @@ class EnvRunnerGroup:
 
         On Ray, Ray's address of this node (`ray.util.get_node_ip_address`, what Ray actors
         reach the driver at); on local processes, this machine's address on its default route
-        (`impala_tf.acting.inference.node_ip_address`, "127.0.0.1" offline).
+        (`impala_tf.acting.inference_protocol.node_ip_address`, "127.0.0.1" offline).
         """
         if self._node_ip is None:
             if self.plan.backend == "ray":
@@ -184,7 +185,7 @@ class EnvRunnerGroup:
 
                 self._node_ip = str(ray.util.get_node_ip_address())
             else:
-                from impala_tf.acting.inference import node_ip_address
+                from impala_tf.acting.inference_protocol import node_ip_address
 
                 self._node_ip = node_ip_address()
         return self._node_ip
@@ -242,7 +243,9 @@ class EnvRunnerGroup:
         for failure in failures:
             self.in_flight[failure.worker_id] = 0
             self.counters.num_env_runner_failures += 1
-            self.workers.restart_failed(failure)  # Raises when no restart is allowed.
+            # Raises when no restart is allowed (`max_num_env_runner_restarts` against the
+            # counter, a resumed run's restarts included).
+            self.workers.restart_failed(failure, self.counters.num_env_runner_restarts)
             logger.warning("Restarted actor %d after: %s", failure.worker_id, failure.error)
             self.counters.num_env_runner_restarts += 1
             restarted.append(failure.worker_id)
@@ -292,13 +295,10 @@ class EnvRunnerGroup:
         return {"observation_filters": {p: f.get_state() for p, f in self.filters.items()}}
 
     def set_state(self, state: Mapping[str, Any]) -> None:
-        """Restores `get_state()` (a policy's filter not in `state` stays as it is) and, from
-        `num_env_runner_restarts`, the restarts counted against `max_num_env_runner_restarts`."""
+        """Restores `get_state()` (a policy's filter not in `state` stays as it is)."""
         for pid, saved in (state.get("observation_filters") or {}).items():
             if saved is not None and pid in self.filters:
                 self.filters[pid] = filter_lib.filter_from_state(saved)
-        if "num_env_runner_restarts" in state:
-            self.workers.restarts.restore(int(state["num_env_runner_restarts"]))
 
     def set_states(self, states: Mapping[int, dict]) -> None:
         """Applies each actor's runner state (in order with the other calls sent to it)."""

@@ -20,11 +20,9 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
+from impala_tf.checkpoints.reading import learner_prefix, read_runtime_state, read_state
 from impala_tf.checkpoints.store import (
     learner_checkpoint,
-    learner_prefix,
-    read_runtime_state,
-    read_state,
     resolve_checkpoint_dir,
     write_checkpoint,
 )
@@ -154,11 +152,11 @@ class SavedState:
                 learner_checkpoint(learner).read(prefix).assert_consumed()
         self.progress.iteration = int(state["iteration"])
         self.progress.time_total_s = float(state["time_total_s"])
+        # The counters, restored in place, are also the restarts held against their limits.
         self.metrics.set_state(state)
         self.broadcaster.set_state(state)
+        self.actors.set_state(state)
         counters = self.metrics.counters
-        restarts = int(counters.num_env_runner_restarts)
-        self.actors.set_state({**state, "num_env_runner_restarts": restarts})
         steps, seed = int(counters.num_env_steps_sampled), self.config.seed
         # A fresh replay stream (unless the checkpoint has the buffers), not the first one.
         self.aggregation.reset(

@@ -4,8 +4,8 @@ RLlib's old API stack wraps every Atari env in `wrap_deepmind` when `preprocesso
 "deepmind" (its default) and switches `clip_rewards` on when the user left it None. impala_tf does
 the same, on one of two paths that give the same observations:
 
-* `AtariVectorEnv` (ale-py's native, threaded vector env; `impala_tf.envs.batch`) when its options
-  cover the config (`vector_env_kwargs`), and
+* `AtariVectorEnv` (ale-py's native, threaded vector env; `impala_tf.envs.atari_vector`) when
+  its options cover the config (`vector_env_kwargs`), and
 * `DeepMindPreprocessing`, a gymnasium wrapper (numpy and OpenCV) around one `gym.make` env,
   everywhere else (evaluation, v5 ids that skip frames themselves, env creators, ...).
 

@@ -19,8 +19,8 @@ from typing import Any
 import gymnasium as gym
 
 from impala_tf.envs import atari
+from impala_tf.envs.atari_vector import AtariVectorEnvBatch
 from impala_tf.envs.batch import (
-    AtariVectorEnvBatch,
     EnvBatch,
     GymEnvBatch,
     GymVectorEnvBatch,

@@ -1,14 +1,15 @@
 """Which devices the learner runs on: GPU settings made before TensorFlow initialises, and
 whether the learner's devices are accelerators.
 
-`configure_gpus(config)` runs before the first TensorFlow op of a run (`algorithm.make_strategy`
-calls it first). With `num_gpus: 0` it hides every GPU from TensorFlow, so that the learner (and
-anything else of the driver process) stays on the CPU, as RLlib's `num_gpus: 0` does; otherwise
-it turns on memory growth for every visible GPU, so that TensorFlow takes GPU memory as the
-learner needs it instead of all of it at once (which would starve a second process on the GPU,
-such as an inference server or another run). Both settings can only be made before TensorFlow
-initialises its devices; made later they fail, and then the learner is pinned to the CPU
-explicitly (`num_gpus: 0`) or a warning says that memory growth stays off.
+`configure_gpus(num_gpus)` runs before the first TensorFlow op of a run
+(`impala_tf.learning.strategy.make_strategy` calls it first). With `num_gpus: 0` it hides every
+GPU from TensorFlow, so that the learner (and anything else of the driver process) stays on the
+CPU, as RLlib's `num_gpus: 0` does; otherwise it turns on memory growth for every visible GPU, so
+that TensorFlow takes GPU memory as the learner needs it instead of all of it at once (which
+would starve a second process on the GPU, such as an inference server or another run). Both
+settings can only be made before TensorFlow initialises its devices; made later they fail, and
+then the learner is pinned to the CPU explicitly (`num_gpus: 0`) or a warning says that memory
+growth stays off.
 
 `on_accelerator(strategy)` tells the learner thread and the loader whether the update runs on
 GPUs (or TPUs): the loader then holds two units so that loading overlaps the update, and copies

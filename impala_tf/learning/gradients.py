@@ -1,5 +1,10 @@
 """How the learner applies gradients: summed once over replicas, or accumulated over microbatches.
 
+`optimizer_groups` builds the learner's `(optimizer, variables)` pairs: one optimizer per loss,
+each over every trainable variable. `all_reduce_update` sums one update's gradients and loss sums
+over the replicas and clips them (replica context); `apply_if_finite` applies them, or skips the
+update when it is not finite (cross-replica context, the learner's `merge_call`).
+
 `apply_summed` applies gradients that the learner has already summed over the replicas (its one
 all-reduce per update) with a stock Keras optimizer, through public API only: Keras' TF optimizer
 all-reduces the gradients it is given in replica context, and its `apply_gradients` refuses
@@ -50,14 +55,70 @@ strategy, in `fit` and in the learner thread: it runs no cross-replica synchroni
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable
+from typing import Any, NamedTuple
 
 import keras
 import tensorflow as tf
 
 from impala_tf.learning import losses
+from impala_tf.learning.spec import LearnerSpec
 
-__all__ = ["GradientAccumulators", "all_reduce_sums", "apply_summed", "check_plain_optimizer"]
+__all__ = [
+    "GradientAccumulators",
+    "SummedUpdate",
+    "all_reduce_sums",
+    "all_reduce_update",
+    "apply_if_finite",
+    "apply_summed",
+    "check_plain_optimizer",
+    "optimizer_groups",
+]
+
+#: An optimizer and the variables it trains.
+OptimizerGroup = tuple[keras.optimizers.Optimizer, list[keras.Variable]]
+
+
+def optimizer_groups(
+    spec: LearnerSpec, variables: list[keras.Variable]
+) -> tuple[OptimizerGroup, ...]:
+    """The learner's optimizers, built on `variables` and checked (`check_plain_optimizer`).
+
+    The policy optimizer is RLlib's: tf1's AdamOptimizer (epsilon 1e-8) or
+    RMSPropOptimizer(`lr`, `decay`, `momentum`, `epsilon`) (`opt_type`; Keras' RMSprop calls
+    `decay` rho). With `_separate_vf_optimizer` a second Adam at `_lr_vf` follows it; as RLlib's
+    `compute_gradients_fn`, each (optimizer, loss) pair trains ALL the variables.
+
+    Args:
+      spec: The learner's settings.
+      variables: The model's trainable variables.
+
+    Returns:
+      `(policy_optimizer, variables)`, then with `_separate_vf_optimizer`
+      `(value_optimizer, variables)`.
+    """
+    if spec.opt_type == "adam":
+        policy = keras.optimizers.Adam(learning_rate=spec.lr, epsilon=1e-8, name="policy_adam")
+    else:
+        policy = keras.optimizers.RMSprop(
+            learning_rate=spec.lr,
+            rho=spec.decay,
+            momentum=spec.momentum,
+            epsilon=spec.epsilon,
+            name="policy_rmsprop",
+        )
+    if not spec.separate_vf_optimizer:
+        policy.build(variables)
+        groups = ((policy, list(variables)),)
+    else:
+        value = keras.optimizers.Adam(learning_rate=spec.lr_vf, epsilon=1e-8, name="value_adam")
+        variables = list(variables)
+        policy.build(variables)
+        value.build(variables)
+        groups = ((policy, variables), (value, variables))
+    for optimizer, group in groups:
+        check_plain_optimizer(optimizer, group)
+    return groups
 
 
 def check_plain_optimizer(
@@ -121,7 +182,7 @@ class GradientAccumulators:
     """Per-replica sums of microbatch gradients, loss sums and env steps (gradient accumulation).
 
     The variables are `ON_READ`: each replica adds to its own copy, with no communication per
-    microbatch; `ImpalaLearner._apply` all-reduces the read values once per update. Create it
+    microbatch; `all_reduce_update` all-reduces the read values once per update. Create it
     inside the learner's `strategy.scope()`.
 
     Args:
@@ -186,3 +247,109 @@ def all_reduce_sums(ctx: tf.distribute.ReplicaContext, sums: Any) -> Any:
         (name, tf.reduce_max(v)) for name, v in zip(losses.MAX_FIELDS, reduced[len(summed) :])
     )
     return kind(**values)
+
+
+class SummedUpdate(NamedTuple):
+    """One update's gradients and loss sums, summed over the replicas (`all_reduce_update`).
+
+    Attributes:
+      groups: For each `(optimizer, variables)` group its gradients: summed, scaled by the
+        learner's `gradient_scale`, clipped by their own global norm (`grad_clip`).
+      sums: The batch's loss sums (`all_reduce_sums`).
+      rows: int64 scalar, the env steps of the whole batch.
+      grad_gnorm_unclipped: float32 scalar, the global norm of every gradient before clipping.
+      finite: bool scalar, whether that norm and every loss sum are finite.
+    """
+
+    groups: list[list[tf.Tensor]]
+    sums: Any
+    rows: tf.Tensor
+    grad_gnorm_unclipped: tf.Tensor
+    finite: tf.Tensor
+
+
+def all_reduce_update(
+    ctx: tf.distribute.ReplicaContext,
+    grads: list[list[tf.Tensor]],
+    sums: Any,
+    rows: tf.Tensor,
+    groups: tuple[OptimizerGroup, ...],
+    grad_clip: float | None,
+    gradient_scale: Callable[[Any], tf.Tensor | None],
+) -> SummedUpdate:
+    """Sums this replica's gradients, loss sums and env steps over the replicas, then clips.
+
+    Call it in replica context; the gradients go in one all-reduce for every group (separate
+    ones may run in a different order on each replica). The sum over the replicas is the
+    gradient of the whole batch's summed loss.
+
+    Args:
+      ctx: The replica context.
+      grads: For each group of `groups` this replica's gradients, one per variable.
+      sums: This replica's loss sums (`losses.LossSums` or the learner's `sums_type`).
+      rows: int64 scalar, this replica's env steps.
+      groups: The learner's `(optimizer, variables)` pairs (`optimizer_groups`).
+      grad_clip: The global norm each group is clipped to, or None.
+      gradient_scale: Given the summed loss sums, what the summed gradients are multiplied by
+        before clipping (None: nothing).
+
+    Returns:
+      The `SummedUpdate`, equal on every replica.
+    """
+    all_grads = ctx.all_reduce(tf.distribute.ReduceOp.SUM, [g for group in grads for g in group])
+    sums = all_reduce_sums(ctx, sums)
+    rows = ctx.all_reduce(tf.distribute.ReduceOp.SUM, rows)
+    scale = gradient_scale(sums)
+    if scale is not None:
+        all_grads = [g * scale for g in all_grads]
+    grad_gnorm_unclipped = tf.linalg.global_norm(all_grads)
+    # Each optimizer clips its own group by global norm (RLlib clips each tensor alone).
+    clipped_groups = []
+    offset = 0
+    for _, variables in groups:
+        group = all_grads[offset : offset + len(variables)]
+        offset += len(variables)
+        if grad_clip is not None:
+            group, _ = tf.clip_by_global_norm(group, grad_clip)
+        clipped_groups.append(group)
+    # A non-finite loss or gradient skips the whole update (weights, optimizer state,
+    # counters); `update_skipped` tells the caller.
+    finite = tf.logical_and(
+        tf.math.is_finite(grad_gnorm_unclipped),
+        tf.reduce_all(tf.math.is_finite(tf.stack(list(sums)))),
+    )
+    return SummedUpdate(clipped_groups, sums, rows, grad_gnorm_unclipped, finite)
+
+
+def apply_if_finite(
+    strategy: tf.distribute.Strategy,
+    update: SummedUpdate,
+    groups: tuple[OptimizerGroup, ...],
+    on_applied: Callable[[Any, Any], None],
+) -> None:
+    """Applies a `SummedUpdate` in cross-replica context (a `merge_call`); a no-op when it is
+    not `finite`.
+
+    Args:
+      strategy: The current strategy (`merge_call` passes it).
+      update: The update: tensors on one device, per-replica values (equal on every replica)
+        under a strategy.
+      groups: The learner's `(optimizer, variables)` pairs, whose optimizers apply
+        `update.groups` (`apply_summed`).
+      on_applied: Called with replica 0's `rows` (int64 scalar) and `sums` after the gradients
+        are applied, inside the same `tf.cond` (the learner's counters and `after_update`).
+    """
+    # Every replica computed `finite` and `rows` from the same all-reduced values; replica 0's
+    # decide for all, so the copies of the variables cannot diverge.
+    finite = strategy.experimental_local_results(update.finite)[0]
+    rows = strategy.experimental_local_results(update.rows)[0]
+    sums = type(update.sums)(*(strategy.experimental_local_results(v)[0] for v in update.sums))
+
+    def apply() -> tf.Tensor:
+        for (optimizer, variables), grads in zip(groups, update.groups):
+            apply_summed(strategy, optimizer, grads, variables)
+        on_applied(rows, sums)
+        return tf.constant(True)
+
+    # No cross-replica synchronisation runs inside: the `tf.cond` holds on every strategy.
+    tf.cond(finite, apply, lambda: tf.constant(False))

@@ -1,14 +1,13 @@
 """`ImpalaLearner`: the V-trace learner as a `keras.Model` whose `train_step` is one IMPALA update.
 
 It reproduces RLlib's legacy TF IMPALA policy (`VTraceTFPolicy`): the summed V-trace loss of
-`impala_tf.learning.losses`, global-norm gradient clipping (`grad_clip`), Adam or RMSProp
-(`opt_type`, `lr`, `decay`, `momentum`, `epsilon`), piecewise-linear `lr_schedule` and
+`impala_tf.learning.losses`, Adam or RMSProp (`opt_type`), piecewise-linear `lr_schedule` and
 `entropy_coeff_schedule` driven by the number of agent steps trained, and `_separate_vf_optimizer`:
-as RLlib's TF policy, each (optimizer, loss) pair differentiates its loss over ALL the model's
-trainable variables, the policy optimizer `pi_loss - entropy_coeff * entropy` and a second Adam at
-`_lr_vf` the value loss, so layers shared by the policy and V (a CNN torso, an LSTM core,
-`vf_share_layers`) get both updates. Each optimizer's gradients are clipped by their own global norm
-(`grad_clip`).
+a second Adam (`impala_tf.learning.gradients.optimizer_groups`); as in RLlib's TF policy, the policy
+optimizer's loss `pi_loss - entropy_coeff * entropy` and the value loss are each differentiated
+over ALL the trainable variables, so layers shared by the policy and V (a CNN torso, an LSTM core,
+`vf_share_layers`) get both updates. Each optimizer's gradients are clipped by their own global
+norm (`grad_clip`).
 
 Stats: `grad_gnorm` is the global norm of the gradients after clipping (RLlib computes it in
 `grad_stats_fn`, which receives the clipped gradients); `grad_gnorm_unclipped` is the norm before.
@@ -36,6 +35,7 @@ updates: `impala_tf.learning.gradients` says how the update is applied in each c
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any, NamedTuple
 
 import gymnasium as gym
@@ -46,9 +46,9 @@ import tensorflow as tf
 from impala_tf.learning import devices, losses, sequences
 from impala_tf.learning.gradients import (
     GradientAccumulators,
-    all_reduce_sums,
-    apply_summed,
-    check_plain_optimizer,
+    all_reduce_update,
+    apply_if_finite,
+    optimizer_groups,
 )
 from impala_tf.learning.schedules import piecewise_linear
 from impala_tf.learning.spec import LearnerSpec
@@ -171,26 +171,10 @@ class ImpalaLearner(keras.Model):
         self.model = model
         self._separate_vf = spec.separate_vf_optimizer
 
-        self.policy_optimizer = self._make_optimizer(spec.lr)
-        self.value_optimizer = (
-            keras.optimizers.Adam(learning_rate=spec.lr_vf, epsilon=1e-8, name="value_adam")
-            if self._separate_vf
-            else None
-        )
-        if self._separate_vf:
-            # RLlib's `compute_gradients_fn`: every (optimizer, loss) pair over all variables.
-            variables = list(self.model.trainable_variables)
-            self.policy_optimizer.build(variables)
-            self.value_optimizer.build(variables)
-            self._groups = (
-                (self.policy_optimizer, variables),
-                (self.value_optimizer, variables),
-            )
-        else:
-            self.policy_optimizer.build(self.model.trainable_variables)
-            self._groups = ((self.policy_optimizer, list(self.model.trainable_variables)),)
-        for optimizer, variables in self._groups:
-            check_plain_optimizer(optimizer, variables)
+        groups = optimizer_groups(spec, self.model.trainable_variables)
+        self.policy_optimizer = groups[0][0]
+        self.value_optimizer = groups[1][0] if self._separate_vf else None
+        self._groups = groups
         counter = dict(
             dtype=tf.int64,
             trainable=False,
@@ -220,19 +204,6 @@ class ImpalaLearner(keras.Model):
         # Every variable exists now; telling Keras so stops `fit` from calling the model on a
         # batch to build it.
         self.built = True
-
-    def _make_optimizer(self, lr: float) -> keras.optimizers.Optimizer:
-        # RLlib uses tf1's AdamOptimizer (epsilon 1e-8) and RMSPropOptimizer(lr, decay, momentum,
-        # epsilon); Keras' RMSprop calls `decay` rho.
-        if self.spec.opt_type == "adam":
-            return keras.optimizers.Adam(learning_rate=lr, epsilon=1e-8, name="policy_adam")
-        return keras.optimizers.RMSprop(
-            learning_rate=lr,
-            rho=self.spec.decay,
-            momentum=self.spec.momentum,
-            epsilon=self.spec.epsilon,
-            name="policy_rmsprop",
-        )
 
     # Keras plumbing -------------------------------------------------------------------------
 
@@ -450,40 +421,18 @@ class ImpalaLearner(keras.Model):
         cur_lr: tf.Tensor,
         entropy_coeff: tf.Tensor,
     ) -> dict[str, tf.Tensor]:
-        """All-reduces this replica's gradients and sums, clips, applies; returns the stats."""
-        spec = self.spec
+        """All-reduces this replica's gradients and sums, clips, applies; returns the stats
+        (`impala_tf.learning.gradients`: `all_reduce_update`, then `apply_if_finite`)."""
         ctx = tf.distribute.get_replica_context()
         self.policy_optimizer.learning_rate.assign(cur_lr)
-        # Sum over replicas = the gradient of the whole batch's summed loss. One all-reduce for
-        # every group: separate ones may run in a different order on each replica.
-        all_grads = ctx.all_reduce(
-            tf.distribute.ReduceOp.SUM, [g for group in grads for g in group]
+        update = all_reduce_update(
+            ctx, grads, sums, rows, self._groups, self.spec.grad_clip, self.gradient_scale
         )
-        sums = all_reduce_sums(ctx, sums)
-        num_valid = tf.maximum(sums.num_valid, 1.0)
-        rows = ctx.all_reduce(tf.distribute.ReduceOp.SUM, rows)
-        scale = self.gradient_scale(sums)
-        if scale is not None:
-            all_grads = [g * scale for g in all_grads]
-        grad_gnorm_unclipped = tf.linalg.global_norm(all_grads)
-        # Each optimizer clips its own group by global norm (RLlib clips each tensor alone).
-        clipped_groups = []
-        offset = 0
-        for _, variables in self._groups:
-            group = all_grads[offset : offset + len(variables)]
-            offset += len(variables)
-            if spec.grad_clip is not None:
-                group, _ = tf.clip_by_global_norm(group, spec.grad_clip)
-            clipped_groups.append(group)
-        # A non-finite loss or gradient skips the whole update (weights, optimizer state,
-        # counters); `update_skipped` tells the caller.
-        finite = tf.logical_and(
-            tf.math.is_finite(grad_gnorm_unclipped),
-            tf.reduce_all(tf.math.is_finite(tf.stack(list(sums)))),
-        )
-
         # Out of replica context, so that the optimizers apply the summed gradients as they are.
-        ctx.merge_call(self._cross_replica_update, args=(clipped_groups, rows, finite, sums))
+        apply = functools.partial(apply_if_finite, groups=self._groups, on_applied=self._count)
+        ctx.merge_call(apply, args=(update,))
+        sums = update.sums
+        num_valid = tf.maximum(sums.num_valid, 1.0)
         return {
             "cur_lr": cur_lr,
             "policy_loss": sums.pi_loss / num_valid,
@@ -492,9 +441,8 @@ class ImpalaLearner(keras.Model):
             "var_gnorm": tf.linalg.global_norm(self.model.trainable_variables),
             "vf_loss": sums.vf_loss / num_valid,
             "vf_explained_var": losses.explained_variance(sums),
-            # RLlib reports the norm after clipping (its grad_stats_fn sees clipped gradients).
-            "grad_gnorm": tf.linalg.global_norm([g for group in clipped_groups for g in group]),
-            "grad_gnorm_unclipped": grad_gnorm_unclipped,
+            "grad_gnorm": tf.linalg.global_norm([g for group in update.groups for g in group]),
+            "grad_gnorm_unclipped": update.grad_gnorm_unclipped,
             **self.update_stats(sums, entropy_coeff),
             "num_agent_steps_trained": self.num_agent_steps_trained.read_value(),
             "num_grad_updates_lifetime": self.num_grad_updates.read_value(),
@@ -510,7 +458,7 @@ class ImpalaLearner(keras.Model):
             "vf_error_mean": sums.err / num_valid,
             "logit_range_mean": sums.logit_range / num_valid,
             # float32 (1.0: skipped), as Keras' `fit` averages every stat over replicas.
-            "update_skipped": 1.0 - tf.cast(finite, tf.float32),
+            "update_skipped": 1.0 - tf.cast(update.finite, tf.float32),
         }
 
     def checkpoint_parts(self) -> dict[str, Any]:
@@ -533,40 +481,12 @@ class ImpalaLearner(keras.Model):
             variables.extend(optimizer.variables)
         return [*variables, self.num_grad_updates, self.num_agent_steps_trained]
 
-    def _cross_replica_update(
-        self,
-        strategy: tf.distribute.Strategy,
-        groups: list[list[Any]],
-        rows: Any,
-        finite: Any,
-        sums: Any,
-    ) -> None:
-        """The update in cross-replica context (a `merge_call`); a no-op when not `finite`.
-
-        Args:
-          strategy: The current strategy (`merge_call` passes it).
-          groups: For each `self._groups` entry its clipped, summed gradients: tensors on one
-            device, per-replica values (equal on every replica) under a strategy.
-          rows: int64 scalar, env steps of the whole batch (per replica, all equal).
-          finite: bool scalar, whether the update is finite (per replica, all equal).
-          sums: The batch's all-reduced loss sums (per replica, all equal), for `after_update`.
-        """
-        # Every replica computed `finite` and `rows` from the same all-reduced values; replica 0's
-        # decide for all, so the copies of the variables cannot diverge.
-        finite = strategy.experimental_local_results(finite)[0]
-        rows = strategy.experimental_local_results(rows)[0]
-        sums = type(sums)(*(strategy.experimental_local_results(v)[0] for v in sums))
-
-        def update() -> tf.Tensor:
-            for (optimizer, variables), grads in zip(self._groups, groups):
-                apply_summed(strategy, optimizer, grads, variables)
-            self.num_grad_updates.assign_add(1)
-            self.num_agent_steps_trained.assign_add(rows)
-            self.after_update(sums)
-            return tf.constant(True)
-
-        # No cross-replica synchronisation runs inside: the `tf.cond` holds on every strategy.
-        tf.cond(finite, update, lambda: tf.constant(False))
+    def _count(self, rows: tf.Tensor, sums: Any) -> None:
+        """After an applied update (cross-replica context): counts it and its `rows` env steps,
+        then `after_update` with the batch's all-reduced `sums`."""
+        self.num_grad_updates.assign_add(1)
+        self.num_agent_steps_trained.assign_add(rows)
+        self.after_update(sums)
 
     # Convenience for non-Keras callers ------------------------------------------------------
 

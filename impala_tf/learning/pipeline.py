@@ -29,13 +29,13 @@ import numpy as np
 import tensorflow as tf
 
 from impala_tf.data.batching import BatchBuilder, BatchShape, rows_per_batch  # TF-free
+from impala_tf.data.layouts import to_flat
 from impala_tf.data.sample_batch import (
     OBS_FRAMES,
     OBS_RESTARTS,
     SampleBatch,
     decompress,
     is_per_sequence_column,
-    to_flat,
 )
 from impala_tf.models import distributions
 

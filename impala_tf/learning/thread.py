@@ -18,25 +18,14 @@ accumulators and applies them after the last microbatch of the train batch (one 
 minibatch buffer then holds the host batch and every pass streams its microbatches again, so the
 full train batch never lives on a device.
 
-Timers (mean milliseconds in `info.timing_breakdown`): the loader's `learner_dequeue_time_ms`
-and `learner_load_time_ms` (`impala_tf.learning.loader`); `learner_load_wait_time_ms` the learner
-waiting for its next unit (nonzero when loading, or sampling, is slower than training);
-`learner_grad_time_ms` one update. With microbatches the learner stats add the seed's
-`sample_time_ms` (waiting for a microbatch), `grad_time_ms` (one microbatch's gradients),
-`update_time_ms` (applying the accumulated gradients; RLlib's timed its synchronous weight
-broadcast here, ours is the driver's), `opt_peak_throughput` and `sample_peak_throughput` (env
-steps/s of those two) and `opt_samples` (env steps per microbatch).
-
 A loader that fails (a malformed batch, a timeout) ends the dataset, so the thread ends with the
 loader's exception in `error` and the driver raises from it.
 
-Host reads. An update reads one tensor back to the host: its stats, stacked into one float64
-vector on the device (`_pack`); the device is never waited on otherwise (a microbatch's
-gradients are queued, not waited for, so on an accelerator `grad_time_ms` is the time to queue
-one and the wait shows in `update_time_ms`). The thread keeps `num_grad_updates` as a host int,
-`version`, set from each update's stats, so the driver (`LearnerGroup.versions()`, read every
-training step) never reads a device value. Weights are read only when asked for
-(`policy_snapshot`, which reads the counter with them).
+Host reads. An update reads one tensor back to the host, its stats (`impala_tf.learning.reports`
+reads and reports them and keeps the timers of `info.timing_breakdown`); the device is never
+waited on otherwise (a microbatch's gradients are queued, not waited for, so on an accelerator
+`grad_time_ms` is the time to queue one and the wait shows in `update_time_ms`). `version` and
+the weights (`policy_snapshot`) come from `impala_tf.learning.publisher.PolicyPublisher`.
 
 Queued updates (on an accelerator only). Reading an update's stats waits for the update, so a
 thread that reads them before starting the next leaves the device idle while it reports, takes
@@ -48,25 +37,22 @@ accelerator the outputs, `version` and `on_train_batch_end` of update n come aft
 was queued (and its `on_train_batch_begin` called), never later than that; the thread reads a
 pending update's stats before it waits for data and before it ends, so none is lost or held
 back while the learner starves. Departure from Keras' `fit`, where each batch's end precedes the
-next one's begin. `learner_grad_time_ms` is the thread's own time per update: queueing it
-(on a CPU, running it) plus waiting for its stats. A unit's slot is freed when its last update
-is queued, so the queued update's batch is on the device beside the `num_slots` units. Not
-measured on a GPU (none here): skipping a non-finite update is a `tf.cond`
-(`ImpalaLearner._cross_replica_update`), whose `Switch` kernel keeps its predicate in host
-memory, so queueing an update probably returns only once its gradients are computed, and what
-overlaps is the optimizer step, the stats read and the host's work between updates.
+next one's begin. A unit's slot is freed when its last update is queued, so the queued
+update's batch is on the device beside the `num_slots` units. Skipping a non-finite update is a
+`tf.cond` (`impala_tf.learning.gradients.apply_if_finite`), whose `Switch` kernel keeps its
+predicate in host memory, so queueing an update probably returns only once its gradients are
+computed (not measured on a GPU), and what overlaps is the optimizer step, the stats read and
+the host's work between updates.
 `tools.bench_gpu --parts thread` measures what the thread reaches against the update alone.
 """
 
 from __future__ import annotations
 
-import collections
-import copy
 import queue
 import threading
 import time
 from collections.abc import Iterator
-from typing import Any, NamedTuple
+from typing import Any
 
 import keras
 import numpy as np
@@ -77,22 +63,15 @@ from impala_tf.learning import devices, pipeline
 from impala_tf.learning.learner import ImpalaLearner
 from impala_tf.learning.loader import LearnerQueueTimeout, Loader, UnitInfo
 from impala_tf.learning.nonfinite import NonFiniteGuard
-from impala_tf.learning.stats import TimerStat, WindowStat, timer_ms
+from impala_tf.learning.publisher import PolicyPublisher
+from impala_tf.learning.replica_steps import ReplicaSteps
+from impala_tf.learning.reports import QueuedUpdate, UpdateReports
+from impala_tf.learning.stats import TimerStat
 
 __all__ = ["LearnerQueueTimeout", "LearnerThread", "MinibatchBuffer", "TrainBatch"]
 
 
 _END_OF_DATA = (StopIteration, tf.errors.OutOfRangeError, EOFError)
-
-
-class _Pending(NamedTuple):
-    """An update queued on the device whose stats are not read yet (module docstring)."""
-
-    packed: tf.Tensor  # Its stats (`_pack`).
-    info: UnitInfo
-    env_steps: int
-    queue_s: float  # Host seconds queueing the update (on a CPU: running it).
-    grad_s: float  # Microbatches: seconds of their gradients before the update; else 0.
 
 
 class LearnerThread(threading.Thread):
@@ -111,6 +90,11 @@ class LearnerThread(threading.Thread):
       name: The thread's name.
       nonfinite_dir: Where the batches of skipped non-finite updates are saved
         (`impala_tf.learning.nonfinite`; None: a temporary directory at the first one).
+
+    Attributes:
+      reports: What the updates report, and the timers (`UpdateReports`).
+      publisher: `version` and the weights read for the driver (`PolicyPublisher`).
+      steps: The learner's steps under `strategy` (`ReplicaSteps`).
 
     Raises:
       ValueError: `microbatch_size` does not cut the train batch into whole, evenly sharded
@@ -136,7 +120,6 @@ class LearnerThread(threading.Thread):
         self._micro_rows = pipeline.microbatch_rows(spec, self.num_replicas)
         self.microbatching = self._micro_rows is not None
         self._signature = signature
-        self.outqueue: queue.Queue = queue.Queue()
         self._stopped = threading.Event()
         size, passes = spec.minibatch_ring_size, int(spec.num_sgd_iter)
         if self.microbatching:
@@ -167,28 +150,14 @@ class LearnerThread(threading.Thread):
         # Whether the next update is queued before the last one's stats are read (module
         # docstring: only where the device runs while the host goes on).
         self.queues_updates = self.accelerator
-        # The update queued and not read yet (`queues_updates`), and the updates read and not
-        # reported yet (reported by this thread, outside `lock`).
-        self._pending: _Pending | None = None
-        self._read: collections.deque[tuple[dict[str, Any], UnitInfo, int, int]] = (
-            collections.deque()
-        )
-        self.learner_queue_size = WindowStat("size", 50)
-        self.load_wait_timer = TimerStat()
-        self.grad_timer = TimerStat()
-        # The microbatch optimizer's own stats (seed 004).
-        self.sample_timer = TimerStat()
-        self.microbatch_grad_timer = TimerStat()
-        self.update_timer = TimerStat()
-        self.num_steps = 0
-        self.stats: dict[str, Any] = {}
+        # The update queued and not read yet (`queues_updates`).
+        self._pending: QueuedUpdate | None = None
         self._error: BaseException | None = None
         # Held during each update (each microbatch's gradients, each apply), so a checkpoint sees
         # weights, optimizer state and counters from the same step.
         self.lock = threading.RLock()
-        # Weights published after an update for a driver that would not wait (`policy_snapshot`).
-        self._snapshot_wanted = False
-        self._published: tuple[list[np.ndarray], int] | None = None
+        # `version` and the weights, read by the driver (`policy_snapshot`).
+        self.publisher = PolicyPublisher(learner, self.lock)
         self._iterator: Iterator | None = None
         self._accumulated = _Accumulation()
         # Units of batches taken before a `flush` (queued, loaded, in the minibatch buffer or
@@ -199,6 +168,10 @@ class LearnerThread(threading.Thread):
         self._callbacks = keras.callbacks.CallbackList(
             callbacks or [], add_history=False, add_progbar=False, model=learner
         )
+        # The updates read and not reported yet, their reports and the timers.
+        self.reports = UpdateReports(
+            learner, self.loader, self._callbacks, self.nonfinite, self.microbatching
+        )
         self._dataset = pipeline.make_dataset(
             self.loader.shards,
             signature,
@@ -207,16 +180,7 @@ class LearnerThread(threading.Thread):
             accelerator=self.accelerator,
             threads=int(spec.num_gpu_loader_threads),
         )
-        # `num_grad_updates` on the host (module docstring); None: read the variable at the
-        # next use (after `flush`, when a restore is about to load it).
-        self._version_lock = threading.Lock()
-        self._version: int | None = int(learner.num_grad_updates.numpy())
-        self._stat_keys: tuple[str, ...] = ()
-        # Autograph is not needed (the graph code is explicit) and costs seconds of tracing.
-        self._train_fn = tf.function(self._distributed_step, autograph=False)
-        self._accumulate_fn = tf.function(self._distributed_accumulate, autograph=False)
-        self._apply_fn = tf.function(self._distributed_apply, autograph=False)
-        self._reset_fn = tf.function(self._distributed_reset, autograph=False)
+        self.steps = ReplicaSteps(learner, strategy, self.reports.pack)
 
     @property
     def stopped(self) -> bool:
@@ -230,6 +194,11 @@ class LearnerThread(threading.Thread):
     @error.setter
     def error(self, value: BaseException | None) -> None:
         self._error = value
+
+    @property
+    def outqueue(self) -> queue.Queue:
+        """RLlib's outqueue: `(env_steps, agent_steps, stats)` for each update reported."""
+        return self.reports.outqueue
 
     @property
     def inqueue(self) -> Any:
@@ -262,14 +231,7 @@ class LearnerThread(threading.Thread):
     def version(self) -> int:
         """`num_grad_updates` after the latest update, a host int (reads no device value, except
         once after `flush`)."""
-        with self._version_lock:
-            if self._version is None:
-                self._version = int(self.learner.num_grad_updates.numpy())
-            return self._version
-
-    def _set_version(self, version: int | None) -> None:
-        with self._version_lock:
-            self._version = version
+        return self.publisher.version
 
     # The learner -----------------------------------------------------------------------------
 
@@ -277,49 +239,13 @@ class LearnerThread(threading.Thread):
         data = next(self._iterator)
         return data, self.loader.units.popleft()
 
-    def _pack(self, stats: dict[str, tf.Tensor]) -> tf.Tensor:
-        """The stats as one float64 vector (read back in one copy); the keys are kept."""
-        self._stat_keys = tuple(stats)
-        return tf.stack([tf.cast(v, tf.float64) for v in stats.values()])
-
-    def _unpack(self, packed: tf.Tensor) -> dict[str, Any]:
-        """The update's one read back to the host: its stats, as Python numbers."""
-        stats = dict(zip(self._stat_keys, packed.numpy().tolist()))
-        for key in self.learner.count_keys:
-            stats[key] = int(stats[key])
-        return stats
-
-    def _distributed_step(self, data):
-        outputs = self.strategy.run(self.learner.train_step, args=(data,))
-        # Every replica returns the same (all-reduced) stats.
-        return self._pack(self.strategy.experimental_local_results(outputs)[0])
-
-    def _distributed_accumulate(self, data):
-        rows = self.strategy.run(self.learner.accumulate_step, args=(data,))
-        return self.strategy.experimental_local_results(rows)[0]
-
-    def _distributed_apply(self):
-        outputs = self.strategy.run(self.learner.apply_accumulated)
-        return self._pack(self.strategy.experimental_local_results(outputs)[0])
-
-    def _distributed_reset(self):
-        self.strategy.run(self.learner.reset_accumulators)
-
-    def _trace(self) -> None:
-        """Traces the update functions now (while the actors start), not on the first batch."""
-        spec = self._dataset.element_spec
-        if self.microbatching:
-            self._accumulate_fn.get_concrete_function(spec)
-            self._apply_fn.get_concrete_function()
-        else:
-            self._train_fn.get_concrete_function(spec)
-
     def run(self) -> None:
         # An error ends the thread and is kept in `self.error`; the driver, seeing the thread
         # dead, raises RLlib's "The learner thread died while training!" from it.
         try:
             self._callbacks.on_train_begin()
-            self._trace()
+            # Traced now (while the actors start), not on the first batch.
+            self.steps.trace(self._dataset.element_spec, self.microbatching)
             self._iterator = iter(self._dataset)
             while not self._stopped.is_set() and self.error is None:
                 if self._pending is not None and not self._unit_at_hand():
@@ -332,11 +258,8 @@ class LearnerThread(threading.Thread):
                         (data, info), released = self.minibatch_buffer.get()
                 except _END_OF_DATA:
                     break
-                waited = time.perf_counter() - start
-                self.load_wait_timer.push(waited)
+                self.reports.unit_waited(time.perf_counter() - start, info.env_steps)
                 if self.microbatching:
-                    self.sample_timer.push(waited)
-                    self.sample_timer.push_units_processed(info.env_steps)
                     self._accumulate(data, info)
                 else:
                     self.step(data, info)
@@ -369,8 +292,8 @@ class LearnerThread(threading.Thread):
         with self.lock:
             if self._flushed_since(info):  # Flushed meanwhile.
                 return
-            self._queue(self._train_fn, info, info.env_steps, start, 0.0, data)
-        self._report_read()
+            self._queue(self.steps.train, info, info.env_steps, start, 0.0, data)
+        self.reports.report_read()
 
     def _accumulate(self, data, info: UnitInfo) -> None:
         """Adds one microbatch's gradients; after the train batch's last one, updates."""
@@ -387,10 +310,9 @@ class LearnerThread(threading.Thread):
             if self._flushed_since(info):  # Flushed meanwhile.
                 return
             # Not waited for (module docstring): on a CPU the call returns when it is done.
-            self._accumulate_fn(data)
+            self.steps.accumulate(data)
         seconds = time.perf_counter() - start
-        self.microbatch_grad_timer.push(seconds)
-        self.microbatch_grad_timer.push_units_processed(info.env_steps)
+        self.reports.microbatch_done(seconds, info.env_steps)
         acc.add(info.env_steps, seconds)
         if not info.last:
             return
@@ -398,9 +320,9 @@ class LearnerThread(threading.Thread):
         with self.lock:
             if self._flushed_since(info):  # Flushed: the sums were zeroed.
                 return
-            self._queue(self._apply_fn, info, acc.env_steps, start, acc.grad_seconds)
+            self._queue(self.steps.apply, info, acc.env_steps, start, acc.grad_seconds)
         self._accumulated = _Accumulation(self.generation)
-        self._report_read()
+        self.reports.report_read()
 
     def _flushed_since(self, info: UnitInfo) -> bool:
         """Under `lock`: whether the unit's batch was taken before a `flush` (it is dropped, and
@@ -412,7 +334,7 @@ class LearnerThread(threading.Thread):
 
     def _begin_update(self) -> None:
         """Keras' `on_train_batch_begin`, numbered after the updates reported and queued."""
-        self._callbacks.on_train_batch_begin(self.num_steps + (self._pending is not None))
+        self._callbacks.on_train_batch_begin(self.reports.num_steps + (self._pending is not None))
 
     def _unit_at_hand(self) -> bool:
         """Whether the next unit comes without waiting for a batch: it is buffered for another
@@ -426,16 +348,16 @@ class LearnerThread(threading.Thread):
     ) -> None:
         """Under `lock`: queues `update(*args)`, then reads the stats of the update before it;
         reads this one's too unless it may wait (`queues_updates` and the next unit at hand)."""
-        if self._version is None:  # After a restore: read before this update changes it.
-            self.version  # noqa: B018 - the property reads and keeps it.
+        # After a restore the counter is read now, before this update changes it.
+        self.version  # noqa: B018 - the property reads and keeps it.
         packed = update(*args)
         previous = self._pending
-        self._pending = _Pending(packed, info, env_steps, time.perf_counter() - start, grad_s)
+        self._pending = QueuedUpdate(packed, info, env_steps, time.perf_counter() - start, grad_s)
         if previous is not None:
             self._read_one(previous)
         if not (self.queues_updates and self._unit_at_hand()):
             self._take_pending()
-        self._publish_if_wanted()
+        self.publisher.publish_if_wanted()
 
     def _take_pending(self) -> None:
         """Under `lock`: reads the pending update's stats, if there is one."""
@@ -447,84 +369,24 @@ class LearnerThread(threading.Thread):
         """Reads the pending update's stats, if there is one, and reports what was read."""
         with self.lock:
             self._take_pending()
-        self._report_read()
+        self.reports.report_read()
 
-    def _read_one(self, pending: _Pending) -> None:
-        """Under `lock`: the update's one read back to the host; its timers; its version."""
-        start = time.perf_counter()
-        stats = self._unpack(pending.packed)
-        seconds = pending.queue_s + time.perf_counter() - start
-        updates_before = self.version
-        self._set_version(stats["num_grad_updates_lifetime"])
-        self.grad_timer.push(pending.grad_s + seconds)
-        if self.microbatching:
-            self.update_timer.push(seconds)
-            stats.update(
-                sample_time_ms=timer_ms(self.sample_timer),
-                grad_time_ms=timer_ms(self.microbatch_grad_timer),
-                update_time_ms=timer_ms(self.update_timer),
-                opt_peak_throughput=round(self.microbatch_grad_timer.mean_throughput, 3),
-                sample_peak_throughput=round(self.sample_timer.mean_throughput, 3),
-                opt_samples=round(self.microbatch_grad_timer.mean_units_processed, 3),
-            )
-        self._read.append((stats, pending.info, pending.env_steps, updates_before))
-
-    def _report_read(self) -> None:
-        """Reports the updates read so far, in order (this thread, outside `lock`)."""
-        while self._read:
-            self._report(*self._read.popleft())
-
-    def _report(
-        self, stats: dict[str, Any], info: UnitInfo, env_steps: int, updates_before: int
-    ) -> None:
-        stats["diff_num_grad_updates_vs_sampler_policy"] = float(
-            updates_before - info.policy_version
-        )
-        # Raises after `max_nonfinite_updates` skipped in a row; a skipped update trains nothing.
-        if self.nonfinite.observe(stats, info.source.batch if info.source else None):
-            env_steps = 0
-        self.stats = stats
-        self.num_steps += 1
-        self.outqueue.put((env_steps, env_steps, stats))
-        self.learner_queue_size.push(self.inqueue.qsize())
-        self._callbacks.on_train_batch_end(self.num_steps - 1, logs=stats)
+    def _read_one(self, pending: QueuedUpdate) -> None:
+        """Under `lock`: the update's one read back to the host (`UpdateReports.read`); its
+        version."""
+        self.publisher.set_version(self.reports.read(pending, updates_before=self.version))
 
     def policy_snapshot(self, wait: bool = True) -> tuple[list[np.ndarray], int] | None:
-        """The policy weights and their `num_grad_updates`, read between two updates.
-
-        Every weight read for actors, evaluation and checkpoints comes from here or holds
-        `lock`, so all variables come from the same update.
+        """The policy weights and their `num_grad_updates`, read between two updates
+        (`PolicyPublisher.snapshot`). On an accelerator a read waits for the update the thread
+        queued last to finish on the device (module docstring).
 
         Args:
-          wait: True: waits for a running update to end, then reads. False: never waits for
-            the thread (the driver's broadcasts, which would otherwise wait most of an update
-            each time): reads now when no update is running; else returns what the thread
-            published after its latest update (None before the first) and asks it to publish
-            again when the running update ends. On an accelerator a read waits for the update
-            the thread queued last to finish on the device (module docstring).
-
-        Returns:
-          `(weights, num_grad_updates)`, or None (only with `wait=False`).
+          wait: True: waits for a running update to end. False: never waits for the thread;
+            while an update runs, returns the weights published after the latest one (None
+            before the first).
         """
-        if not self.lock.acquire(blocking=wait):
-            self._snapshot_wanted = True
-            return self._published
-        try:
-            return self._read_snapshot()
-        finally:
-            self.lock.release()
-
-    def _read_snapshot(self) -> tuple[list[np.ndarray], int]:
-        # The counter is read with the weights (not `version`, which may not count a queued
-        # update yet): both come after every update queued so far.
-        weights = self.learner.get_policy_weights()
-        return weights, int(self.learner.num_grad_updates.numpy())
-
-    def _publish_if_wanted(self) -> None:
-        """After an update, under `lock`: publishes the weights if the driver asked."""
-        if self._snapshot_wanted:
-            self._snapshot_wanted = False
-            self._published = self._read_snapshot()
+        return self.publisher.snapshot(wait)
 
     def flush(self) -> int:
         """Drops every batch taken so far: queued, loaded, buffered or half accumulated.
@@ -536,12 +398,11 @@ class LearnerThread(threading.Thread):
         Returns:
           The number of train batches removed from the inqueue.
         """
-        self._published = None  # Weights from before a restore must not be broadcast after it.
+        self.publisher.forget()  # Weights and version from before a restore.
         self._pending = None  # Its stats are dropped with the batches (it has trained).
-        self._set_version(None)  # A restore loads the counter next: read it at the next use.
         removed = self.loader.flush()
         if self.microbatching:
-            self._reset_fn()
+            self.steps.reset()
         return removed
 
     def stop(self, timeout: float = 60.0) -> None:
@@ -573,20 +434,12 @@ class LearnerThread(threading.Thread):
     def results(self) -> list[tuple[int, int, dict[str, Any]]]:
         """The updates reported and not yet taken: `(env_steps, agent_steps, stats)` each, in
         order (RLlib's outqueue entries); never waits."""
-        out = []
-        while True:
-            try:
-                out.append(self.outqueue.get_nowait())
-            except queue.Empty:
-                return out
+        return self.reports.results()
 
     def next_result(self, timeout: float) -> tuple[int, int, dict[str, Any]] | None:
         """The next update's `(env_steps, agent_steps, stats)`, waiting up to `timeout` seconds
         (None if none came)."""
-        try:
-            return self.outqueue.get(timeout=timeout)
-        except queue.Empty:
-            return None
+        return self.reports.next_result(timeout)
 
     def between_updates(self) -> threading.RLock:
         """A context manager that holds the thread between two updates (its update lock): a
@@ -604,18 +457,12 @@ class LearnerThread(threading.Thread):
         return removed
 
     def queue_stats(self) -> dict[str, Any]:
-        """RLlib's `info.learner_queue`: the queue's size when each update was reported, and
-        the queue's own counters (APPO's circular buffer: batches added and dropped)."""
-        return {**self.learner_queue_size.stats(), **self.inqueue.stats()}
+        """RLlib's `info.learner_queue` (`UpdateReports.queue_stats`)."""
+        return self.reports.queue_stats()
 
     def timing_ms(self) -> dict[str, float]:
-        """RLlib's `info.timing_breakdown` of the learner (module docstring: Timers)."""
-        return {
-            "learner_grad_time_ms": timer_ms(self.grad_timer),
-            "learner_load_time_ms": timer_ms(self.load_timer),
-            "learner_load_wait_time_ms": timer_ms(self.load_wait_timer),
-            "learner_dequeue_time_ms": timer_ms(self.queue_timer),
-        }
+        """RLlib's `info.timing_breakdown` of the learner (`UpdateReports.timing_ms`)."""
+        return self.reports.timing_ms()
 
     def add_learner_metrics(self, result: dict[str, Any]) -> dict[str, Any]:
         """Adds `info.learner_queue` and `info.timing_breakdown` to a result dict (RLlib's)."""
@@ -625,7 +472,8 @@ class LearnerThread(threading.Thread):
         return result
 
     def latest_stats(self) -> dict[str, Any]:
-        return copy.deepcopy(self.stats)
+        """A copy of the stats of the latest update reported."""
+        return self.reports.latest_stats()
 
 
 class _Accumulation:

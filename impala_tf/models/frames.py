@@ -8,9 +8,9 @@ an episode the stack at step t + 1 is the stack at t shifted by one frame, and a
 stack with k copies of its first frame.
 
 An env that stacks frames so says it (`frame_stack = (k, s)`: `impala_tf.envs.atari`'s
-preprocessing and ale-py's vector env, `impala_tf.envs.batch`), and reports each step where it
-refilled a stack (`BatchStep.stack_restarts`: a new game, or a serve after a lost life). Its env
-runner then does not store stacked observations; it stores, per env sequence,
+preprocessing and ale-py's vector env, `impala_tf.envs.atari_vector`), and reports each step
+where it refilled a stack (`BatchStep.stack_restarts`: a new game, or a serve after a lost life).
+Its env runner then does not store stacked observations; it stores, per env sequence,
 
 * `obs_frames` uint8 [B, T + k - 1, H, W, s]: the k frames of the stack at t = 0, then the
   newest frame of each step t >= 1 (so the newest frame of step t is at t + k - 1);
@@ -27,7 +27,7 @@ learner device. `rebuild_stacks_np` is the same in numpy, for tests and tools.
 operations (replay, batch cutting, device shards) carry it like a recurrent state column.
 
 Acting: per-actor inference and evaluation act on the env's own stacks (no work added). With
-central inference (`impala_tf.acting.inference`) an actor sends the driver's inference server its
+central inference (`impala_tf.acting.kept_stacks`) an actor sends the driver's inference server its
 envs' stacks whole once, then only each step's newest frames [B, H, W, s] with the refills
 (`BatchStep.stack_restarts`), about 1/k of the bytes. The server keeps each env's last k frames
 as a ring in a TensorFlow variable and, inside its serving graph, writes the new frames and

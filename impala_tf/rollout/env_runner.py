@@ -1,73 +1,55 @@
-"""`EnvRunner`: steps a set of gymnasium envs with a policy and cuts rollout fragments.
+"""`EnvRunner`: steps a set of gymnasium envs with one policy and cuts rollout fragments.
 
-The policy is `impala_tf.acting.factory.make_policy`'s choice: numpy for MLPs, TensorFlow for
-the rest; it has no weights until `set_weights` (the driver broadcasts them before any sample).
+B is the number of envs (`num_envs_per_env_runner`), T is time (`rollout_fragment_length`).
+This is the single-agent case (`impala_tf.rollout.multi_agent_runner` steps multi-agent envs):
+one policy, `"default_policy"`, acts for the B envs in one batched call per time step. It is
+`impala_tf.acting.factory.make_policy`'s choice (numpy for MLPs, TensorFlow for the rest) and has
+no weights until `set_weights`. The envs are an `impala_tf.envs.batch.EnvBatch`: ale-py's native
+vector env for Atari where it covers the config (training runners only), else gymnasium envs.
 
-One env runner (RLlib's "env runner" / "rollout worker") owns `num_envs_per_env_runner` envs and
-steps them together, one batched policy call per time step: the single-agent case, whose one
-policy is `"default_policy"` (`impala_tf.rollout.multi_agent_runner` steps multi-agent envs).
 `sample()` returns a `Fragment` (`impala_tf.rollout.fragment`) whose batch is a `SampleBatch` of
-B = num_envs sequences of T = `rollout_fragment_length` steps, per-step columns shaped
-[B, T, ...] (`truncate_episodes`: episodes continue across fragments), plus the episodes that
-finished in it. Recurrent policies add `state_in_i` [B, C, H]: the
-state at the start of each of the C = ceil(T / `model.max_seq_len`) sequences the learner trains
-on (`impala_tf.learning.sequences`).
+B sequences of T steps, per-step columns shaped [B, T, ...] (`truncate_episodes`: episodes
+continue across fragments), plus the episodes that finished in it. Recurrent policies add
+`state_in_i` [B, C, H]: the state at the start of each of the C = ceil(T / `model.max_seq_len`)
+sequences the learner trains on (`impala_tf.learning.sequences`).
 
-An env that stacks frames (`frame_stack`: Atari with RLlib's `framestack`) has its frames stored
-once: `obs_frames` [B, T + k - 1, H, W, s] and `obs_restarts` [B, T] replace `obs`, and the
-learner rebuilds the stacks in its graph (`impala_tf.models.frames`). A policy acting in the runner
-acts on the env's own stacks; with central inference the runner sends the server each step's
-newest frames and refills, and the server rebuilds the stacks in its own graph. Fragments leave
-`sample()` unpacked; with RLlib's `compress_observations` the actor process zlib-compresses the
-observation column for transport, and the aggregation workers or the driver decompress it.
+An env that stacks frames (`frame_stack`) has its frames stored once: `obs_frames`
+[B, T + k - 1, H, W, s] and `obs_restarts` [B, T] replace `obs`, and the learner rebuilds the
+stacks (`impala_tf.models.frames`). A policy acting in the runner acts on the env's own stacks;
+with central inference the runner sends the server each step's newest frames and refills.
+Fragments leave `sample()` unpacked (with `compress_observations` the actor process compresses
+the observation column for transport).
 
-Box actions reach the env unsquashed from [-1, 1] to the space's bounds (`normalize_actions`)
-or clipped (`clip_actions`), as `impala_tf.acting.actions` says; the fragment keeps the policy's own
-actions, as RLlib's sample batches do.
-
-Rewards are clipped for training as RLlib's `clip_rewards` says (True: to their sign, x: to
-[-x, x]; None: the sign for Atari with DeepMind preprocessing, else no clipping); episode returns
-are reported unclipped, and per game for Atari with episodic life (`impala_tf.envs.atari`).
-
-The envs are an `impala_tf.envs.batch.EnvBatch`: ale-py's native vector env for Atari where it
-covers the config (training runners only), else a list of gymnasium envs.
+Box actions reach the env unsquashed from [-1, 1] to the space's bounds (`normalize_actions`) or
+clipped (`clip_actions`, `impala_tf.acting.actions`); the fragment keeps the policy's own actions.
+Rewards are clipped for training as `clip_rewards` says (True: to their sign, x: to [-x, x];
+None: the sign for Atari with DeepMind preprocessing, else no clipping); episode returns are
+reported unclipped, and per game for Atari with episodic life (`impala_tf.envs.atari`).
 
 `values_bootstrapped[t]` is the behaviour value of the observation that follows step t in the same
 episode: V(x_{t+1}) from the next step's policy call, 0 after a termination, and V(final
-observation) after a truncation (computed by one extra batched call on the truncated envs).
-
-With `observation_filter: MeanStdFilter` every observation the envs return passes through the
-runner's filter (`impala_tf.acting.filters`) before the policy sees it, and the `obs` column holds
-the filtered observations; each fragment carries the filter's changes (`filter_deltas`) for the
-driver to merge, and `set_weights` syncs the filter to the driver's merged one.
+observation) after a truncation (one extra batched call on the truncated envs). The `obs` column
+holds observations after the runner's filter (`observation_filter`, `impala_tf.acting.filters`).
 
 `policy_version[t]` (int64) is the `num_grad_updates` of the weights that chose step t's action.
-The runner computes each step's action one step ahead (the value of the next observation is the
-previous step's bootstrap value), so after `set_weights` the first step of the next fragment was
-still chosen by the previous weights; this column says so, and the learner's
-`diff_num_grad_updates_vs_sampler_policy` is computed from it.
+The runner computes each step's action one step ahead, so after `set_weights` the first step of
+the next fragment was still chosen by the previous weights; the learner's
+`diff_num_grad_updates_vs_sampler_policy` is computed from this column.
 
-Callbacks (`callbacks`, `impala_tf.config.callbacks`): with an episode hook overridden
-the runner keeps one callbacks `Episode` per env (its agent is `"agent0"`) and calls
-`on_episode_start` at each env's first step of an episode, `on_episode_step` after each step
-that does not end it and `on_episode_end` after the one that does (the reported episode: a whole
-game with episodic life); the finished episode's `custom_metrics` and `hist_data` travel with
-its record. `on_sample_end` gets each fragment's `SampleBatch` before it is returned. Without
-callbacks none of this runs.
+Callbacks (`impala_tf.rollout.hooks`): each env's episode has one agent, `"agent0"`;
+`on_episode_end` follows the reported episode (a whole game with episodic life).
+`on_sample_end` gets each fragment's `SampleBatch` before it is returned.
 
-Faults (see `impala_tf.envs.faults`): an env that raises in `reset`/`step`, returns an
-observation of the wrong shape or dtype, or a NaN/infinite observation or reward raises an
-`EnvError` naming the env, the actor, the env index and the step. With
-`drop_nonfinite_episodes=True` a non-finite reward or observation instead ends its episode at
-that step: the step trains as a truncation with reward 0 and bootstrap value V(x_t) (never the
-non-finite data), the episode's return is not reported, and the fragment counts it in
-`num_nonfinite_episodes_dropped`. A non-finite first observation (from `reset`) is always an
-error.
+Faults (`impala_tf.envs.faults`): an env that raises, returns an observation of the wrong shape
+or dtype, or non-finite data raises an `EnvError` naming the env, actor, env index and step.
+With `drop_nonfinite_episodes=True` a non-finite reward or observation instead ends its episode
+at that step: the step trains as a truncation with reward 0 and bootstrap value V(x_t), the
+episode is not reported (nor ended in the callbacks), and the fragment counts it in
+`num_nonfinite_episodes_dropped`. A non-finite first observation is always an error.
 """
 
 from __future__ import annotations
 
-import pickle
 import time
 from collections.abc import Mapping
 from typing import Any
@@ -76,24 +58,20 @@ import gymnasium as gym
 import numpy as np
 
 from impala_tf.acting.actions import ActionAdapter
-from impala_tf.acting.filters import Filter, filter_from_state
+from impala_tf.acting.filters import Filter
 from impala_tf.config.callbacks import AGENT_ID
-from impala_tf.config.callbacks import Episode as CallbackEpisode
 from impala_tf.data.sample_batch import OBS, OBS_FRAMES, OBS_RESTARTS, SampleBatch
 from impala_tf.envs import atari
-from impala_tf.envs.batch import AtariVectorEnvBatch, GymEnvBatch, sent_frame_stack
+from impala_tf.envs.atari_vector import AtariVectorEnvBatch
+from impala_tf.envs.batch import GymEnvBatch, sent_frame_stack
 from impala_tf.envs.faults import EnvGuard, StepProgress, env_name
 from impala_tf.envs.make import make_env_batch
 from impala_tf.rollout.base import Remote, RunnerBase
 from impala_tf.rollout.fragment import DEFAULT_POLICY_ID, POLICY_VERSION, Episode, Fragment
 from impala_tf.rollout.spec import RunnerSpec
-from impala_tf.utils.seeds import env_seed, sampler_seeds
+from impala_tf.utils.seeds import env_seed
 
-__all__ = ["EnvRunner", "Weights"]
-
-#: What a broadcast carries: {policy_id: (weights, num_grad_updates)}; the weights are None with
-#: central inference (the driver's inference server holds them).
-Weights = Mapping[str, tuple["list[np.ndarray] | None", int]]
+__all__ = ["EnvRunner"]
 
 
 class EnvRunner(RunnerBase):
@@ -136,7 +114,7 @@ class EnvRunner(RunnerBase):
         self.observation_space = self.env_batch.observation_space
         self.action_space = self.env_batch.action_space
         acting = spec.policies[DEFAULT_POLICY_ID]
-        seed = sampler_seeds(spec.seed, worker_index, self.policy_ids, False)[DEFAULT_POLICY_ID]
+        seed = self._policy_seeds(spec.seed)[DEFAULT_POLICY_ID]
         # Frame-stacking envs: each frame is stored once (`obs_frames`, impala_tf.models.frames),
         # and sent once to the driver's inference server, which keeps the stacks. The driver's probe
         # decided it; this runner's envs must stack as the probed one did.
@@ -151,7 +129,7 @@ class EnvRunner(RunnerBase):
         self._server_keeps_stacks = remote is not None and self.frame_stack is not None
         model = acting.model
         self._seq_len = model.max_seq_len
-        self.policy = self._make_policy(
+        policy = self._make_policy(
             DEFAULT_POLICY_ID,
             acting.spaces,
             model,
@@ -160,8 +138,11 @@ class EnvRunner(RunnerBase):
             acting.precision,
             frame_stack=self.frame_stack,
         )
-        self.policy_version = 0
-        self.obs_filter = self._make_filter(DEFAULT_POLICY_ID, self.observation_space)
+        self.policies = {DEFAULT_POLICY_ID: policy}
+        self.versions = {DEFAULT_POLICY_ID: 0}
+        self.filters = {
+            DEFAULT_POLICY_ID: self._make_filter(DEFAULT_POLICY_ID, self.observation_space)
+        }
         self._next_version = 0  # The version of the weights that computed `self._next`.
         self._obs_dtype = self.observation_space.dtype or np.float32
         self._env_actions = ActionAdapter(
@@ -180,8 +161,6 @@ class EnvRunner(RunnerBase):
         self._episode_length = np.zeros(self.num_envs, np.int64)
         self._guard.episode_length = self._episode_length  # Updated in place; for messages.
         self._next = None  # The policy step for self._obs, computed ahead.
-        # The callbacks' episode of each env (episode hooks only); started by `sample`.
-        self._hook_episodes: list[CallbackEpisode] | None = None
 
     @property
     def envs(self) -> list[gym.Env]:
@@ -189,9 +168,19 @@ class EnvRunner(RunnerBase):
         return getattr(self.env_batch, "envs", [])
 
     @property
-    def policies(self) -> dict[str, Any]:
-        """{"default_policy": the acting policy}."""
-        return {DEFAULT_POLICY_ID: self.policy}
+    def policy(self) -> Any:
+        """The acting policy (`policies["default_policy"]`)."""
+        return self.policies[DEFAULT_POLICY_ID]
+
+    @property
+    def obs_filter(self) -> Filter:
+        """The observation filter (`filters["default_policy"]`)."""
+        return self.filters[DEFAULT_POLICY_ID]
+
+    @property
+    def policy_version(self) -> int:
+        """The `num_grad_updates` of the policy's weights (`versions["default_policy"]`)."""
+        return self.versions[DEFAULT_POLICY_ID]
 
     @property
     def base_env(self) -> Any:
@@ -206,23 +195,6 @@ class EnvRunner(RunnerBase):
         """Applies the observation filter to a batch of raw observations [N, *obs_shape]."""
         return self.obs_filter(obs, update=self._update_filter)
 
-    def set_weights(self, weights: Weights, filters: Mapping[str, Filter] | None = None) -> None:
-        """Loads `{"default_policy": (weights, num_grad_updates)}` (weights None: central
-        inference, the driver's server holds them).
-
-        `filters`, when given, holds the driver's merged observation filter: this runner's
-        filter is synced to it (RLlib's `sync_filters`).
-        """
-        policy_weights, version = weights[DEFAULT_POLICY_ID]
-        if policy_weights is not None:
-            self.policy.set_weights(policy_weights)
-        self.policy_version = int(version)
-        if filters and filters.get(DEFAULT_POLICY_ID) is not None:
-            self.obs_filter.sync(filters[DEFAULT_POLICY_ID])
-
-    def get_weights(self) -> dict[str, list[np.ndarray]]:
-        return {DEFAULT_POLICY_ID: self.policy.get_weights()}
-
     def sample(self) -> Fragment:
         """Steps every env `rollout_fragment_length` times and returns the fragment."""
         start = time.perf_counter()
@@ -234,8 +206,9 @@ class EnvRunner(RunnerBase):
             # No step since the envs' resets: every stack is a refill.
             self._next = self._act(self._obs, self._state, np.ones(n, bool))
             self._next_version = self._version_of(self._next)
-        if self.callbacks.episodes and self._hook_episodes is None:
-            self._start_hook_episodes(raw_obs)
+        if self._hooks.wanted:
+            for j in range(n):
+                self._hooks.start(j, [(AGENT_ID, raw_obs[j], self._obs[j], None, None)])
         first = self._next
         version_buf = np.empty((horizon, n), np.int64)
         frames = self.frame_stack
@@ -291,7 +264,7 @@ class EnvRunner(RunnerBase):
             self._episode_return += stepped.rewards
             self._episode_length += 1
             hooked = {}
-            if self._hook_episodes is not None:
+            if self._hooks.running:
                 hooked = self._step_hook_episodes(stepped, step.actions, next_obs)
             for j in np.flatnonzero(stepped.episode_ends):
                 ret = float(self._episode_return[j])
@@ -375,26 +348,16 @@ class EnvRunner(RunnerBase):
             episodes=episodes,
             actor_id=self.worker_index - 1,
             sample_time_s=time.perf_counter() - start,
-            filter_deltas=self._flush_filter(),
+            filter_deltas=self._flush_filters(),
             num_nonfinite_episodes_dropped=num_dropped,
         )
 
     # Episode callbacks ------------------------------------------------------------------------
 
-    def _start_hook_episodes(self, raw_obs: np.ndarray) -> None:
-        """A callbacks `Episode` for every env, each started (`on_episode_start`)."""
-        self._hook_episodes = []
-        args = self._hook_args()
-        for j in range(self.num_envs):
-            episode = self._new_hook_episode(j)
-            episode.observe(AGENT_ID, raw_obs[j], self._obs[j])
-            self._hook_episodes.append(episode)
-            self.callbacks("on_episode_start", episode=episode, env_index=j, **args)
-
     def _step_hook_episodes(
         self, stepped: Any, actions: np.ndarray, obs: np.ndarray
     ) -> dict[int, tuple[dict, dict]]:
-        """Records one env step in each env's `Episode` and calls the episode hooks.
+        """Records one env step in each env's callbacks `Episode` and calls the episode hooks.
 
         Args:
           stepped: The env batch's `BatchStep`.
@@ -404,27 +367,22 @@ class EnvRunner(RunnerBase):
         Returns:
           {env index: (custom metrics, hist data)} of the episodes that ended.
         """
-        args, ended = self._hook_args(), {}
+        hooks, ended = self._hooks, {}
         infos, last = stepped.infos, stepped.ended_obs or {}
-        for j, episode in enumerate(self._hook_episodes):
+        for j in range(self.num_envs):
             info = infos[j] if infos is not None else None
-            episode.act(AGENT_ID, actions[j], DEFAULT_POLICY_ID)
-            episode.reward(AGENT_ID, stepped.rewards[j])
-            episode.length += 1
+            hooks.record(
+                j, [(AGENT_ID, actions[j], DEFAULT_POLICY_ID)], {AGENT_ID: stepped.rewards[j]}
+            )
             if stepped.episode_ends[j] or stepped.dropped[j]:
                 if stepped.episode_ends[j]:
                     raw = last.get(j)
                     filtered = None if raw is None else self.obs_filter(raw[None], update=False)[0]
-                    episode.observe(AGENT_ID, raw, filtered, info)
-                    self.callbacks("on_episode_end", episode=episode, env_index=j, **args)
-                    ended[j] = episode.finished()
+                    ended[j] = hooks.end(j, [(AGENT_ID, raw, filtered, info, None)])
                 # A dropped episode (non-finite data) is not reported: no end hook.
-                episode = self._hook_episodes[j] = self._new_hook_episode(j)
-                episode.observe(AGENT_ID, stepped.obs[j], obs[j])
-                self.callbacks("on_episode_start", episode=episode, env_index=j, **args)
+                hooks.start(j, [(AGENT_ID, stepped.obs[j], obs[j], None, None)])
             else:
-                episode.observe(AGENT_ID, stepped.obs[j], obs[j], info)
-                self.callbacks("on_episode_step", episode=episode, env_index=j, **args)
+                hooks.step(j, [(AGENT_ID, stepped.obs[j], obs[j], info, None)])
         return ended
 
     def _act(self, obs: np.ndarray, state: tuple, restarts: np.ndarray | None) -> Any:
@@ -439,101 +397,51 @@ class EnvRunner(RunnerBase):
         version = getattr(step, "version", None)  # Steps pickled before versions: None.
         return self.policy_version if version is None else int(version)
 
-    def _flush_filter(self) -> dict[str, Filter] | None:
-        """The filter's changes since the last fragment (for the driver); resets its buffer."""
-        return self._filter_deltas({DEFAULT_POLICY_ID: self.obs_filter})
-
     # Resuming ---------------------------------------------------------------------------------
 
-    def reset(self, seed: int | None) -> None:
-        """Starts new episodes in every env, as if this runner had been built with `seed`.
-
-        The envs are reset with the seeds `env_seed(seed, worker_index, j)` and the action
-        sampler restarts from `env_seed(seed, worker_index, 0)`; with `seed=None` both continue
-        from unseeded randomness. Unfinished episodes are dropped; weights are kept.
-        """
+    def _restart(self, seed: int | None) -> None:
         self._obs = self._reset_all(seed)
         self._obs_filtered = False
         self._forget_stacks()
-        self.policy.reseed(
-            sampler_seeds(seed, self.worker_index, self.policy_ids, False)[DEFAULT_POLICY_ID]
-        )
         self._state = self.policy.initial_state(self.num_envs)
         self._episode_return[:] = 0.0
         self._episode_length[:] = 0
         self._next = None
-        self._hook_episodes = None
 
     def get_state(self) -> dict[str, Any]:
-        """A picklable snapshot of this runner, for an exact resume (`set_state`).
-
-        It holds the weights and their version, the action sampler's state, and, when the envs
-        can be pickled, the envs with their unfinished episodes (`"envs"`, bytes). Envs that
-        cannot be pickled (simulators holding handles, e.g. Atari) give `"envs": None` and the
-        reason in `"envs_error"`: a runner restored from such a snapshot starts new episodes.
-        """
-        envs, error = None, None
-        try:
-            envs = pickle.dumps(
-                (
-                    self.env_batch,
-                    self._obs,
-                    self._state,
-                    self._episode_return,
-                    self._episode_length,
-                    self._next,
-                ),
-                protocol=pickle.HIGHEST_PROTOCOL,
-            )
-        except Exception as e:  # noqa: BLE001 - any env may refuse; the snapshot says why.
-            error = f"{type(e).__name__}: {e}"
+        """`RunnerBase.get_state`, plus the version of the weights that computed the action
+        ahead (`"next_version"`) and whether the observations held are filtered."""
         return {
-            "weights": {DEFAULT_POLICY_ID: (self.policy.get_weights(), self.policy_version)},
+            **super().get_state(),
             "next_version": self._next_version,
-            "obs_filters": {DEFAULT_POLICY_ID: self.obs_filter.get_state()},
             "obs_filtered": self._obs_filtered,
-            "policy_rngs": {DEFAULT_POLICY_ID: self.policy.get_rng_state()},
-            "envs": envs,
-            "envs_error": error,
         }
 
-    def set_state(self, state: dict[str, Any]) -> None:
-        """Restores a `get_state()` snapshot; each key is optional.
+    def _in_flight(self) -> tuple:
+        return (
+            self.env_batch,
+            self._obs,
+            self._state,
+            self._episode_return,
+            self._episode_length,
+            self._next,
+        )
 
-        Keys: `"weights"` ({policy_id: (weights, num_grad_updates)}); `"envs"` (bytes: replaces
-        the envs and their unfinished episodes); `"seed"` (when there are no `"envs"`: new
-        episodes, as `reset(seed)`); `"obs_filters"`; `"policy_rngs"` (the action samplers'
-        states, applied last). Snapshots written before policies were keyed (a weights list,
-        `"policy_version"`, `"obs_filter"`, `"policy_rng"`) are read too.
-        """
-        state = _keyed(state)
-        if state.get("weights") is not None:
-            self.set_weights(state["weights"])
-        if state.get("envs") is not None:
-            envs, obs, rnn_state, returns, lengths, next_step = pickle.loads(state["envs"])
-            self.close()
-            # Snapshots taken before env batches existed hold a list of envs.
-            if isinstance(envs, list):
-                envs = GymEnvBatch(envs, self._guard)
-            else:  # Batches pickle without their guard (it holds the shared progress array).
-                envs.guard = self._guard
-            envs.collect_infos = self.callbacks.episodes
-            self.env_batch = envs
-            self._hook_episodes = None  # The callbacks' episodes start again.
-            self._forget_stacks()  # The server's copies are of the replaced envs.
-            self._obs, self._state, self._next = obs, rnn_state, next_step
-            self._episode_return, self._episode_length = returns, lengths
-            self._guard.episode_length = self._episode_length
-            self._next_version = int(state.get("next_version", self.policy_version))
-            self._obs_filtered = bool(state.get("obs_filtered", next_step is not None))
-        elif "seed" in state:
-            self.reset(state["seed"])
-        obs_filter = (state.get("obs_filters") or {}).get(DEFAULT_POLICY_ID)
-        if obs_filter is not None:
-            self.obs_filter = filter_from_state(obs_filter)
-        rng = (state.get("policy_rngs") or {}).get(DEFAULT_POLICY_ID)
-        if rng is not None:
-            self.policy.set_rng_state(rng)
+    def _restore(self, in_flight: tuple, state: Mapping[str, Any]) -> None:
+        envs, obs, rnn_state, returns, lengths, next_step = in_flight
+        # Snapshots taken before env batches existed hold a list of envs.
+        if isinstance(envs, list):
+            envs = GymEnvBatch(envs, self._guard)
+        else:  # Batches pickle without their guard (it holds the shared progress array).
+            envs.guard = self._guard
+        envs.collect_infos = self.callbacks.episodes
+        self.env_batch = envs
+        self._forget_stacks()  # The server's copies are of the replaced envs.
+        self._obs, self._state, self._next = obs, rnn_state, next_step
+        self._episode_return, self._episode_length = returns, lengths
+        self._guard.episode_length = self._episode_length
+        self._next_version = int(state.get("next_version", self.policy_version))
+        self._obs_filtered = bool(state.get("obs_filtered", next_step is not None))
 
     def _forget_stacks(self) -> None:
         if self._server_keeps_stacks:
@@ -541,17 +449,3 @@ class EnvRunner(RunnerBase):
 
     def close(self) -> None:
         self.env_batch.close()
-
-
-def _keyed(state: dict[str, Any]) -> dict[str, Any]:
-    """A runner snapshot with its per-policy entries keyed by policy id (older snapshots held
-    one policy's weights, filter and sampler state unkeyed)."""
-    weights = state.get("weights")
-    if weights is None or isinstance(weights, Mapping):
-        return state
-    keyed = dict(state)
-    keyed["weights"] = {DEFAULT_POLICY_ID: (weights, int(state.get("policy_version", 0)))}
-    for old, new in (("obs_filter", "obs_filters"), ("policy_rng", "policy_rngs")):
-        if state.get(old) is not None:
-            keyed[new] = {DEFAULT_POLICY_ID: state[old]}
-    return keyed

@@ -6,8 +6,8 @@ or a Ray actor) and calls the host's methods: `sample` (one fragment; with RLlib
 the aggregation stage decompresses it), `set_weights` (sent coalesced: only
 the newest weights are applied before a sample), `get_state`/`set_state` (exact resumes,
 reseeding). With central inference the host first connects to the driver's inference server
-(`impala_tf.acting.inference.connect`: a pipe end for local processes, a TCP endpoint for Ray
-actors).
+(`impala_tf.acting.inference_protocol.connect`: a pipe end for local processes, a TCP endpoint
+for Ray actors).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-from impala_tf.acting.remote_policy import connect
+from impala_tf.acting.inference_protocol import connect
 from impala_tf.data.sample_batch import OBS, OBS_FRAMES, compress
 from impala_tf.envs.faults import StepProgress
 from impala_tf.rollout import make_env_runner

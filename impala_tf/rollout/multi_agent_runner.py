@@ -39,26 +39,22 @@ Episodes: the return of an episode is the sum over its agents (RLlib's `episode_
 length counts env steps, and `Episode.policy_returns[policy_id]` lists the return of each agent
 that acted with that policy (RLlib's `policy_reward_mean` inputs).
 
-Callbacks (`callbacks`, `impala_tf.config.callbacks`): with an episode hook overridden,
-each env's episode has a callbacks `Episode` (per agent: its last raw and filtered observation,
-info, action, reward and policy) and the hooks run as in the single-agent runner, once per env step:
-`on_episode_start` after a reset, `on_episode_step` after a step that does not end the
-episode, `on_episode_end` after the one that does. `on_sample_end` gets a `MultiAgentBatch` of
-the fragment's policy batches.
+Callbacks (`impala_tf.rollout.hooks`): each env's episode records, per agent, its last raw and
+filtered observation, info, action, reward and policy; the hooks run once per env step.
+`on_sample_end` gets a `MultiAgentBatch` of the fragment's policy batches.
 
 With central inference (`remote`), each policy acts through an
-`impala_tf.acting.inference.RemotePolicy` on the one connection to the driver's inference server,
-and this module never imports TensorFlow.
+`impala_tf.acting.remote_policy.RemotePolicy` on the one connection to the driver's inference
+server, and this module never imports TensorFlow.
 
-`get_state()` pickles the envs together with everything in flight (the streams, the steps
-waiting for their bootstrap value, the actions computed one step ahead, the recurrent states
-and the episodes' bookkeeping), so that `set_state(get_state())` continues exactly.
+`get_state()` pickles the envs with everything in flight (`_IN_FLIGHT`: the streams, the steps
+waiting for their bootstrap value, the actions computed ahead, the recurrent states and the
+episodes' bookkeeping), so that `set_state(get_state())` continues exactly.
 """
 
 from __future__ import annotations
 
 import collections
-import pickle
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -68,8 +64,7 @@ import numpy as np
 
 import impala_tf.config.policies as policy_specs
 from impala_tf.acting.actions import ActionAdapter
-from impala_tf.acting.filters import Filter, filter_from_state
-from impala_tf.config.callbacks import Episode as CallbackEpisode
+from impala_tf.acting.filters import Filter
 from impala_tf.data.sample_batch import MultiAgentBatch, SampleBatch
 from impala_tf.envs.faults import StepProgress
 from impala_tf.envs.make import make_env
@@ -84,10 +79,10 @@ from impala_tf.rollout.agent_streams import (
     emit_sequences,
 )
 from impala_tf.rollout.base import Remote, RunnerBase
-from impala_tf.rollout.env_runner import Weights
 from impala_tf.rollout.fragment import Episode, Fragment
+from impala_tf.rollout.hooks import Seen
 from impala_tf.rollout.spec import RunnerSpec
-from impala_tf.utils.seeds import env_seed, sampler_seeds
+from impala_tf.utils.seeds import env_seed
 
 __all__ = ["MultiAgentEnvRunner"]
 
@@ -129,6 +124,8 @@ class MultiAgentEnvRunner(RunnerBase):
         state}. Every policy then acts through a `RemotePolicy` and TensorFlow is never
         imported.
     """
+
+    multi_agent = True
 
     def __init__(
         self,
@@ -175,15 +172,12 @@ class MultiAgentEnvRunner(RunnerBase):
             self._zero_state[pid] = tuple(s[0] for s in policy.initial_state(1))
             self._chunk[pid] = acting.model.max_seq_len
         self.versions = {pid: 0 for pid in self.policy_ids}
-        self._reset_all(spec.seed)
+        self._restart(spec.seed)
 
     @property
     def base_env(self) -> list[gym.Env]:
         """What episode hooks get as `base_env`: this runner's multi-agent envs."""
         return self.envs
-
-    def _policy_seeds(self, seed: int | None) -> dict[str, int | None]:
-        return sampler_seeds(seed, self.worker_index, self.policy_ids, multi_agent=True)
 
     # Episodes ---------------------------------------------------------------------------------
 
@@ -197,7 +191,7 @@ class MultiAgentEnvRunner(RunnerBase):
         self._awaiting[j] = {}  # agent -> its last step, waiting for its bootstrap value.
         self._states[j] = {}  # agent -> its recurrent state (recurrent policies only).
 
-    def _reset_all(self, seed: int | None) -> None:
+    def _restart(self, seed: int | None) -> None:
         n = self.num_envs
         self._episode_counter = 0
         self._episode_ids = [0] * n
@@ -210,7 +204,6 @@ class MultiAgentEnvRunner(RunnerBase):
         self._streams: dict[tuple, AgentStream] = {}
         self._obs: list[dict] = []
         self._infos: list[dict] = []  # Each env's last infos (for the callbacks' episodes).
-        self._hook_episodes: list[CallbackEpisode] | None = None
         for j, env in enumerate(self.envs):
             self._new_episode(j)
             obs, infos = env.reset(seed=env_seed(seed, self.worker_index, j))
@@ -297,37 +290,14 @@ class MultiAgentEnvRunner(RunnerBase):
                 waiting[STEP_VB] = entry[6]
         self._next = nxt
 
-    def set_weights(self, weights: Weights, filters: Mapping[str, Filter] | None = None) -> None:
-        """Loads {policy_id: (weights, num_grad_updates)} for some or all policies (weights
-        None: central inference, the driver's server holds them).
-
-        `filters`, when given, holds the driver's merged observation filters: each policy's
-        filter is synced to its own (RLlib's `sync_filters`).
-
-        Raises:
-          ValueError: a policy id this runner does not act with.
-        """
-        unknown = sorted(set(weights) - set(self.policies))
-        if unknown:
-            raise ValueError(f"Weights for {unknown}, but this runner acts with {self.policy_ids}.")
-        for pid, (policy_weights, version) in weights.items():
-            if policy_weights is not None:
-                self.policies[pid].set_weights(policy_weights)
-            self.versions[pid] = int(version)
-        for pid, f in (filters or {}).items():
-            if f is not None and pid in self.filters:
-                self.filters[pid].sync(f)
-
-    def get_weights(self) -> dict[str, list[np.ndarray]]:
-        return {pid: p.get_weights() for pid, p in self.policies.items()}
-
     def sample(self) -> Fragment:
         """Steps every env `rollout_fragment_length` times; returns the completed sequences."""
         start = time.perf_counter()
         if self._next is None:
             self._compute_next()
-        if self.callbacks.episodes and self._hook_episodes is None:
-            self._hook_episodes = [self._start_hook_episode(j) for j in range(self.num_envs)]
+        if self._hooks.wanted:
+            for j in range(self.num_envs):
+                self._hooks.start(j, self._seen(j, self._obs[j], self._infos[j]))
         episodes: list[Episode] = []
         agent_steps = 0
         versions = dict(self.versions)  # Raised to the versions that acted (central inference).
@@ -412,7 +382,7 @@ class MultiAgentEnvRunner(RunnerBase):
         if awaiting and (episode_over or len(terms) + len(truncs) > 2 * len(acting) + 2):
             self._close_waiting(j, obs, terms, truncs, finals)
         hooked = None
-        if self._hook_episodes is not None:
+        if self._hooks.running:
             hooked = self._step_hook_episode(j, acting, obs, rewards, infos, episode_over)
         if episode_over:
             agent_policy = self._agent_policy[j]
@@ -426,41 +396,32 @@ class MultiAgentEnvRunner(RunnerBase):
             obs, infos = env.reset()
         self._obs[j] = obs
         self._infos[j] = dict(infos or {})
-        if episode_over and self._hook_episodes is not None:
-            self._hook_episodes[j] = self._start_hook_episode(j)
+        if episode_over and self._hooks.running:
+            self._hooks.start(j, self._seen(j, self._obs[j], self._infos[j]))
         return len(acting)
 
     # Episode callbacks ------------------------------------------------------------------------
 
-    def _observe(self, episode: CallbackEpisode, j: int, obs: dict, infos: dict) -> None:
-        """Records each agent's observation (raw and filtered) and info in `episode`."""
+    def _seen(self, j: int, obs: dict, infos: dict) -> list[Seen]:
+        """What each agent of env j saw: its observation (raw and filtered), info and policy."""
+        seen = []
         for agent, raw in obs.items():
             pid = self._policy_of(j, agent)
             filtered = self.filters[pid](np.asarray(raw, self._obs_dtypes[pid])[None], update=False)
-            episode.observe(agent, raw, filtered[0], infos.get(agent), pid)
-
-    def _start_hook_episode(self, j: int) -> CallbackEpisode:
-        """A started callbacks `Episode` for env j's current episode (`on_episode_start`)."""
-        episode = self._new_hook_episode(j)
-        self._observe(episode, j, self._obs[j], self._infos[j])
-        self.callbacks("on_episode_start", episode=episode, env_index=j, **self._hook_args())
-        return episode
+            seen.append((agent, raw, filtered[0], infos.get(agent), pid))
+        return seen
 
     def _step_hook_episode(
         self, j: int, acting: dict, obs: dict, rewards: dict, infos: dict, over: bool
     ) -> tuple[dict, dict] | None:
-        """Records env j's step in its `Episode` and calls the episode hooks; the ended
-        episode's (custom metrics, hist data) when `over`, else None."""
-        episode = self._hook_episodes[j]
-        for agent, e in acting.items():
-            episode.act(agent, e[2], e[_E_PID])
-        for agent, reward in rewards.items():
-            episode.reward(agent, reward)
-        episode.length += 1
-        self._observe(episode, j, obs, dict(infos or {}))
-        hook = "on_episode_end" if over else "on_episode_step"
-        self.callbacks(hook, episode=episode, env_index=j, **self._hook_args())
-        return episode.finished() if over else None
+        """Records env j's step in its callbacks `Episode` and calls the episode hooks; the
+        ended episode's (custom metrics, hist data) when `over`, else None."""
+        self._hooks.record(j, [(a, e[2], e[_E_PID]) for a, e in acting.items()], rewards)
+        seen = self._seen(j, obs, dict(infos or {}))
+        if over:
+            return self._hooks.end(j, seen)
+        self._hooks.step(j, seen)
+        return None
 
     def _close_waiting(self, j: int, obs: dict, terms: dict, truncs: dict, finals: list) -> None:
         """Ends the last step of agents done in a step they did not act in (turn-based envs)."""
@@ -488,78 +449,15 @@ class MultiAgentEnvRunner(RunnerBase):
         """Pops every completed [T] sequence into its policy's [R, T, ...] batch."""
         return emit_sequences(self._streams, self.horizon, self._chunk, self._zero_state)
 
-    def _flush_filters(self) -> dict[str, Filter] | None:
-        return self._filter_deltas(self.filters)
-
     # Resuming ---------------------------------------------------------------------------------
 
-    def reset(self, seed: int | None) -> None:
-        """Starts new episodes in every env, as if this runner had been built with `seed`.
+    def _in_flight(self) -> dict[str, Any]:
+        return {name: getattr(self, name) for name in _IN_FLIGHT}
 
-        The envs are reset with the seeds `env_seed(seed, worker_index, j)` and the action
-        samplers restart from their seeds; with `seed=None` both continue from unseeded
-        randomness. Unfinished episodes and steps not yet emitted are dropped; weights are kept.
-        """
-        self._reset_all(seed)
-        for pid, seed_of in self._policy_seeds(seed).items():
-            self.policies[pid].reseed(seed_of)
-
-    def get_state(self) -> dict[str, Any]:
-        """A picklable snapshot of this runner, for an exact resume (`set_state`).
-
-        It holds each policy's weights and version, observation filter and action sampler
-        state, and, when the envs can be pickled, the envs with everything in flight
-        (`"envs"`, bytes). Envs that cannot be pickled give `"envs": None` and the reason in
-        `"envs_error"`: a runner restored from such a snapshot starts new episodes.
-        """
-        envs, error = None, None
-        try:
-            envs = pickle.dumps(
-                {name: getattr(self, name) for name in _IN_FLIGHT},
-                protocol=pickle.HIGHEST_PROTOCOL,
-            )
-        except Exception as e:  # noqa: BLE001 - any env may refuse; the snapshot says why.
-            error = f"{type(e).__name__}: {e}"
-        return {
-            "weights": {
-                pid: (p.get_weights(), self.versions[pid]) for pid, p in self.policies.items()
-            },
-            "obs_filters": {pid: f.get_state() for pid, f in self.filters.items()},
-            "policy_rngs": {pid: p.get_rng_state() for pid, p in self.policies.items()},
-            "envs": envs,
-            "envs_error": error,
-        }
-
-    def set_state(self, state: dict[str, Any]) -> None:
-        """Restores a `get_state()` snapshot; each key is optional.
-
-        Keys: `"weights"` ({policy_id: (weights, num_grad_updates)}); `"envs"` (bytes: replaces
-        the envs and everything in flight); `"seed"` (when there are no `"envs"`: new
-        episodes, as `reset(seed)`); `"obs_filters"`; `"policy_rngs"` (the action samplers'
-        states, applied last). Snapshots of the earlier multi-agent runner (`"obs_filter"` keyed
-        by policy id) are read too.
-        """
-        if state.get("weights") is not None:
-            self.set_weights(state["weights"])
-        if state.get("envs") is not None:
-            in_flight = pickle.loads(state["envs"])
-            self.close()
-            for name in _IN_FLIGHT:
-                setattr(self, name, in_flight[name])
-            self._infos = [{} for _ in self.envs]
-            self._hook_episodes = None  # The callbacks' episodes start again.
-        elif "seed" in state:
-            self.reset(state["seed"])
-        filters = state.get("obs_filters")
-        legacy = state.get("obs_filter")
-        if filters is None and isinstance(legacy, Mapping) and "name" not in legacy:
-            filters = legacy
-        for pid, f in (filters or {}).items():
-            if pid in self.filters and f is not None:
-                self.filters[pid] = filter_from_state(f)
-        for pid, rng in (state.get("policy_rngs") or {}).items():
-            if pid in self.policies and rng is not None:
-                self.policies[pid].set_rng_state(rng)
+    def _restore(self, in_flight: dict[str, Any], state: Mapping[str, Any]) -> None:
+        for name in _IN_FLIGHT:
+            setattr(self, name, in_flight[name])
+        self._infos = [{} for _ in self.envs]
 
     def close(self) -> None:
         for env in self.envs:

@@ -4,7 +4,8 @@ The driver runs its env runners ("actor") and its aggregation workers ("aggregat
 the same mechanism. A `WorkerSpec` says what each worker hosts (a factory building an object
 that is opaque here) and how to place it; a backend starts the workers: `ProcessBackend` (local
 processes, `impala_tf.workers.process`) or `RayBackend` (Ray actors,
-`impala_tf.workers.ray_backend`). Each worker runs the calls it gets through a
+`impala_tf.workers.ray_backend`). What the group and a backend exchange is
+`impala_tf.workers.protocol`'s. Each worker runs the calls it gets through a
 `impala_tf.workers.host.WorkerHost`, in order, with coalescing.
 
 Everything the backends share lives in `WorkerGroup`: call ids, which reply-bearing calls each
@@ -14,256 +15,30 @@ and which workers are healthy. The per-call clock runs only once a worker is up 
 object built): a start or restart has its own limit (`WorkerSpec.start_timeout_s`), so a worker
 that is slow to start on a busy machine is not killed for the calls queued meanwhile. A backend
 only starts, kills and restarts workers, sends calls, and reports `Up`s, `Answer`s and
-`Death`s. `RestartPolicy` holds the driver's rules for a failure
-(raise, or restart the worker).
+`Death`s. `impala_tf.workers.restarts.RestartPolicy` holds the driver's rules for a failure
+(raise, or restart the worker); the caller counts the restarts.
 """
 
 from __future__ import annotations
 
-import abc
-import collections
 import dataclasses
 import time
-from collections.abc import Callable, Mapping
-from typing import Any, Protocol
+from collections.abc import Callable
+from typing import Any
 
-__all__ = [
-    "Answer",
-    "Backend",
-    "BackendGroup",
-    "Death",
-    "Reply",
-    "RestartPolicy",
-    "StoredValue",
-    "Up",
-    "WorkerFailure",
-    "WorkerGroup",
-    "WorkerSpec",
-    "method_name",
-    "release",
-    "resolve",
-]
+from impala_tf.workers.protocol import (
+    Backend,
+    Death,
+    Reply,
+    Up,
+    WorkerFailure,
+    WorkerSpec,
+    method_name,
+    release,
+)
+from impala_tf.workers.restarts import RestartPolicy
 
-_START_METHODS = ("forkserver", "spawn")
-
-
-@dataclasses.dataclass(frozen=True)
-class WorkerSpec:
-    """What each worker of a group hosts, and how a backend starts it.
-
-    Attributes:
-      role: "actor" or "aggregation worker": names the workers in messages and process names.
-      factory: Module-level (picklable) callable; in the worker, `factory(worker_id, *args,
-        **kwargs)` builds the hosted object.
-      make_args: Driver side, never pickled: the factory's positional args for worker i,
-        called at every start and restart. On the process backend a
-        `multiprocessing.connection.Connection` among them is handed over: the driver closes
-        its copy once the worker started, so the peer end sees EOF when the worker dies.
-      preload: Process backend, forkserver start: modules the fork server imports once.
-      start_method: Process backend: "forkserver" (the default where available) or "spawn".
-        Never "fork": TensorFlow is not fork-safe once it has run.
-      needs_tensorflow: Ray: import TensorFlow quietly and set one intra-op and one inter-op
-        thread before calling `factory` (afterwards TensorFlow refuses to change its pools).
-      shared_progress: Process backend: pass `progress=<multiprocessing.RawArray("q", 3)>` to
-        `factory`, which the hosted object updates as it works (None on Ray).
-      describe_hang: Driver side: given that array (None on Ray), the text saying where a
-        worker that timed out hangs.
-      num_cpus: Ray: CPUs of each actor.
-      resources: Ray: custom resources of each actor.
-      resources_key: The config key named when a resource is missing from the cluster.
-      max_restarts: Ray: Ray's own restarts of each actor (`max_restarts`).
-      timeout_s: A reply-bearing call unanswered this long, counted from when the worker is up
-        (or from the call, if later): the worker is killed and reported.
-      timeout_key: The config key named in the timeout message.
-      start_timeout_s: A worker not up this long after its start or restart (its factory has
-        not returned: an env creator that hangs, a node that never comes back) is killed and
-        reported. TensorFlow's import alone takes seconds on a busy machine, so this is
-        generous.
-    """
-
-    role: str
-    factory: Callable[..., Any]
-    make_args: Callable[[int], tuple]
-    preload: tuple[str, ...] = ()
-    start_method: str | None = None
-    needs_tensorflow: bool = False
-    shared_progress: bool = False
-    describe_hang: Callable[[Any], str] | None = None
-    num_cpus: float = 1.0
-    resources: Mapping[str, float] = dataclasses.field(default_factory=dict)
-    resources_key: str = "custom_resources_per_env_runner"
-    max_restarts: int = 0
-    timeout_s: float | None = None
-    timeout_key: str = "sample_timeout_s"
-    start_timeout_s: float = 180.0
-
-    def __post_init__(self):
-        if not self.role:
-            raise ValueError("WorkerSpec.role must name the workers (e.g. 'actor')")
-        if self.start_method is not None and self.start_method not in _START_METHODS:
-            raise ValueError(
-                f"WorkerSpec.start_method={self.start_method!r}: use one of {_START_METHODS} "
-                "(never 'fork': TensorFlow is not fork-safe once it has run)"
-            )
-        if self.timeout_s is not None and not self.timeout_s > 0:
-            raise ValueError(
-                f"{self.timeout_key}={self.timeout_s!r}: must be positive (or None for no limit)"
-            )
-        if not self.start_timeout_s > 0:
-            raise ValueError(
-                f"WorkerSpec.start_timeout_s={self.start_timeout_s!r}: must be positive"
-            )
-
-
-class StoredValue(abc.ABC):
-    """A part of a reply kept in the backend's store (`WorkerGroup.call(..., parts=True)`).
-
-    Passed as an argument of another worker's call, the backend hands it over without it passing
-    through this process: Ray resolves it from its object store, a local worker process reads it
-    from shared memory (`impala_tf.workers.shared_values`). `get()` fetches a private copy here.
-    The driver `release`s it once no call it was passed to can still read it (that call was
-    answered, or its worker failed) and it is not wanted here any more.
-    """
-
-    @abc.abstractmethod
-    def get(self) -> Any:
-        """A private copy of the value, fetched into this process."""
-
-    def release(self) -> None:  # noqa: B027 - a no-op for stores with nothing to free per value.
-        """Frees the stored value (its shared memory; on Ray its reference goes with the
-        handle). Safe twice; a no-op in a worker it was passed to."""
-
-
-def resolve(value: Any) -> Any:
-    """`value`, fetched here if it is a `StoredValue`."""
-    return value.get() if isinstance(value, StoredValue) else value
-
-
-def release(value: Any) -> None:
-    """`value.release()` if it is a `StoredValue`."""
-    if isinstance(value, StoredValue):
-        value.release()
-
-
-def method_name(method: Callable[..., Any]) -> str:
-    """The name a worker dispatches a call on: `method` is a function of the hosted class
-    (`RunnerHost.sample`), so that a reader (or a tool) can go from a call to its callee.
-
-    Raises:
-      TypeError: `method` is not a named, public function (a string, a lambda, `_private`).
-    """
-    name = getattr(method, "__name__", "")
-    if not callable(method) or isinstance(method, str) or not name.isidentifier():
-        raise TypeError(
-            f"WorkerGroup.call takes the hosted class's method (e.g. RunnerHost.sample), not "
-            f"{method!r}."
-        )
-    if name.startswith("_"):
-        raise TypeError(f"WorkerGroup.call: {name!r} is private; call a public method.")
-    return name
-
-
-@dataclasses.dataclass(frozen=True)
-class Reply:
-    """The return value of one reply-bearing call.
-
-    Attributes:
-      worker_id: Which worker (0-based) answered.
-      call_id: The id `WorkerGroup.call` returned.
-      method: The method called (the hosted class's function passed to `WorkerGroup.call`).
-      value: What it returned (a private copy: nothing points into Ray's object store).
-      stale: The call was sent before the group's last `fence()`: the caller drops the reply
-        (releasing what it holds).
-    """
-
-    worker_id: int
-    call_id: int
-    method: Callable[..., Any]
-    value: Any
-    stale: bool = False
-
-
-@dataclasses.dataclass(frozen=True)
-class WorkerFailure:
-    """A worker that died, raised or timed out; it stays unhealthy until restarted.
-
-    Attributes:
-      worker_id: Which worker (0-based).
-      error: What happened, with the remote traceback when there is one.
-      fatal: The hosted object raised an exception whose `fatal` attribute is true (e.g. an
-        env that returns observations of the wrong shape): a restart cannot help.
-      lost_calls: Ids of the worker's reply-bearing calls that will never be answered.
-    """
-
-    worker_id: int
-    error: str
-    fatal: bool = False
-    lost_calls: tuple[int, ...] = ()
-
-
-@dataclasses.dataclass(frozen=True)
-class Up:
-    """Backend event: worker `worker_id` built its hosted object (after a start or restart)."""
-
-    worker_id: int
-
-
-@dataclasses.dataclass(frozen=True)
-class Answer:
-    """Backend event: worker `worker_id` returned `value` for reply-bearing call `call_id`."""
-
-    worker_id: int
-    call_id: int
-    value: Any
-
-
-@dataclasses.dataclass(frozen=True)
-class Death:
-    """Backend event: a worker raised (`fatal` from the exception) or died; already ended."""
-
-    worker_id: int
-    error: str
-    fatal: bool = False
-
-
-class BackendGroup(Protocol):
-    """A backend's side of one `WorkerGroup`: starts workers, moves calls and events.
-
-    `start(i, args)` starts worker i with `factory(i, *args)`; `send` sends one call (see
-    `WorkerHost.submit`) without waiting (calls sent before the worker is up run once it is);
-    `collect(timeout_s)` waits up to `timeout_s` for a first event and returns every event
-    ready, one `Up` per start or restart among them; `kill(i)` ends a worker that hangs;
-    `restart(i, args)` replaces a dead or killed worker; `progress(i)` is its shared progress
-    array or None; `pids`/`node_ids` answer for the given workers; `stop` ends every worker
-    (safe twice). After a `Death` of a worker, or `kill` of it, no event comes from it until
-    `restart`.
-    """
-
-    def start(self, worker_id: int, args: tuple) -> None: ...
-    def send(
-        self,
-        worker_id: int,
-        call_id: int,
-        method: str,
-        args: tuple,
-        coalesce: bool,
-        reply: bool,
-        parts: bool = False,
-    ) -> None: ...
-    def collect(self, timeout_s: float) -> list[Up | Answer | Death]: ...
-    def kill(self, worker_id: int) -> None: ...
-    def restart(self, worker_id: int, args: tuple) -> None: ...
-    def progress(self, worker_id: int) -> Any: ...
-    def pids(self, worker_ids: list[int]) -> dict[int, int]: ...
-    def node_ids(self, worker_ids: list[int]) -> dict[int, str]: ...
-    def stop(self) -> None: ...
-
-
-class Backend(Protocol):
-    """Where workers run: `ProcessBackend` or `RayBackend`; one may serve several groups."""
-
-    def open(self, spec: WorkerSpec) -> BackendGroup:
-        """The backend's side of a new group of `spec` workers (none started yet)."""
+__all__ = ["WorkerGroup"]
 
 
 class _Worker:
@@ -444,10 +219,17 @@ class WorkerGroup:
 
     # Health ----------------------------------------------------------------------------------
 
-    def restart_failed(self, failure: WorkerFailure) -> None:
-        """Restarts a failed worker, or raises RuntimeError saying why not (`restarts`)."""
+    def restart_failed(self, failure: WorkerFailure, restarts_so_far: int) -> None:
+        """Restarts a failed worker, or raises RuntimeError saying why not (`restarts`).
+
+        Args:
+          failure: The failure `poll` reported.
+          restarts_so_far: The restarts of this group's workers the caller counted so far over
+            the run (a resumed run's included), held against `RestartPolicy.max_restarts`; the
+            caller counts this one once it returns.
+        """
         if self.restarts is not None:
-            self.restarts.on_failure(failure)
+            self.restarts.on_failure(failure, restarts_so_far)
         self.restart(failure.worker_id)
 
     def restart(self, worker_id: int) -> None:
@@ -558,66 +340,3 @@ class WorkerGroup:
         worker.waiting_since = None
         self._abandoned.difference_update(lost)
         return lost
-
-
-class RestartPolicy:
-    """What to do when a worker fails, written once for actors and aggregation workers.
-
-    A failure raises RuntimeError when a restart cannot help or is not allowed; otherwise it
-    counts one restart and the worker is restarted (`WorkerGroup.restart_failed`).
-
-    Args:
-      role: "actor" or "aggregation worker" (capitalised in messages).
-      enabled: Restarts are allowed at all (the config key `enabled_key`).
-      max_restarts: Most restarts over the run (the config key `max_key`); None for no limit.
-      max_in_a_row: Failures of one worker with no reply in between before giving up.
-      enabled_key: Config key of `enabled`, named in messages.
-      max_key: Config key of `max_restarts`, named in messages.
-    """
-
-    def __init__(
-        self,
-        role: str,
-        *,
-        enabled: bool,
-        max_restarts: int | None,
-        max_in_a_row: int = 3,
-        enabled_key: str = "restart_failed_env_runners",
-        max_key: str = "max_num_env_runner_restarts",
-    ):
-        self.role = role
-        self.enabled = bool(enabled)
-        self.max_restarts = max_restarts
-        self.max_in_a_row = int(max_in_a_row)
-        self.enabled_key = enabled_key
-        self.max_key = max_key
-        self.restarts = 0
-        self._in_a_row: collections.Counter[int] = collections.Counter()
-
-    def restore(self, restarts: int) -> None:
-        """Sets the restarts counted so far (a resumed run's, against `max_restarts`)."""
-        self.restarts = int(restarts)
-
-    def on_failure(self, failure: WorkerFailure) -> None:
-        """Counts one restart of `failure.worker_id`, or raises RuntimeError saying why not."""
-        name = f"{self.role[:1].upper()}{self.role[1:]} {failure.worker_id}"
-        if failure.fatal:  # E.g. wrong observation shape, NaN data: a restart cannot help.
-            raise RuntimeError(f"{name} failed: {failure.error}")
-        if not self.enabled:
-            raise RuntimeError(f"{name} failed and {self.enabled_key}=False: {failure.error}")
-        self._in_a_row[failure.worker_id] += 1
-        if self._in_a_row[failure.worker_id] >= self.max_in_a_row:
-            raise RuntimeError(
-                f"{name} failed {self.max_in_a_row} times in a row without a reply in between; "
-                f"giving up. Last error: {failure.error}"
-            )
-        if self.max_restarts is not None and self.restarts >= self.max_restarts:
-            raise RuntimeError(
-                f"{name} failed after {self.restarts} restarts "
-                f"({self.max_key}={self.max_restarts}): {failure.error}"
-            )
-        self.restarts += 1
-
-    def succeeded(self, worker_id: int) -> None:
-        """A reply of `worker_id` arrived: its failures in a row start again from zero."""
-        self._in_a_row.pop(worker_id, None)

@@ -22,7 +22,7 @@ from __future__ import annotations
 import collections
 from typing import Any
 
-from impala_tf.workers.group import resolve
+from impala_tf.workers.protocol import resolve
 
 __all__ = ["WorkerHost"]
 

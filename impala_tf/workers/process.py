@@ -41,9 +41,9 @@ from multiprocessing import connection
 from typing import Any
 
 import impala_tf.workers.main_guard as main_guard
-from impala_tf.workers.group import Answer, Death, Up, WorkerSpec
 from impala_tf.workers.host import WorkerHost
 from impala_tf.workers.pipes import CommandQueue, end_worker
+from impala_tf.workers.protocol import Answer, Death, Up, WorkerSpec
 from impala_tf.workers.shared_values import SegmentStore, ValueWriter, warn_no_room
 
 __all__ = [
@@ -222,7 +222,7 @@ class ProcessBackend:
 
 
 class _ProcessGroup:
-    """The processes of one `WorkerGroup` (see `impala_tf.workers.group.BackendGroup`)."""
+    """The processes of one `WorkerGroup` (see `impala_tf.workers.protocol.BackendGroup`)."""
 
     def __init__(self, spec: WorkerSpec):
         self.spec = spec

@@ -42,9 +42,9 @@ from collections.abc import Mapping
 from typing import Any
 
 import impala_tf.workers.ray_session as ray_session
-from impala_tf.workers.group import Answer, Death, StoredValue, Up, WorkerSpec
 from impala_tf.workers.host import WorkerHost
 from impala_tf.workers.process import worker_env_vars
+from impala_tf.workers.protocol import Answer, Death, StoredValue, Up, WorkerSpec
 
 __all__ = ["RayBackend", "RayStoredValue", "RayWorker", "actor_runtime_env", "copy_out"]
 
@@ -191,7 +191,7 @@ class _Actor:
 
 
 class _RayGroup:
-    """The Ray actors of one `WorkerGroup` (see `impala_tf.workers.group.BackendGroup`)."""
+    """The Ray actors of one `WorkerGroup` (see `impala_tf.workers.protocol.BackendGroup`)."""
 
     def __init__(self, ray: Any, spec: WorkerSpec):
         self._ray = ray

@@ -68,7 +68,7 @@ from typing import Any
 import numpy as np
 
 from impala_tf.utils.shutdown import uninterrupted
-from impala_tf.workers.group import StoredValue
+from impala_tf.workers.protocol import StoredValue
 
 __all__ = [
     "NO_ROOM_ADVICE",

@@ -66,7 +66,7 @@ from typing import Any
 import numpy as np
 
 from impala_tf.utils.shutdown import uninterrupted
-from impala_tf.workers.group import StoredValue
+from impala_tf.workers.protocol import StoredValue
 from impala_tf.workers.shared_arrays import NO_ROOM_ADVICE, new_segment_name
 
 __all__ = [

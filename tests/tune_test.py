@@ -1,0 +1,267 @@
+"""impala_tf's algorithms as Ray Tune Trainables, on a local Ray: grids, checkpoints through the
+algorithm's own, the resources a trial reserves, and every process ended with the trial."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import pytest
+
+from tests.support.configs import small_config
+from tests.support.processes import kill_session, run_in_background, wait_until
+from tests.support.ray import local_ray
+from tools import proclib
+
+tune = pytest.importorskip("ray.tune")
+
+from impala_tf.tune import IMPALA, trial_resources  # noqa: E402
+
+STOP = {"training_iteration": 2}
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.fixture(scope="module")
+def ray_session(tmp_path_factory):
+    with local_ray(str(tmp_path_factory.mktemp("ray-home")), num_cpus=2) as ray:
+        yield ray
+
+
+def _tiny(**overrides):
+    """Two trials fit on 2 logical CPUs: 0.5 for the driver, 0.25 for each of 2 actors."""
+    return small_config(num_cpus_for_main_process=0.5, num_cpus_per_env_runner=0.25, **overrides)
+
+
+def _actor_processes() -> list[int]:
+    """Processes the trials' Ray workers started (their actors, fork servers and resource
+    trackers): any descendant of a `ray::` worker process. Ray's own processes, and this test
+    process's own fork server and its children, are not the trials'."""
+    trials = [
+        pid
+        for pid in proclib.descendants(os.getpid())
+        if (proclib.cmdline(pid) or [""])[0].startswith("ray::")
+        and "Agent" not in proclib.cmdline(pid)[0]
+    ]
+    return sorted({child for pid in trials for child in proclib.descendants(pid)})
+
+
+def test_trial_resources_reserve_the_driver_the_actors_and_the_aggregation_workers():
+    pgf = trial_resources(
+        small_config(num_cpus_per_env_runner=0.5, num_aggregation_workers=1), cluster_gpus=0
+    )
+    assert pgf.bundles == [{"CPU": 1.0}, {"CPU": 0.5}, {"CPU": 0.5}, {"CPU": 1.0}]
+    assert pgf.strategy == "STRICT_PACK"  # Local actor processes: the trial's own node.
+    ray_pgf = trial_resources(
+        small_config(backend="ray", custom_resources_per_env_runner={"sim": 1}), cluster_gpus=0
+    )
+    assert ray_pgf.bundles[1:] == [{"CPU": 1.0, "sim": 1.0}] * 2
+    assert ray_pgf.strategy == "PACK"
+    fake = trial_resources(small_config(num_gpus=2, _fake_gpus=True), cluster_gpus=4)
+    assert "GPU" not in fake.bundles[0]
+    gpu = small_config(num_gpus=1, num_cpus_for_main_process=2)
+    assert trial_resources(gpu, cluster_gpus=4).bundles[0] == {"CPU": 2.0, "GPU": 1.0}
+    assert trial_resources(gpu, cluster_gpus=0).bundles[0] == {"CPU": 2.0}  # One CPU device.
+
+
+def test_a_grid_runs_one_trial_per_point_and_ends_every_process(ray_session, tmp_path):
+    space = _tiny().to_dict()
+    space["lr"] = tune.grid_search([0.0005, 0.001])
+    tuner = tune.Tuner(
+        IMPALA,
+        param_space=space,
+        run_config=tune.RunConfig(
+            name="grid",
+            storage_path=str(tmp_path),
+            stop=STOP,
+            checkpoint_config=tune.CheckpointConfig(checkpoint_at_end=True),
+            verbose=0,
+        ),
+    )
+    results = tuner.fit()
+    assert not results.errors
+    assert sorted(r.config["lr"] for r in results) == [0.0005, 0.001]
+    for result in results:
+        assert result.metrics["training_iteration"] == 2
+        assert result.metrics["timesteps_total"] > 0
+        assert "episode_reward_mean" in result.metrics
+        with open(os.path.join(result.path, "impala_tf", "result.json")) as f:
+            lines = [json.loads(line) for line in f]
+        assert [r["training_iteration"] for r in lines] == [1, 2]
+        assert os.path.isfile(os.path.join(result.checkpoint.path, "driver_state.json"))
+    # The trials' processes end with them: their actors at `stop()`, the fork server when Tune
+    # ends the trial's worker process (Ray's own processes are not ours).
+    wait_until(lambda: not _actor_processes(), timeout_s=60)
+    leftover = {
+        pid: (proclib.cmdline(proclib.parent_pid(pid) or 0), proclib.cmdline(pid))
+        for pid in _actor_processes()
+    }
+    assert leftover == {}
+
+
+def test_the_registered_name_runs_appo(ray_session, tmp_path):
+    space = {**_tiny().to_dict(), "circular_buffer_num_batches": 2}  # An APPO key.
+    results = tune.Tuner(
+        "impala_tf.APPO",
+        param_space=space,
+        run_config=tune.RunConfig(storage_path=str(tmp_path), stop=STOP, verbose=0),
+    ).fit()
+    assert not results.errors
+    (result,) = results
+    assert "kl" in json.dumps(result.metrics)  # APPO's learner stats.
+
+
+def test_save_and_restore_go_through_the_algorithms_checkpoints(ray_session, tmp_path):
+    config = _tiny().to_dict()
+    first = IMPALA(config=config)
+    try:
+        first.train()
+        steps = first.algorithm.metrics.counters.num_env_steps_sampled
+        saved = first.save(str(tmp_path / "ckpt"))
+    finally:
+        first.stop()
+    restored = IMPALA(config=config)
+    try:
+        restored.restore(saved)
+        assert restored.algorithm.metrics.counters.num_env_steps_sampled == steps
+        result = restored.train()
+        assert result["timesteps_total"] > steps
+    finally:
+        restored.stop()
+
+
+def _train_binary(tmp_path, *args: str, timeout_s: float = 600) -> tuple[int, str]:
+    """`impala-train` as a person runs it, with Ray's files kept in `tmp_path`."""
+    env = dict(
+        os.environ,
+        HOME=str(tmp_path),
+        PYTHONPATH=REPO,
+        TF_CPP_MIN_LOG_LEVEL="2",
+        RAY_USAGE_STATS_ENABLED="0",
+    )
+    for name in ("RAY_ADDRESS", "RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH"):
+        env.pop(name, None)
+    log = tmp_path / "log.txt"
+    process = run_in_background(
+        [sys.executable, "-m", "impala_tf.bin.train", *args], tmp_path, env, log
+    )
+    try:
+        code = process.wait(timeout=timeout_s)
+    finally:
+        kill_session(process)
+    return code, log.read_text()
+
+
+SMALL = (
+    "--set=num_env_runners=1",
+    "--set=num_envs_per_env_runner=4",
+    "--set=rollout_fragment_length=10",
+    "--set=train_batch_size=40",
+    "--set=min_time_s_per_iteration=0.3",
+    "--set=model.fcnet_hiddens=[16]",
+    "--set=num_cpus_for_main_process=0.5",
+    "--set=num_cpus_per_env_runner=0.25",
+    "--ray_num_cpus=2",
+)
+
+
+def test_impala_train_runs_a_yaml_grid_as_tune_trials_and_prints_their_table(tmp_path):
+    yaml_path = tmp_path / "grid.yaml"
+    yaml_path.write_text(
+        "grid:\n"
+        "    env: CartPole-v1\n"
+        "    run: IMPALA\n"
+        "    stop: {training_iteration: 2}\n"
+        "    config:\n"
+        "        lr: {grid_search: [0.0005, 0.001]}\n"
+        "        model: {fcnet_hiddens: {grid_search: [[8], [16]]}}\n"
+    )
+    code, out = _train_binary(
+        tmp_path, f"--config={yaml_path}", f"--logdir={tmp_path / 'runs' / 'grid'}", *SMALL
+    )
+    assert code == 0, out[-3000:]
+    # `--set=model.fcnet_hiddens` wins over the YAML's grid of it: 2 trials, not 4.
+    table = out[out.index("trial ") :]
+    assert "lr" in table.splitlines()[0] and len(table.splitlines()) >= 3
+    assert "impala-train: 2 of 2 trials ended" in out
+    trials = sorted(p for p in (tmp_path / "runs" / "grid").iterdir() if p.is_dir())
+    assert len(trials) == 2
+    for trial in trials:
+        assert (trial / "impala_tf" / "result.json").is_file()
+
+
+def test_impala_train_refuses_a_trial_larger_than_the_cluster(tmp_path):
+    code, out = _train_binary(
+        tmp_path, "--set=lr={grid_search: [0.001, 0.002]}", "--set=num_env_runners=4",
+        "--ray_num_cpus=2", f"--logdir={tmp_path / 'big'}",
+    )  # fmt: skip
+    assert code == 1
+    assert "one trial needs {'CPU': 5.0} but the Ray cluster has {'CPU': 2.0}" in out
+    assert "num_cpus_per_env_runner" in out
+
+
+def test_pbt_exploit_copies_a_checkpoint_and_the_new_lr_is_trained_with(ray_session, tmp_path):
+    from ray.tune.schedulers import PopulationBasedTraining
+
+    space = _tiny().to_dict()
+    space["lr"] = tune.grid_search([0.0, 0.004])  # lr 0 never learns: the trial to replace.
+    pbt = PopulationBasedTraining(
+        time_attr="training_iteration",
+        metric="episode_reward_mean",
+        mode="max",
+        perturbation_interval=2,
+        quantile_fraction=0.5,
+        resample_probability=1.0,
+        synch=True,  # Every trial reaches the perturbation point before any exploit.
+        hyperparam_mutations={"lr": [0.001, 0.002]},
+    )
+    results = tune.Tuner(
+        IMPALA,
+        param_space=space,
+        tune_config=tune.TuneConfig(scheduler=pbt),
+        run_config=tune.RunConfig(
+            name="pbt",
+            storage_path=str(tmp_path),
+            stop={"training_iteration": 6},
+            verbose=0,
+        ),
+    ).fit()
+    assert not results.errors
+    with open(tmp_path / "pbt" / "pbt_global.txt") as f:
+        exploits = [json.loads(line) for line in f if line.strip()]
+    assert exploits  # [target tag, donor tag, target iteration, donor iteration, old, new]
+    changed = []  # Each trial's learning rates, as its own result.json shows them.
+    for result in results:
+        with open(os.path.join(result.path, "impala_tf", "result.json")) as f:
+            lrs = [
+                json.loads(line)["info"]["learner"]["default_policy"]["learner_stats"]["cur_lr"]
+                for line in f
+            ]
+        if lrs[-1] != lrs[0]:
+            changed.append(lrs)
+    # The exploited trial trains on with a mutated lr (PBT resamples from the mutations).
+    assert changed and all(round(lrs[-1], 6) in (0.001, 0.002) for lrs in changed)
+    wait_until(lambda: not _actor_processes(), timeout_s=60)
+    assert _actor_processes() == []
+
+
+@pytest.mark.slow
+def test_rllibs_unedited_four_game_atari_yaml_runs_one_trial_per_game(tmp_path):
+    rllib_yaml = os.path.join(REPO, "tests", "data", "rllib", "atari-impala.yaml")
+    code, out = _train_binary(
+        tmp_path,
+        f"--config={rllib_yaml}",
+        f"--logdir={tmp_path / 'atari'}",
+        "--stop_iters=1",
+        "--set=num_workers=1",  # RLlib's 32 actors x 5 envs, scaled to this machine.
+        "--set=num_envs_per_worker=1",
+        "--set=num_cpus_for_main_process=0.25",
+        "--set=num_cpus_per_env_runner=0.25",
+        "--ray_num_cpus=2",
+        timeout_s=900,
+    )
+    assert code == 0, out[-3000:]
+    assert "impala-train: 4 of 4 trials ended" in out
+    table = out[out.index("trial ") :].splitlines()
+    for game in ("Breakout", "BeamRider", "Qbert", "SpaceInvaders"):
+        assert any(f"{game}NoFrameskip-v4" in line for line in table[1:]), game
