@@ -3,6 +3,7 @@ algorithm's own, the resources a trial reserves, and every process ended with th
 
 from __future__ import annotations
 
+import glob
 import json
 import os
 import sys
@@ -130,7 +131,7 @@ def test_save_and_restore_go_through_the_algorithms_checkpoints(ray_session, tmp
         restored.stop()
 
 
-def _train_binary(tmp_path, *args: str, timeout_s: float = 600) -> tuple[int, str]:
+def _train_binary(tmp_path, *args: str, timeout_s: float = 600, **env_vars: str) -> tuple[int, str]:
     """`impala-train` as a person runs it, with Ray's files kept in `tmp_path`."""
     env = dict(
         os.environ,
@@ -138,6 +139,7 @@ def _train_binary(tmp_path, *args: str, timeout_s: float = 600) -> tuple[int, st
         PYTHONPATH=REPO,
         TF_CPP_MIN_LOG_LEVEL="2",
         RAY_USAGE_STATS_ENABLED="0",
+        **env_vars,
     )
     for name in ("RAY_ADDRESS", "RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH"):
         env.pop(name, None)
@@ -265,3 +267,32 @@ def test_rllibs_unedited_four_game_atari_yaml_runs_one_trial_per_game(tmp_path):
     table = out[out.index("trial ") :].splitlines()
     for game in ("Breakout", "BeamRider", "Qbert", "SpaceInvaders"):
         assert any(f"{game}NoFrameskip-v4" in line for line in table[1:]), game
+
+
+def test_a_search_logs_every_trial_through_tunes_own_mlflow_and_wandb_callbacks(tmp_path):
+    mlruns = f"file:{tmp_path / 'mlruns'}"
+    code, out = _train_binary(
+        tmp_path,
+        "--set=lr={grid_search: [0.0005, 0.001]}",
+        "--stop_iters=2",
+        f"--logdir={tmp_path / 'runs' / 'tracked'}",
+        "--mlflow_experiment=tracked",
+        f"--mlflow_tracking_uri={mlruns}",
+        "--wandb_project=tracked",
+        *SMALL,
+        WANDB_MODE="offline",
+        WANDB_DIR=str(tmp_path / "wandb-runs"),
+        MLFLOW_ALLOW_FILE_STORE="true",
+    )
+    assert code == 0, out[-3000:]
+    from mlflow.tracking import MlflowClient
+
+    os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
+    client = MlflowClient(tracking_uri=mlruns)
+    experiment = client.get_experiment_by_name("tracked")
+    runs = client.search_runs([experiment.experiment_id])
+    assert len(runs) == 2  # One MLflow run per trial.
+    for run in runs:
+        assert len(client.get_metric_history(run.info.run_id, "episode_reward_mean")) == 2
+    offline = glob.glob(str(tmp_path / "**" / "offline-run-*"), recursive=True)
+    assert len(offline) == 2  # One W&B run per trial.

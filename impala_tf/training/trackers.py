@@ -32,7 +32,7 @@ from typing import Any
 from impala_tf.training.callbacks import AlgorithmCallback, result_of
 from impala_tf.training.reporting import ResultWriter, lookup, tensorboard_scalars
 
-__all__ = ["MLflowLogger", "WandbLogger", "flat_params"]
+__all__ = ["MLflowLogger", "WandbLogger", "flat_params", "mlflow_store"]
 
 _VIDEOS = "evaluation/episode_media/video"
 
@@ -170,7 +170,7 @@ class MLflowLogger(AlgorithmCallback):
         if self.client is not None:
             return
         tracking = _require("mlflow.tracking", "mlflow")
-        self.client = tracking.MlflowClient(tracking_uri=_store_uri(self.tracking_uri))
+        self.client = tracking.MlflowClient(tracking_uri=mlflow_store(self.tracking_uri))
         found = self.client.get_experiment_by_name(self.experiment)
         experiment_id = (
             found.experiment_id if found else self.client.create_experiment(self.experiment)
@@ -209,7 +209,7 @@ class MLflowLogger(AlgorithmCallback):
             self.client = None
 
 
-def _store_uri(uri: str | None) -> str:
+def mlflow_store(uri: str | None) -> str:
     """The MLflow store to use: `uri`, else `MLFLOW_TRACKING_URI`, else `file:./mlruns`."""
     uri = uri or os.environ.get("MLFLOW_TRACKING_URI") or "file:" + os.path.abspath("mlruns")
     if uri.startswith("file:") or "://" not in uri:
