@@ -167,7 +167,9 @@ SMALL = (
 )
 
 
-def test_impala_train_runs_a_yaml_grid_as_tune_trials_and_prints_their_table(tmp_path):
+def test_impala_train_runs_a_yaml_grid_as_tune_trials_logged_by_tunes_own_trackers(
+    tmp_path, monkeypatch
+):
     yaml_path = tmp_path / "grid.yaml"
     yaml_path.write_text(
         "grid:\n"
@@ -178,8 +180,17 @@ def test_impala_train_runs_a_yaml_grid_as_tune_trials_and_prints_their_table(tmp
         "        lr: {grid_search: [0.0005, 0.001]}\n"
         "        model: {fcnet_hiddens: {grid_search: [[8], [16]]}}\n"
     )
+    mlruns = f"file:{tmp_path / 'mlruns'}"
     code, out = _train_binary(
-        tmp_path, f"--config={yaml_path}", f"--logdir={tmp_path / 'runs' / 'grid'}", *SMALL
+        tmp_path,
+        f"--config={yaml_path}",
+        f"--logdir={tmp_path / 'runs' / 'grid'}",
+        "--mlflow_experiment=grid",
+        f"--mlflow_tracking_uri={mlruns}",
+        "--wandb_project=grid",
+        *SMALL,
+        WANDB_MODE="offline",
+        WANDB_DIR=str(tmp_path / "wandb-runs"),
     )
     assert code == 0, out[-3000:]
     # `--set=model.fcnet_hiddens` wins over the YAML's grid of it: 2 trials, not 4.
@@ -190,6 +201,16 @@ def test_impala_train_runs_a_yaml_grid_as_tune_trials_and_prints_their_table(tmp
     assert len(trials) == 2
     for trial in trials:
         assert (trial / "impala_tf" / "result.json").is_file()
+    # Ray Tune's own MLflow and W&B logger callbacks: one run per trial, every result logged.
+    from mlflow.tracking import MlflowClient
+
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")  # MLflow 3's opt-in.
+    client = MlflowClient(tracking_uri=mlruns)
+    runs = client.search_runs([client.get_experiment_by_name("grid").experiment_id])
+    assert len(runs) == 2
+    for run in runs:
+        assert len(client.get_metric_history(run.info.run_id, "episode_reward_mean")) == 2
+    assert len(glob.glob(str(tmp_path / "**" / "offline-run-*"), recursive=True)) == 2
 
 
 def test_impala_train_refuses_a_trial_larger_than_the_cluster(tmp_path):
@@ -224,7 +245,7 @@ def test_pbt_exploit_copies_a_checkpoint_and_the_new_lr_is_trained_with(ray_sess
         run_config=tune.RunConfig(
             name="pbt",
             storage_path=str(tmp_path),
-            stop={"training_iteration": 6},
+            stop={"training_iteration": 4},
             verbose=0,
         ),
     ).fit()
@@ -267,32 +288,3 @@ def test_rllibs_unedited_four_game_atari_yaml_runs_one_trial_per_game(tmp_path):
     table = out[out.index("trial ") :].splitlines()
     for game in ("Breakout", "BeamRider", "Qbert", "SpaceInvaders"):
         assert any(f"{game}NoFrameskip-v4" in line for line in table[1:]), game
-
-
-def test_a_search_logs_every_trial_through_tunes_own_mlflow_and_wandb_callbacks(tmp_path):
-    mlruns = f"file:{tmp_path / 'mlruns'}"
-    code, out = _train_binary(
-        tmp_path,
-        "--set=lr={grid_search: [0.0005, 0.001]}",
-        "--stop_iters=2",
-        f"--logdir={tmp_path / 'runs' / 'tracked'}",
-        "--mlflow_experiment=tracked",
-        f"--mlflow_tracking_uri={mlruns}",
-        "--wandb_project=tracked",
-        *SMALL,
-        WANDB_MODE="offline",
-        WANDB_DIR=str(tmp_path / "wandb-runs"),
-        MLFLOW_ALLOW_FILE_STORE="true",
-    )
-    assert code == 0, out[-3000:]
-    from mlflow.tracking import MlflowClient
-
-    os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
-    client = MlflowClient(tracking_uri=mlruns)
-    experiment = client.get_experiment_by_name("tracked")
-    runs = client.search_runs([experiment.experiment_id])
-    assert len(runs) == 2  # One MLflow run per trial.
-    for run in runs:
-        assert len(client.get_metric_history(run.info.run_id, "episode_reward_mean")) == 2
-    offline = glob.glob(str(tmp_path / "**" / "offline-run-*"), recursive=True)
-    assert len(offline) == 2  # One W&B run per trial.
