@@ -6,8 +6,9 @@ Tune's variant generator resolves them as in `rllib train -f FILE`; `num_samples
 grid point (with fresh samples of the sampled keys). Each trial is an `impala_tf.tune.IMPALA` (or
 `APPO`, the entry's `run`) in `<logdir>/<trial name>/`, checkpointed every `checkpoint_freq`
 iterations and at the end, keeping `keep_checkpoints_num`; the stop criteria apply to each
-trial. At the end a table lists every trial: its varied keys, status, iterations, env steps,
-time and `episode_reward_mean`.
+trial. An entry's `scheduler:` block (ours, not RLlib's) picks Tune's trial scheduler
+(`make_scheduler`: population-based training or ASHA). At the end a table lists every trial:
+its varied keys, status, iterations, env steps, time and `episode_reward_mean`.
 
 Every trial's config is validated here first, so that a wrong key or value is an error naming
 it before Ray starts, and a trial whose resources (`impala_tf.tune.trainable.trial_resources`)
