@@ -293,3 +293,19 @@ def test_rllibs_unedited_four_game_atari_yaml_runs_one_trial_per_game(tmp_path):
     for game in ("Breakout", "BeamRider", "Qbert", "SpaceInvaders"):
         (row,) = [line for line in table[1:] if f"{game}NoFrameskip-v4" in line]
         assert "TERMINATED" in row and " 1 " in row, row  # One iteration, trained.
+
+
+def test_a_trials_ray_actors_run_inside_its_placement_group(ray_session, tmp_path):
+    # The trial reserves both of the cluster's CPUs (1.5 + 2 x 0.25): Ray actors placed
+    # outside its placement group could not start, and the trial would time out sampling.
+    space = _tiny(backend="ray", sample_timeout_s=30).to_dict()
+    space.update(num_cpus_for_main_process=1.5)
+    results = tune.Tuner(
+        IMPALA,
+        param_space=space,
+        run_config=tune.RunConfig(storage_path=str(tmp_path), stop=STOP, verbose=0),
+    ).fit()
+    assert not results.errors
+    (result,) = results
+    assert result.metrics["training_iteration"] == 2
+    assert result.metrics["num_healthy_workers"] == 2
