@@ -25,6 +25,7 @@ from typing import Any
 from ray import tune
 from ray.tune.search.variant_generator import generate_variants
 
+from impala_tf.config.experiments import search_space_paths
 from impala_tf.config.registry import config_class
 from impala_tf.tune.trainable import APPO, IMPALA, trial_resources
 
@@ -179,21 +180,6 @@ def run_search(
     return tuner.fit()
 
 
-def _varied(param_space: Mapping[str, Any], prefix: str = "") -> list[str]:
-    """Dotted paths of the keys a search varies."""
-    paths = []
-    for key, value in param_space.items():
-        path = f"{prefix}{key}"
-        if isinstance(value, Mapping):
-            if "grid_search" in value or "eval" in value:
-                paths.append(path)
-            else:
-                paths += _varied(value, f"{path}.")
-        elif isinstance(value, tune.search.sample.Domain):
-            paths.append(path)
-    return paths
-
-
 def _at(config: Mapping[str, Any], path: str) -> Any:
     value: Any = config
     for part in path.split("."):
@@ -203,7 +189,7 @@ def _at(config: Mapping[str, Any], path: str) -> Any:
 
 def summary_table(results: Any, param_space: Mapping[str, Any]) -> str:
     """One line per trial: name, varied keys, status, iterations, env steps, time, return."""
-    varied = _varied(param_space)
+    varied = search_space_paths(param_space)
     header = ["trial", *varied, "status", "iter", "env steps", "time s", "reward mean"]
     rows = [header]
     for result in sorted(results, key=lambda r: os.path.basename(r.path or "")):
