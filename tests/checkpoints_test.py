@@ -222,22 +222,25 @@ def test_sigkill_during_saves_leaves_the_previous_checkpoint_loadable(tmp_path):
 def test_restoring_across_a_change_of_center_pixels_is_refused_by_name():
     from impala_tf.config import ImpalaConfig
     from impala_tf.config.policies import PolicySpec
+    from impala_tf.driver.specs import checkpoint_spec
     from impala_tf.driver.state import check_pixel_centering
+
+    def centering(config, ids=("default_policy",)):  # As the driver resolves it.
+        return checkpoint_spec(config, ids).center_pixels
 
     plain = ImpalaConfig(env="CartPole-v1")
     centered = ImpalaConfig(env="CartPole-v1", model={"center_pixels": True})
     before_the_key = plain.to_dict()
     del before_the_key["model"]["center_pixels"]  # A checkpoint written before it existed.
-    ids = ["default_policy"]
-    check_pixel_centering(plain, before_the_key, ids)
-    check_pixel_centering(centered, centered.to_dict(), ids)
-    check_pixel_centering(centered, None, ids)  # Trained on an env callable: no stored config.
+    check_pixel_centering(centering(plain), before_the_key)
+    check_pixel_centering(centering(centered), centered.to_dict())
+    check_pixel_centering(centering(centered), None)  # Trained on an env callable: no config.
     for config, stored in ((centered, before_the_key), (plain, centered.to_dict())):
         with pytest.raises(ValueError, match=r"'default_policy'.*model\.center_pixels"):
-            check_pixel_centering(config, stored, ids)
+            check_pixel_centering(centering(config), stored)
     # One policy of several, by its own override.
     policies = {"a": PolicySpec(), "b": PolicySpec(config={"model": {"center_pixels": True}})}
     multi = ImpalaConfig(env="CartPole-v1", policies=policies)
     stored = ImpalaConfig(env="CartPole-v1", policies={"a": PolicySpec(), "b": PolicySpec()})
     with pytest.raises(ValueError, match="'b'"):
-        check_pixel_centering(multi, checkpoints.storable_config(stored), ["a", "b"])
+        check_pixel_centering(centering(multi, ["a", "b"]), checkpoints.storable_config(stored))

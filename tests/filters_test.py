@@ -186,7 +186,7 @@ def test_driver_merges_saves_restores_evaluates_and_exports_the_filter(tmp_path)
     from impala_tf import checkpoints
     from impala_tf.bin.export import export_saved_model
     from impala_tf.driver import evaluation
-    from impala_tf.driver.specs import probe_spaces
+    from impala_tf.driver.specs import evaluator_spec, probe_spaces
 
     def config():
         return small_config(observation_filter="MeanStdFilter", evaluation_duration=2)
@@ -220,7 +220,7 @@ def test_driver_merges_saves_restores_evaluates_and_exports_the_filter(tmp_path)
     weights, saved_filters = evaluation.load_checkpoint_policies(
         saved, saved_config, probe_spaces(saved_config)
     )
-    evaluator = evaluation.Evaluator(saved_config)
+    evaluator = evaluation.Evaluator(evaluator_spec(saved_config))
     try:
         evaluator.run(weights, saved_filters, num_episodes=1, seed=0)
         assert evaluator.runner.obs_filter.get_state()["rs"] == state["rs"]

@@ -2,12 +2,12 @@
 
 `gamma`, `vtrace_clip_rho_threshold`, `vtrace_clip_pg_rho_threshold` and `vtrace_drop_last_ts`
 are set one at a time away from RLlib's defaults; each policy's learner is built as the algorithm
-builds it (`config.validate`, `make_plan`, `LearnerGroup`, which applies the per-policy
-overrides), and its stats on one hand-made train batch are compared with the numpy V-trace of
-`tests/losses_test.py` at the same value, and checked to differ from the stats at the default
-value, so a learner that hard-coded a default would fail. A per-policy `lr` (a multi-agent
-`PolicySpec` override, in the `multi_agent()` and the YAML `multiagent:` forms) must set that
-policy's optimizer, and only its, and scale its update.
+builds it (`config.validate`, `make_plan`, `policy_learners`, which applies the per-policy
+overrides, `LearnerGroup`), and its stats on one hand-made train batch are compared with the
+numpy V-trace of `tests/losses_test.py` at the same value, and checked to differ from the stats
+at the default value, so a learner that hard-coded a default would fail. A per-policy `lr` (a
+multi-agent `PolicySpec` override, in the `multi_agent()` and the YAML `multiagent:` forms) must
+set that policy's optimizer, and only its, and scale its update.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from impala_tf.config import ImpalaConfig
 from impala_tf.config.policies import PolicySpec
 from impala_tf.driver.learners import LearnerGroup
 from impala_tf.driver.plan import make_plan
+from impala_tf.driver.specs import policy_learners
 from impala_tf.learning.learner import ImpalaLearner
 from tests.losses_test import _numpy_vtrace
 from tests.support import batches as fakes
@@ -92,7 +93,8 @@ def _learners(config: ImpalaConfig) -> dict[str, ImpalaLearner]:
     """Each policy's learner, built as `Impala` builds them (validate, plan, `LearnerGroup`)."""
     config.validate(require_env=True)
     keras.utils.set_random_seed(0)
-    group = LearnerGroup(config, make_plan(config), tf.distribute.get_strategy())
+    plan = make_plan(config)
+    group = LearnerGroup(policy_learners(config, plan.models), plan, tf.distribute.get_strategy())
     group.stop()  # Never started: the tests drive the learners' `train_step` themselves.
     return group.learners
 

@@ -20,6 +20,7 @@ from tensorflow.python.framework import ops
 from impala_tf.data.sample_batch import SampleBatch
 from impala_tf.driver.learners import LearnerGroup
 from impala_tf.driver.plan import make_plan
+from impala_tf.driver.specs import policy_learners
 from impala_tf.learning import devices, pipeline
 from impala_tf.learning.learner import ImpalaLearner
 from impala_tf.learning.strategy import make_strategy
@@ -125,7 +126,8 @@ def test_the_driver_reads_no_device_value_for_the_versions(monkeypatch):
     # once, and again after a flush (a restore loads the counters after flushing).
     config = small_config(policies=2, policies_to_train=["p0"])
     config.validate(require_env=True)
-    group = LearnerGroup(config, make_plan(config), tf.distribute.get_strategy())
+    plan = make_plan(config)
+    group = LearnerGroup(policy_learners(config, plan.models), plan, tf.distribute.get_strategy())
     try:
         assert sorted(group.threads) == ["p0"]
         assert group.versions() == {"p0": 0, "p1": 0}

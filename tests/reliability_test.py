@@ -21,6 +21,7 @@ from impala_tf.driver.algorithm import Impala
 from impala_tf.driver.counters import Counters
 from impala_tf.driver.learners import LearnerGroup
 from impala_tf.driver.plan import make_plan
+from impala_tf.driver.specs import policy_learners
 from impala_tf.learning import pipeline
 from impala_tf.learning.learner import ImpalaLearner
 from impala_tf.learning.nonfinite import NonFiniteUpdatesError
@@ -225,7 +226,9 @@ def test_flush_releases_the_handles_it_drops():
 
 def test_a_batch_dropped_on_a_full_learner_queue_releases_its_handle(monkeypatch):
     config = small_config(learner_queue_size=1)
-    group = LearnerGroup(config, make_plan(config), tf.distribute.get_strategy())  # Not started.
+    plan = make_plan(config)
+    learners = policy_learners(config, plan.models)
+    group = LearnerGroup(learners, plan, tf.distribute.get_strategy())  # Not started.
     monkeypatch.setattr(group, "_put_waiting", lambda pid, item: None)  # The last one's wait.
     handles = [_Handle(_batch(seed)) for seed in range(3)]
     counters = Counters()

@@ -188,7 +188,7 @@ def test_video_repr_is_short_and_save_writes_the_gif(tmp_path):
 def test_evaluator_records_atari_in_colour_at_the_screen_size():
     from impala_tf.config import ImpalaConfig
     from impala_tf.driver.evaluation import Evaluator
-    from impala_tf.driver.specs import probe_spaces
+    from impala_tf.driver.specs import evaluator_spec, probe_spaces
     from impala_tf.models import build_model
 
     config = ImpalaConfig(
@@ -203,7 +203,7 @@ def test_evaluator_records_atari_in_colour_at_the_screen_size():
     obs, act = probe_spaces(config).policies["default_policy"]
     assert obs.shape == (42, 42, 4)  # The policy sees DeepMind's grey frames ...
     weights = {"default_policy": (build_model(obs, act, config.model).get_weights(), 0)}
-    evaluator = Evaluator(config)
+    evaluator = Evaluator(evaluator_spec(config))
     try:
         episodes = evaluator.run(weights, None, 1, seed=1)
     finally:

@@ -33,7 +33,7 @@ from impala_tf.checkpoints.store import (
     resolve_checkpoint_dir,
     write_checkpoint,
 )
-from impala_tf.checkpoints.stored_config import storable_config
+from impala_tf.checkpoints.stored_config import StoredConfig, storable_config
 from impala_tf.config.base import AlgorithmConfig
 from impala_tf.config.registry import config_class
 from impala_tf.models.spec import register_stored_models
@@ -46,6 +46,7 @@ __all__ = [
     "LEARNER_PREFIX",
     "POLICIES_DIR",
     "RUNTIME_STATE_FILE",
+    "StoredConfig",
     "checkpoint_path",
     "latest_checkpoint",
     "learner_checkpoint",

@@ -40,7 +40,7 @@ from typing import Any
 
 import numpy as np
 
-from impala_tf.checkpoints.stored_config import storable_config
+from impala_tf.checkpoints.stored_config import StoredConfig
 from impala_tf.config.policies import DEFAULT_POLICY_ID
 
 __all__ = [
@@ -182,8 +182,9 @@ def write_checkpoint(
       checkpoint_dir: The directory; created if missing, its previous checkpoint replaced.
       learners: {policy_id: `ImpalaLearner`} (whose parts `learner_checkpoint` lists), or one
         learner, the single-agent `"default_policy"`.
-      config: The algorithm's config (an `AlgorithmConfig`), stored under `"config"` (None if
-        `env` is a callable); a module-level `policy_mapping_fn` is stored as its import path.
+      config: The algorithm's config (an `AlgorithmConfig`, or a `StoredConfig` resolved from
+        one), stored under `"config"` (None if `env` is a callable; a module-level
+        `policy_mapping_fn` is stored as its import path) with its name under `"algorithm"`.
       driver_state: Further JSON-serialisable driver state (counters, iteration, episodes).
       runtime_state: Plain data JSON cannot hold, written to `runtime_state.pkl`; None writes
         no such file.
@@ -210,8 +211,9 @@ def write_checkpoint(
         for pid, learner in learners.items():
             learner_checkpoint(learner).write(os.path.join(tmp, POLICIES_DIR, pid, LEARNER_PREFIX))
         state = {"format": FORMAT, "policy_ids": sorted(learners), **dict(driver_state or {})}
-        state["config"] = storable_config(config)
-        state["algorithm"] = config.algo_name
+        stored = config if isinstance(config, StoredConfig) else StoredConfig.of(config)
+        state["config"] = stored.config
+        state["algorithm"] = stored.algorithm
         with open(os.path.join(tmp, DRIVER_STATE_FILE), "w", encoding="utf-8") as f:
             json.dump(state, f, default=json_default)
         if runtime_state is not None:

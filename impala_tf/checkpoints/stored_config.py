@@ -5,17 +5,38 @@
 `policy_mapping_fn`, a `custom_model` class, a `callbacks` class) become their import paths,
 `module:qualname`, which the config resolves back when it is rebuilt
 (`impala_tf.checkpoints.load_config`). `impala_tf.checkpoints.reading.read_config_dict` reads it
-back as a dict.
+back as a dict. `StoredConfig` is that dict and the algorithm's name (`"algorithm"`), resolved
+once for a driver that saves many times (`impala_tf.driver.state.SavedState`).
 
 This module imports no config class.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
-__all__ = ["storable_config"]
+__all__ = ["StoredConfig", "storable_config"]
+
+
+@dataclasses.dataclass(frozen=True)
+class StoredConfig:
+    """A config as every checkpoint of a run stores it, resolved once.
+
+    Attributes:
+      config: `storable_config(config)`, written under `"config"` (None when `env` is a
+        callable); plain data, not to be changed.
+      algorithm: The config's `algo_name` (`"IMPALA"`, `"APPO"`), written under `"algorithm"`.
+    """
+
+    config: dict[str, Any] | None
+    algorithm: str
+
+    @classmethod
+    def of(cls, config: Any) -> StoredConfig:
+        """What a checkpoint stores of `config` (an `AlgorithmConfig`)."""
+        return cls(storable_config(config), str(config.algo_name))
 
 
 def _import_path(obj: Any) -> str | None:

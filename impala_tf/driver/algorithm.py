@@ -37,6 +37,7 @@ from impala_tf.acting.trained_policy import Policy
 from impala_tf.checkpoints import load_config, resolve_checkpoint_dir
 from impala_tf.config.base import AlgorithmConfig
 from impala_tf.config.callbacks import Callbacks
+from impala_tf.driver import specs
 from impala_tf.driver.aggregation import AggregationStage
 from impala_tf.driver.broadcast import Broadcaster
 from impala_tf.driver.evaluation import Evaluator, evaluation_media, evaluation_metrics
@@ -46,7 +47,6 @@ from impala_tf.driver.plan import RuntimePlan, check_deterministic, make_plan
 from impala_tf.driver.policies import Policies
 from impala_tf.driver.sampling import EnvRunnerGroup, make_backend
 from impala_tf.driver.schedule import make_schedule
-from impala_tf.driver.specs import aggregator_spec, sampling_spec
 from impala_tf.driver.state import Progress, SavedState
 from impala_tf.learning.learner import ImpalaLearner
 from impala_tf.learning.strategy import make_strategy
@@ -125,13 +125,14 @@ class Impala:
         _live_algorithms.add(self)
         try:
             # Actors import and build their envs while the learners are built here.
-            self.actors = EnvRunnerGroup(sampling_spec(config, plan), plan, counters)
-            self.learners = LearnerGroup(config, plan, self.strategy, callbacks, self.logdir)
+            self.actors = EnvRunnerGroup(specs.sampling_spec(config, plan), plan, counters)
+            learners = specs.policy_learners(config, plan.models)
+            self.learners = LearnerGroup(learners, plan, self.strategy, callbacks, self.logdir)
             self.learners.start()
             workers = int(config.num_aggregation_workers)
             backend = make_backend(self.actors.spec, plan) if workers else None
             self.aggregation = AggregationStage(
-                aggregator_spec(config, self.learners.rows), counters, backend
+                specs.aggregator_spec(config, self.learners.rows), counters, backend
             )
         except BaseException:
             self.stop()
@@ -147,8 +148,8 @@ class Impala:
             aggregation_wait_s=config.timeout_s_aggregator_manager,
         )  # fmt: skip
         self.saved_state = SavedState(
-            config, plan, self.progress, self.metrics, self.learners, self.actors,
-            self.aggregation, self.broadcaster,
+            specs.checkpoint_spec(config, plan.policy_ids), plan, self.progress, self.metrics,
+            self.learners, self.actors, self.aggregation, self.broadcaster,
         )  # fmt: skip
         self.broadcaster.send(self.actors.healthy_ids())
         self.schedule.start()
@@ -422,13 +423,10 @@ class Impala:
         self._ensure_started()
         start = time.perf_counter()
         self.callbacks("on_evaluate_start", algorithm=self)
-        if self._evaluator is None:
-            self._evaluator = Evaluator(
-                self.config.get_evaluation_config(),
-                self.plan.spaces,
-                models=self.plan.models,
-                callbacks=self.plan.callbacks,
-            )
+        if self._evaluator is None:  # Its spec: the evaluation config's, resolved once.
+            evaluation, plan = self.config.get_evaluation_config(), self.plan
+            spec = specs.evaluator_spec(evaluation, plan.spaces, plan.models, plan.callbacks)
+            self._evaluator = Evaluator(spec)
         episodes = self._evaluator.run(
             self.broadcaster.latest(),
             self.actors.filters_to_send(),

@@ -2,10 +2,12 @@
 
 An `Evaluator` runs whole episodes in one env of an env runner in the calling process (worker
 index 0, the driver's; the single-agent or multi-agent runner, as `impala_tf.rollout` picks),
-acting with the weights and observation filters it is given, the filters not updated. As in
-RLlib it acts with the evaluation config's `explore` (default True: sampled actions, the policy
-that was trained); `evaluation_config={"explore": False}` evaluates the greedy policy. Each
-`run` starts new episodes seeded from its `seed`, so an evaluation is reproducible.
+acting with the weights and observation filters it is given, the filters not updated. It is
+built from an `impala_tf.driver.specs.EvaluatorSpec`, which `evaluator_spec` resolves once from
+the evaluation config (`AlgorithmConfig.get_evaluation_config()`). As in RLlib it acts with the
+evaluation config's `explore` (default True: sampled actions, the policy that was trained);
+`evaluation_config={"explore": False}` evaluates the greedy policy. Each `run` starts new
+episodes seeded from its `seed`, so an evaluation is reproducible.
 
 With RLlib's `render_env` or `record_env` set in the evaluation config, the evaluator makes its
 env with `render_mode="rgb_array"`, wraps it in an `impala_tf.envs.video.EpisodeRecorder` and
@@ -34,20 +36,12 @@ from impala_tf.acting import filters as filter_lib
 from impala_tf.checkpoints.reading import read_state, restore_model
 from impala_tf.checkpoints.store import resolve_checkpoint_dir
 from impala_tf.config.base import AlgorithmConfig
-from impala_tf.config.callbacks import resolve_callbacks
 from impala_tf.config.policies import policy_config
-from impala_tf.config.portable import Portable
 from impala_tf.driver.metrics import new_api_episode_stats, summarize_episodes
 from impala_tf.driver.plan import policy_model
-from impala_tf.driver.specs import probe_spaces, runner_spec
+from impala_tf.driver.specs import EvaluatorSpec, evaluator_spec, probe_spaces
 from impala_tf.envs.spaces import EnvSpaces
-from impala_tf.envs.video import (
-    EpisodeRecorder,
-    Recording,
-    Video,
-    VideoSettings,
-    rendering_env_config,
-)
+from impala_tf.envs.video import EpisodeRecorder, Recording, Video
 from impala_tf.models.catalog import build_model
 from impala_tf.models.spec import ModelSpec
 from impala_tf.rollout import make_env_runner
@@ -68,37 +62,21 @@ class Evaluator:
     """Runs evaluation episodes one after another in one env (see the module docstring).
 
     Args:
-      config: The evaluation config (`AlgorithmConfig.get_evaluation_config()` applied).
-      spaces: The env's probed spaces (None: probes them here).
-      explore: Overrides the config's `explore`.
-      models: {policy_id: the policy's resolved model} (`RuntimePlan.models`); None resolves
-        them from `config`.
-      callbacks: The run's resolved `callbacks` class, whose episode hooks run in evaluation
-        episodes too (as in RLlib's evaluation workers).
+      spec: What it is built from (`impala_tf.driver.specs.evaluator_spec` of the evaluation
+        config): its env runner's spec (one env) and what it records.
 
     Attributes:
-      video: What is recorded (`VideoSettings.from_config(config)`); None records nothing.
+      spec: `spec`.
+      video: What is recorded (`spec.video`); None records nothing.
       recorder: The `EpisodeRecorder` around the env, when `video` is set.
       videos: The episodes the last `run` recorded (`impala_tf.envs.video.Recording`: frames and
         fps); empty when it recorded none.
     """
 
-    def __init__(
-        self,
-        config: AlgorithmConfig,
-        spaces: EnvSpaces | None = None,
-        explore: bool | None = None,
-        models: Mapping[str, ModelSpec] | None = None,
-        callbacks: Portable | None = None,
-    ):
-        config = config.copy()
-        config.env_runners(num_envs_per_env_runner=1)
-        self.video = VideoSettings.from_config(config)
-        if self.video is not None:
-            config.env_config = rendering_env_config(config.env_config)
-        self.config = config
-        spec = runner_spec(config, spaces, models, callbacks)
-        self.runner = make_env_runner(spec, worker_index=0, explore=explore, update_filter=False)
+    def __init__(self, spec: EvaluatorSpec):
+        self.spec = spec
+        self.video = spec.video
+        self.runner = make_env_runner(spec.runner, worker_index=0, update_filter=False)
         self.recorder: EpisodeRecorder | None = None
         if self.video is not None:
             video = self.video
@@ -267,8 +245,7 @@ def evaluate_checkpoint(
         )
     models = {pid: policy_model(config, pid) for pid in spaces.policies}
     weights, filters = load_checkpoint_policies(checkpoint_dir, config, spaces, models)
-    callbacks = resolve_callbacks(config.callbacks_class)
-    evaluator = Evaluator(config, spaces, explore, models, callbacks)
+    evaluator = Evaluator(evaluator_spec(config, spaces, models, explore=explore))
     try:
         episodes = evaluator.run(weights, filters, num_episodes, config.seed)
         if recordings is not None:

@@ -1,11 +1,12 @@
 """`LearnerGroup`: every policy's learner, one learner thread per trained policy, one interface.
 
-Each policy has an `ImpalaLearner` built from its own config (the algorithm's, with the
-`PolicySpec` overrides; `impala_tf.config.policies.policy_config`) under the one `tf.distribute`
-strategy; each policy in `policies_to_train` has a `LearnerThread` training it on its own queue
-(RLlib's multi-agent learner trains every policy on its share of one batch; here each policy's
-train batch is `train_batch_size` of ITS agent steps). Policies not trained keep the weights they
-were built with or restored. A single-agent run is the one-policy case, `"default_policy"`.
+Each policy has an `ImpalaLearner` built from its own learner settings and class, which the
+driver resolves once from its config (the algorithm's, with the `PolicySpec` overrides;
+`impala_tf.driver.specs.policy_learners`), under the one `tf.distribute` strategy; each policy
+in `policies_to_train` has a `LearnerThread` training it on its own queue (RLlib's multi-agent
+learner trains every policy on its share of one batch; here each policy's train batch is
+`train_batch_size` of ITS agent steps). Policies not trained keep the weights they were built
+with or restored. A single-agent run is the one-policy case, `"default_policy"`.
 
 The driver talks to the group as it would to one thread: `put` train batches, `drain` the
 updates' outputs, `check` for a dead thread, read weights (`snapshot`, `weights`), `flush`
@@ -18,19 +19,18 @@ from __future__ import annotations
 import collections
 import contextlib
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import keras
 import numpy as np
 import tensorflow as tf
 
-from impala_tf.config.base import AlgorithmConfig
-from impala_tf.config.policies import policy_config
 from impala_tf.data.sample_batch import SampleBatch
 from impala_tf.data.train_batch import TrainBatch
 from impala_tf.driver.counters import Counters
 from impala_tf.driver.plan import RuntimePlan
+from impala_tf.driver.specs import PolicyLearner
 from impala_tf.learning import pipeline, sequences
 from impala_tf.learning.learner import ImpalaLearner
 from impala_tf.learning.nonfinite import NonFiniteUpdatesError
@@ -46,7 +46,8 @@ class LearnerGroup:
     """The learners of every policy and the threads of the trained ones (module docstring).
 
     Args:
-      config: The algorithm config.
+      policy_learners: {policy_id: the policy's learner settings and class}, for every policy
+        of `plan` (`impala_tf.driver.specs.policy_learners`).
       plan: The run's plan (policies, spaces, trained ids).
       strategy: The learners' `tf.distribute` strategy.
       callbacks: Keras callbacks for every learner thread (called around each update).
@@ -56,7 +57,7 @@ class LearnerGroup:
 
     def __init__(
         self,
-        config: AlgorithmConfig,
+        policy_learners: Mapping[str, PolicyLearner],
         plan: RuntimePlan,
         strategy: tf.distribute.Strategy,
         callbacks: list[keras.callbacks.Callback] | None = None,
@@ -65,10 +66,8 @@ class LearnerGroup:
         self.strategy = strategy
         self.policy_ids = plan.policy_ids
         self.trained = list(plan.trained)
-        # Each policy's learner settings, read once from its config (overrides applied), and
-        # the algorithm's learner class (the config's).
-        configs = {p: policy_config(config, p) for p in self.policy_ids}
-        self.specs = {p: configs[p].learner_spec(plan.models[p]) for p in self.policy_ids}
+        # Each policy's learner settings (read once from its config, overrides applied).
+        self.specs = {p: policy_learners[p].spec for p in self.policy_ids}
         self.learners: dict[str, ImpalaLearner] = {}
         self.threads: dict[str, LearnerThread] = {}
         self._fixed_versions: dict[str, int] = {}  # Untrained policies' `num_grad_updates`.
@@ -79,7 +78,7 @@ class LearnerGroup:
             for pid in self.policy_ids:
                 name = "impala_learner" if single else f"learner_{pid}"
                 obs, act = plan.spaces.policies[pid]
-                learner_class = configs[pid].learner_class()
+                learner_class = policy_learners[pid].learner_class
                 self.learners[pid] = learner_class(self.specs[pid], obs, act, name=name)
         for pid in self.trained:
             spec, learner = self.specs[pid], self.learners[pid]

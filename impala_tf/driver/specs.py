@@ -19,15 +19,24 @@ the policy mapping).
   `max_requests_in_flight_per_aggregator_worker`);
 * `sampling_spec(config, plan)`: the driver's side of sampling, what the actors' client
   (`impala_tf.driver.sampling.EnvRunnerGroup`) and the workers' backend are built from, after
-  checking that local actors fit in memory.
+  checking that local actors fit in memory;
+* `policy_learners(config, models)`: each policy's learner settings and learner class, what
+  `impala_tf.driver.learners.LearnerGroup` builds the learners from;
+* `checkpoint_spec(config, policy_ids)`: what the driver's checkpoints need of the config
+  (`impala_tf.driver.state.SavedState`): the config as stored, `seed`, each policy's
+  `model.center_pixels`;
+* `evaluator_spec(config, ...)`: what an evaluator is built from
+  (`impala_tf.driver.evaluation.Evaluator`): the evaluation config's env runner, with one env,
+  and its video settings.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
+from impala_tf.checkpoints.stored_config import StoredConfig
 from impala_tf.config.callbacks import resolve_callbacks
 from impala_tf.config.policies import policy_config, resolve_mapping_fn
 from impala_tf.config.portable import Portable
@@ -37,14 +46,22 @@ from impala_tf.envs import atari
 from impala_tf.envs.faults import env_name
 from impala_tf.envs.make import EnvSpec
 from impala_tf.envs.spaces import EnvSpaces, probe_env_spaces
+from impala_tf.envs.video import VideoSettings, rendering_env_config
+from impala_tf.learning.spec import LearnerSpec
 from impala_tf.models.spec import ModelSpec, model_spec
 from impala_tf.rollout.spec import PolicyActing, RunnerSpec
 from impala_tf.workers.memory import check_actor_memory
 
 __all__ = [
+    "CheckpointSpec",
+    "EvaluatorSpec",
+    "PolicyLearner",
     "SamplingSpec",
     "aggregator_spec",
+    "checkpoint_spec",
     "env_spec",
+    "evaluator_spec",
+    "policy_learners",
     "probe_spaces",
     "runner_spec",
     "sampling_spec",
@@ -204,3 +221,110 @@ def sampling_spec(config: Any, plan: Any) -> SamplingSpec:
         ray_address=config.ray_address,
         seed=None if config.seed is None else int(config.seed),
     )
+
+
+@dataclasses.dataclass(frozen=True)
+class PolicyLearner:
+    """One policy's learner, resolved (what `impala_tf.driver.learners.LearnerGroup` builds).
+
+    Attributes:
+      spec: The policy's learner settings: `AlgorithmConfig.learner_spec` of its config
+        (`PolicySpec` overrides applied) for its resolved model, an
+        `impala_tf.learning.spec.LearnerSpec` (APPO's: its subclass).
+      learner_class: `AlgorithmConfig.learner_class()`: `ImpalaLearner` or an algorithm's
+        subclass, built as `learner_class(spec, obs_space, action_space, name=...)`.
+    """
+
+    spec: LearnerSpec
+    learner_class: type
+
+
+def policy_learners(config: Any, models: Mapping[str, ModelSpec]) -> dict[str, PolicyLearner]:
+    """Each policy's learner settings and class.
+
+    Imports TensorFlow (the learner classes' modules): call it where the learners are built,
+    not while planning the run.
+
+    Args:
+      config: The algorithm config.
+      models: {policy_id: the policy's resolved model} (`RuntimePlan.models`), for every policy.
+    """
+    out = {}
+    for pid, model in models.items():
+        pconfig = policy_config(config, pid)
+        out[pid] = PolicyLearner(pconfig.learner_spec(model), pconfig.learner_class())
+    return out
+
+
+@dataclasses.dataclass(frozen=True)
+class CheckpointSpec:
+    """What the driver's checkpoints need of the config (`impala_tf.driver.state.SavedState`).
+
+    Attributes:
+      config: The config as every checkpoint of the run stores it
+        (`impala_tf.checkpoints.stored_config.StoredConfig`: the `"config"` and `"algorithm"`
+        of `driver_state.json`).
+      seed: `seed`: the replay's and the actors' seeds after a restore derive from it.
+      center_pixels: {policy_id: its `model.center_pixels`}, compared with the checkpoint's
+        when restoring.
+    """
+
+    config: StoredConfig
+    seed: int | None
+    center_pixels: Mapping[str, bool]
+
+
+def checkpoint_spec(config: Any, policy_ids: Sequence[str]) -> CheckpointSpec:
+    """What the checkpoints of a run of `config` with the policies `policy_ids` need."""
+    return CheckpointSpec(
+        config=StoredConfig.of(config),
+        seed=None if config.seed is None else int(config.seed),
+        center_pixels={
+            pid: bool(policy_config(config, pid).model.get("center_pixels")) for pid in policy_ids
+        },
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class EvaluatorSpec:
+    """What an evaluator is built from (`impala_tf.driver.evaluation.Evaluator`).
+
+    Attributes:
+      runner: Its env runner: the evaluation config's `runner_spec` with one env
+        (`num_envs_per_env_runner=1`), made with `render_mode="rgb_array"` when `video` is
+        set, acting with the evaluation's `explore`.
+      video: What is recorded (`VideoSettings.from_config`: `render_env`, `record_env`,
+        `video_*`); None records nothing.
+    """
+
+    runner: RunnerSpec
+    video: VideoSettings | None = None
+
+
+def evaluator_spec(
+    config: Any,
+    spaces: EnvSpaces | None = None,
+    models: Mapping[str, ModelSpec] | None = None,
+    callbacks: Portable | None | Any = _MISSING,
+    explore: bool | None = None,
+) -> EvaluatorSpec:
+    """What an evaluator of `config` is built from.
+
+    Args:
+      config: The evaluation config (`AlgorithmConfig.get_evaluation_config()` applied).
+      spaces: The env's probed spaces (None: probes them here).
+      models: {policy_id: the policy's resolved model} (`RuntimePlan.models`); None resolves
+        them from `config`.
+      callbacks: The resolved `callbacks` class, whose episode hooks run in evaluation episodes
+        too, as in RLlib's evaluation workers (default: resolved from `callbacks_class`).
+      explore: Overrides the config's `explore`.
+    """
+    config = config.copy()
+    config.env_runners(num_envs_per_env_runner=1)
+    video = VideoSettings.from_config(config)
+    if video is not None:
+        config.env_config = rendering_env_config(config.env_config)
+    runner = runner_spec(config, spaces, models, callbacks)
+    if explore is not None:
+        runner = dataclasses.replace(runner, explore=bool(explore))
+    return EvaluatorSpec(runner, video)

@@ -26,14 +26,15 @@ from impala_tf.checkpoints.store import (
     resolve_checkpoint_dir,
     write_checkpoint,
 )
-from impala_tf.config.base import AlgorithmConfig
 from impala_tf.config.policies import policy_config
+from impala_tf.config.registry import config_class
 from impala_tf.driver.aggregation import AggregationStage
 from impala_tf.driver.broadcast import Broadcaster
 from impala_tf.driver.learners import LearnerGroup
 from impala_tf.driver.metrics import Metrics
 from impala_tf.driver.plan import RuntimePlan
 from impala_tf.driver.sampling import EnvRunnerGroup
+from impala_tf.driver.specs import CheckpointSpec
 from impala_tf.models.spec import registered_paths
 from impala_tf.rollout.fragment import DEFAULT_POLICY_ID
 from impala_tf.utils.seeds import Stream, stream_seed
@@ -55,7 +56,8 @@ class SavedState:
     """Writes and reads a driver's checkpoints (see the module docstring).
 
     Args:
-      config: The algorithm config (stored with the checkpoint).
+      spec: What the checkpoints need of the config: the config as stored, `seed`, each
+        policy's `model.center_pixels` (`impala_tf.driver.specs.checkpoint_spec`).
       plan: The run's plan.
       progress: The iteration and total time.
       metrics: The counters and episode window.
@@ -67,7 +69,7 @@ class SavedState:
 
     def __init__(
         self,
-        config: AlgorithmConfig,
+        spec: CheckpointSpec,
         plan: RuntimePlan,
         progress: Progress,
         metrics: Metrics,
@@ -76,7 +78,7 @@ class SavedState:
         aggregation: AggregationStage,
         broadcaster: Broadcaster,
     ):
-        self.config = config
+        self.spec = spec
         self.plan = plan
         self.progress = progress
         self.metrics = metrics
@@ -105,7 +107,7 @@ class SavedState:
             runtime["actors"] = self._actor_snapshots()
         with self.learners.locked():
             return write_checkpoint(
-                checkpoint_dir, self.learners.learners, self.config, state, runtime
+                checkpoint_dir, self.learners.learners, self.spec.config, state, runtime
             )
 
     def _actor_snapshots(self) -> dict[int, dict]:
@@ -142,7 +144,9 @@ class SavedState:
             raise ValueError(
                 f"{checkpoint_dir} has no policies {missing} (it has {state['policy_ids']})."
             )
-        check_pixel_centering(self.config, state.get("config"), self.plan.policy_ids)
+        check_pixel_centering(
+            self.spec.center_pixels, state.get("config"), state.get("algorithm", "IMPALA")
+        )
         runtime = read_runtime_state(checkpoint_dir)
         with self.learners.locked():
             # No batch taken before the restore trains after it; accumulators start empty.
@@ -157,7 +161,7 @@ class SavedState:
         self.broadcaster.set_state(state)
         self.actors.set_state(state)
         counters = self.metrics.counters
-        steps, seed = int(counters.num_env_steps_sampled), self.config.seed
+        steps, seed = int(counters.num_env_steps_sampled), self.spec.seed
         # A fresh replay stream (unless the checkpoint has the buffers), not the first one.
         self.aggregation.reset(
             stream_seed(seed, Stream.RESTORED_REPLAY, steps), runtime.get("aggregator")
@@ -177,23 +181,29 @@ class SavedState:
 
 
 def check_pixel_centering(
-    config: AlgorithmConfig, stored: Mapping[str, Any] | None, policy_ids: list[str]
+    center_pixels: Mapping[str, bool], stored: Mapping[str, Any] | None, algorithm: str = "IMPALA"
 ) -> None:
     """Raises ValueError when a policy's `model.center_pixels` is not the checkpoint's.
 
     A vision network's weights trained on 0..255 pixels do not fit -128..127 ones (nor the other
-    way round), and nothing else would tell: the shapes are the same. `stored` is the config the
-    checkpoint holds (None when it was trained on an env callable: nothing to compare); one
-    written before the key existed was trained without it.
+    way round), and nothing else would tell: the shapes are the same.
+
+    Args:
+      center_pixels: {policy_id: its `model.center_pixels` in this run}, for the policies to
+        check (`impala_tf.driver.specs.CheckpointSpec.center_pixels`).
+      stored: The config the checkpoint holds (None when it was trained on an env callable:
+        nothing to compare); one written before the key existed was trained without it.
+      algorithm: The checkpoint's `"algorithm"`, whose config class parses `stored`
+        (checkpoints written before APPO existed name none: IMPALA's).
     """
     if not isinstance(stored, Mapping):
         return
     try:
-        saved = type(config).from_dict(stored)
+        saved = config_class(algorithm).from_dict(stored)
     except (TypeError, ValueError):  # Specs stored as text: compare the top-level model only.
         saved = None
-    for pid in policy_ids:
-        now = bool(policy_config(config, pid).model.get("center_pixels"))
+    for pid, centered in center_pixels.items():
+        now = bool(centered)
         if saved is not None:
             then = bool(policy_config(saved, pid).model.get("center_pixels"))
         else:
