@@ -46,7 +46,7 @@ setup(
     extras_require={
         "test": [
             "pytest", "pytest-xdist", "ruff", "matplotlib", "hypothesis", "ray[tune]==2.60.0",
-            "pettingzoo>=1.24", "wandb", "mlflow-skinny",
+            "pettingzoo>=1.24", "wandb", "mlflow-skinny", "scikit-learn",
             # pygame: the multi-agent CartPole and impala-evaluate --video render real CartPoles.
             "gymnasium[classic-control]",
         ],
@@ -54,6 +54,8 @@ setup(
         "ray": ["ray==2.60.0"],
         # Searches and trials: impala_tf.tune, and impala-train on YAMLs with search spaces.
         "tune": ["ray[tune]==2.60.0"],
+        # Population-based bandits (a `scheduler` block of `type: PB2`): Tune's PB2 needs it.
+        "pb2": ["ray[tune]==2.60.0", "scikit-learn"],
         # Experiment trackers (impala_tf.training.trackers; --wandb_project, --mlflow_experiment).
         "wandb": ["wandb"],
         "mlflow": ["mlflow-skinny"],

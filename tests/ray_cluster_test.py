@@ -2,8 +2,10 @@
 
 `ray.cluster_utils.Cluster`: a head (2 CPUs) and a second node carrying the custom resource
 "node2"; the actors ask for it (`custom_resources_per_env_runner`), so they start on the second
-node. The node is removed while training; the actors are restarted on the head (their resource
-left with the node) and counted, and training goes on.
+node. First a Ray Tune trial runs there: its placement group spans the nodes (its driver on the
+head, its actors on the second node). Then the node is removed while an algorithm trains; the
+actors are restarted on the head (their resource left with the node) and counted, and training
+goes on.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ def test_a_lost_node_restarts_its_actors_on_the_head(tmp_path):
                 num_cpus=2, resources={"node2": 2}, object_store_memory=80 * 2**20
             )
             cluster.wait_for_nodes()
+            _a_tune_trial_puts_its_actors_on_the_cluster(cluster, node2.node_id, tmp_path)
             config = small_config(
                 backend="ray",
                 ray_address=cluster.address,
@@ -64,3 +67,39 @@ def test_a_lost_node_restarts_its_actors_on_the_head(tmp_path):
         finally:
             ray.shutdown()
             cluster.shutdown()
+
+
+def _a_tune_trial_puts_its_actors_on_the_cluster(cluster, node2: str, tmp_path) -> None:
+    import ray
+
+    # Connected before Tune is imported: `Cluster` gives this process a GCS client of its own,
+    # and a trainable registered (at import) over that client alone connects Ray in the
+    # middle of Tune's registry flush, which then fails ("dictionary changed size").
+    ray.init(address=cluster.address)
+    try:
+        tune = pytest.importorskip("ray.tune")
+        from impala_tf.tune import IMPALA
+
+        head = ray.get_runtime_context().get_node_id()
+        # The trial's driver (1.5 CPUs) fits only on the head, its two actors (1 CPU and
+        # "node2" each) only on the second node: one placement group across both.
+        space = small_config(
+            backend="ray",
+            custom_resources_per_env_runner={"node2": 1},
+            num_cpus_per_env_runner=1,
+            num_cpus_for_main_process=1.5,
+            callbacks="tests.support.models:NodesOfTheRun",
+        ).to_dict()
+        results = tune.Tuner(
+            IMPALA,
+            param_space=space,
+            run_config=tune.RunConfig(
+                storage_path=str(tmp_path / "tune"), stop={"training_iteration": 2}, verbose=0
+            ),
+        ).fit()
+        assert not results.errors
+        (result,) = results
+        assert result.metrics["node_ids"] == {"driver": head, "actors": [node2]}
+        assert result.metrics["num_healthy_workers"] == 2
+    finally:
+        ray.shutdown()

@@ -6,6 +6,7 @@ from __future__ import annotations
 import glob
 import json
 import os
+import signal
 import sys
 
 import pytest
@@ -18,6 +19,7 @@ from tools import proclib
 tune = pytest.importorskip("ray.tune")
 
 from impala_tf.tune import IMPALA, trial_resources  # noqa: E402
+from impala_tf.tune.search import SearchError, run_search  # noqa: E402
 
 STOP = {"training_iteration": 2}
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -65,8 +67,12 @@ def test_trial_resources_reserve_the_driver_the_actors_and_the_aggregation_worke
     assert trial_resources(gpu, cluster_gpus=0).bundles[0] == {"CPU": 2.0}  # One CPU device.
 
 
-def test_a_grid_runs_one_trial_per_point_and_ends_every_process(ray_session, tmp_path):
-    space = _tiny().to_dict()
+def test_a_grid_runs_one_trial_per_point_restores_a_dead_trial_and_ends_every_process(
+    ray_session, tmp_path
+):
+    # The lr=0.001 trial's process dies at its second result (before Tune saves it): Tune's
+    # fault tolerance restarts the trial from its checkpoint of iteration 1.
+    space = _tiny(callbacks="tests.support.models:ExitOnceAtIterationTwo").to_dict()
     space["lr"] = tune.grid_search([0.0005, 0.001])
     tuner = tune.Tuner(
         IMPALA,
@@ -75,7 +81,8 @@ def test_a_grid_runs_one_trial_per_point_and_ends_every_process(ray_session, tmp
             name="grid",
             storage_path=str(tmp_path),
             stop=STOP,
-            checkpoint_config=tune.CheckpointConfig(checkpoint_at_end=True),
+            checkpoint_config=tune.CheckpointConfig(checkpoint_frequency=1),
+            failure_config=tune.FailureConfig(max_failures=1),
             verbose=0,
         ),
     )
@@ -84,32 +91,26 @@ def test_a_grid_runs_one_trial_per_point_and_ends_every_process(ray_session, tmp
     assert sorted(r.config["lr"] for r in results) == [0.0005, 0.001]
     for result in results:
         assert result.metrics["training_iteration"] == 2
-        assert result.metrics["timesteps_total"] > 0
         assert "episode_reward_mean" in result.metrics
-        with open(os.path.join(result.path, "impala_tf", "result.json")) as f:
+        directory = os.path.join(result.path, "impala_tf")
+        with open(os.path.join(directory, "result.json")) as f:
             lines = [json.loads(line) for line in f]
+        # The restored trial went on from iteration 1's checkpoint: its counters too.
         assert [r["training_iteration"] for r in lines] == [1, 2]
+        assert 0 < lines[0]["timesteps_total"] < lines[1]["timesteps_total"]
         assert os.path.isfile(os.path.join(result.checkpoint.path, "driver_state.json"))
-    # The trials' processes end with them: their actors at `stop()`, the fork server when Tune
-    # ends the trial's worker process (Ray's own processes are not ours).
+        assert os.path.exists(os.path.join(directory, "exited-once")) == (
+            result.config["lr"] == 0.001
+        )
+    # The trials' processes end with them: their actors at `stop()` (or, for the dead trial's
+    # first process, when it died), the fork server when Tune ends the trial's worker process
+    # (Ray's own processes are not ours).
     wait_until(lambda: not _actor_processes(), timeout_s=60)
     leftover = {
         pid: (proclib.cmdline(proclib.parent_pid(pid) or 0), proclib.cmdline(pid))
         for pid in _actor_processes()
     }
     assert leftover == {}
-
-
-def test_the_registered_name_runs_appo(ray_session, tmp_path):
-    space = {**_tiny().to_dict(), "circular_buffer_num_batches": 2}  # An APPO key.
-    results = tune.Tuner(
-        "impala_tf.APPO",
-        param_space=space,
-        run_config=tune.RunConfig(storage_path=str(tmp_path), stop=STOP, verbose=0),
-    ).fit()
-    assert not results.errors
-    (result,) = results
-    assert "kl" in json.dumps(result.metrics)  # APPO's learner stats.
 
 
 def test_save_and_restore_go_through_the_algorithms_checkpoints(ray_session, tmp_path):
@@ -131,8 +132,9 @@ def test_save_and_restore_go_through_the_algorithms_checkpoints(ray_session, tmp
         restored.stop()
 
 
-def _train_binary(tmp_path, *args: str, timeout_s: float = 600, **env_vars: str) -> tuple[int, str]:
-    """`impala-train` as a person runs it, with Ray's files kept in `tmp_path`."""
+def _start_train_binary(tmp_path, *args: str, **env_vars: str):
+    """`impala-train` started as a person starts it, with Ray's files kept in `tmp_path`:
+    (the process, its log file)."""
     env = dict(
         os.environ,
         HOME=str(tmp_path),
@@ -147,6 +149,12 @@ def _train_binary(tmp_path, *args: str, timeout_s: float = 600, **env_vars: str)
     process = run_in_background(
         [sys.executable, "-m", "impala_tf.bin.train", *args], tmp_path, env, log
     )
+    return process, log
+
+
+def _train_binary(tmp_path, *args: str, timeout_s: float = 600, **env_vars: str) -> tuple[int, str]:
+    """`impala-train` run to its end: (exit status, output)."""
+    process, log = _start_train_binary(tmp_path, *args, **env_vars)
     try:
         code = process.wait(timeout=timeout_s)
     finally:
@@ -213,6 +221,57 @@ def test_impala_train_runs_a_yaml_grid_as_tune_trials_logged_by_tunes_own_tracke
     assert len(glob.glob(str(tmp_path / "**" / "offline-run-*"), recursive=True)) == 2
 
 
+def test_an_interrupted_impala_train_search_is_resumed_by_the_same_command(tmp_path):
+    yaml_path = tmp_path / "grid.yaml"
+    yaml_path.write_text(
+        "grid:\n"
+        "    env: CartPole-v1\n"
+        "    run: IMPALA\n"
+        "    stop: {training_iteration: 12}\n"
+        "    config: {lr: {grid_search: [0.0005, 0.001]}}\n"
+    )
+    logdir = tmp_path / "runs" / "grid"
+    command = (f"--config={yaml_path}", f"--logdir={logdir}", "--checkpoint_freq=1", *SMALL)
+
+    def lines(path) -> list[dict]:
+        with open(path) as f:
+            return [json.loads(line) for line in f]
+
+    def results() -> list:
+        return sorted(glob.glob(str(logdir / "*" / "impala_tf" / "result.json")))
+
+    process, log = _start_train_binary(tmp_path, *command)
+    try:  # Ctrl-C once both trials have results: Tune saves the experiment's state and stops.
+        wait_until(
+            lambda: len(results()) == 2 and all(len(lines(p)) >= 2 for p in results()),
+            timeout_s=120,
+        )
+        process.send_signal(signal.SIGINT)
+        code = process.wait(timeout=120)
+    finally:
+        kill_session(process)
+    out = log.read_text()
+    assert code == 130, out[-3000:]
+    assert "UNFINISHED" in out and "the same command resumes them" in out
+    first = {path: len(lines(path)) for path in results()}
+    assert all(n < 12 for n in first.values())
+    code, out = _train_binary(tmp_path, *command)
+    assert code == 0, out[-3000:]
+    assert "impala-train: 2 of 2 trials ended" in out
+    # The same two trials went on from their checkpoints: one result per iteration.
+    assert results() == sorted(first)
+    for path in results():
+        assert [r["training_iteration"] for r in lines(path)] == list(range(1, 13))
+
+
+def test_a_search_over_an_experiment_is_refused_without_resume(ray_session, tmp_path):
+    (tmp_path / "grid").mkdir()
+    (tmp_path / "grid" / "tuner.pkl").write_bytes(b"")  # What Tune keeps of an experiment.
+    space = {**_tiny().to_dict(), "lr": tune.grid_search([0.001, 0.002])}
+    with pytest.raises(SearchError, match="holds a search; pass --resume"):
+        run_search("grid", "IMPALA", space, STOP, storage_path=str(tmp_path), resume=False)
+
+
 def test_impala_train_refuses_a_trial_larger_than_the_cluster(tmp_path):
     code, out = _train_binary(
         tmp_path, "--set=lr={grid_search: [0.001, 0.002]}", "--set=num_env_runners=4",
@@ -268,6 +327,19 @@ def test_pbt_exploit_copies_a_checkpoint_and_the_new_lr_is_trained_with(ray_sess
     assert _actor_processes() == []
 
 
+def test_pb2_without_scikit_learn_names_the_extra(monkeypatch):
+    import importlib.util
+
+    from impala_tf.tune.search import make_scheduler
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "sklearn" else real(name, *a)
+    )
+    with pytest.raises(ImportError, match=r"pip install 'impala_tf\[pb2\]'"):
+        make_scheduler({"type": "PB2", "hyperparam_bounds": {"lr": [0.001, 0.01]}})
+
+
 @pytest.mark.slow
 def test_rllibs_unedited_four_game_atari_yaml_runs_one_trial_per_game(tmp_path):
     rllib_yaml = os.path.join(REPO, "tests", "data", "rllib", "atari-impala.yaml")
@@ -298,10 +370,11 @@ def test_rllibs_unedited_four_game_atari_yaml_runs_one_trial_per_game(tmp_path):
 def test_a_trials_ray_actors_run_inside_its_placement_group(ray_session, tmp_path):
     # The trial reserves both of the cluster's CPUs (1.5 + 2 x 0.25): Ray actors placed
     # outside its placement group could not start, and the trial would time out sampling.
+    # It is APPO's, by its registered name.
     space = _tiny(backend="ray", sample_timeout_s=30).to_dict()
-    space.update(num_cpus_for_main_process=1.5)
+    space.update(num_cpus_for_main_process=1.5, circular_buffer_num_batches=2)  # An APPO key.
     results = tune.Tuner(
-        IMPALA,
+        "impala_tf.APPO",
         param_space=space,
         run_config=tune.RunConfig(storage_path=str(tmp_path), stop=STOP, verbose=0),
     ).fit()
@@ -309,3 +382,4 @@ def test_a_trials_ray_actors_run_inside_its_placement_group(ray_session, tmp_pat
     (result,) = results
     assert result.metrics["training_iteration"] == 2
     assert result.metrics["num_healthy_workers"] == 2
+    assert "kl" in json.dumps(result.metrics)  # APPO's learner stats.

@@ -16,6 +16,7 @@ without). `TUNE_DISABLE_AUTO_CALLBACK_LOGGERS=0` in the environment brings them 
 from __future__ import annotations
 
 import os
+import signal
 from collections.abc import Mapping
 from typing import Any
 
@@ -99,8 +100,11 @@ def run(
     mlflow_experiment: str | None = None,
     mlflow_tracking_uri: str | None = None,
     verbose: bool = False,
+    resume: bool = True,
 ) -> int:
-    """Runs the search, prints the table of trials; returns 0 if every trial ended well.
+    """Runs the search (or resumes the one in `logdir`), prints the table of trials; returns 0
+    if every trial ended at a stop criterion, 1 if one failed, 130 if Tune was interrupted
+    (SIGINT) before every trial ended.
 
     Raises:
       ImportError: Ray Tune (or a tracker's package) is not installed, naming the extra.
@@ -132,10 +136,21 @@ def run(
             keep_checkpoints_num=settings.get("keep_checkpoints_num"),
             callbacks=callbacks,
             verbose=2 if verbose else 1,
+            resume=resume,
         )
     finally:
         ray_session.release()
     print(tune_search.summary_table(results, settings), flush=True)
-    failed = sum(1 for result in results if result.error)
-    print(f"impala-train: {len(results) - failed} of {len(results)} trials ended", flush=True)
-    return 1 if failed else 0
+    statuses = [tune_search.trial_status(result) for result in results]
+    ended, unfinished = statuses.count("TERMINATED"), statuses.count("UNFINISHED")
+    print(f"impala-train: {ended} of {len(results)} trials ended", flush=True)
+    if "ERROR" in statuses:
+        return 1
+    if unfinished:  # Tune stopped at a SIGINT: the exit status of an interrupted run.
+        print(
+            f"impala-train: interrupted with {unfinished} trial(s) unfinished; the same command "
+            f"resumes them from their latest checkpoints",
+            flush=True,
+        )
+        return 128 + signal.SIGINT
+    return 0

@@ -24,7 +24,10 @@ Searches: a YAML (or a `--set`) with Ray Tune's search spaces (`lr: {grid_search
 `env: {grid_search: [...]}`, `{eval: "..."}`), or `--num_samples` above 1, runs as RLlib runs it:
 one Tune trial per point (`impala_tf.tune.search`), each in `<logdir>/<trial name>/`, on the
 Ray at `ray_address` or a local Ray with `--ray_num_cpus` CPUs, and a table of every trial at
-the end. Needs Ray Tune (`pip install 'impala_tf[tune]'`).
+the end. A `--logdir` that holds a search (one interrupted with Ctrl-C, or a trial that
+failed) is continued with Tune's `Tuner.restore`: unfinished and failed trials go on from
+their latest checkpoints (`--noresume` refuses instead). Needs Ray Tune
+(`pip install 'impala_tf[tune]'`).
 
 Trackers: `--wandb_project=P` and `--mlflow_experiment=E` (with `--mlflow_tracking_uri`) log
 every iteration to Weights & Biases or MLflow (`impala_tf.training.trackers`; Ray Tune's own
@@ -96,8 +99,6 @@ flags.DEFINE_string(
 
 _DEFAULT_NAME = "cartpole-impala"
 _PARAMS_FILE = "params.json"
-_RESULT_FILE = "result.json"
-_DISCARDED_FILE = "result.discarded.json"
 #: Flags stored in params.json and reused when a run is resumed without them.
 _STORED_FLAGS = (
     "deterministic",
@@ -218,45 +219,6 @@ def load_callbacks(specs: list[str]) -> list:
         raise TrainError(str(e)) from e
 
 
-def truncate_results(logdir: str, iteration: int) -> dict | None:
-    """Keeps the results up to `iteration` in result.json; returns the last one kept.
-
-    Results after it (logged after the checkpoint a run resumes from) are appended to
-    `result.discarded.json`.
-    """
-    path = os.path.join(logdir, _RESULT_FILE)
-    if not os.path.isfile(path):
-        return None
-    kept, discarded, last = [], [], None
-    with open(path, encoding="utf-8") as f:
-        for line in f:
-            if not line.strip():
-                continue
-            try:
-                result = json.loads(line)
-            except json.JSONDecodeError:  # A line cut by the kill that ended the run.
-                discarded.append(line)
-                continue
-            if int(result.get("training_iteration", 0)) <= iteration:
-                kept.append(line)
-                last = result
-            else:
-                discarded.append(line)
-    if discarded:
-        with open(os.path.join(logdir, _DISCARDED_FILE), "a", encoding="utf-8") as f:
-            f.writelines(line if line.endswith("\n") else line + "\n" for line in discarded)
-        tmp = path + ".tmp"
-        with open(tmp, "w", encoding="utf-8") as f:
-            f.writelines(line if line.endswith("\n") else line + "\n" for line in kept)
-        os.replace(tmp, path)
-        print(
-            f"impala-train: moved {len(discarded)} result(s) logged after iteration {iteration} "
-            f"to {_DISCARDED_FILE}",
-            flush=True,
-        )
-    return last
-
-
 def _make_wall_clock(offset_s: float):
     import keras
 
@@ -327,6 +289,7 @@ def _train_search(
             mlflow_experiment=FLAGS.mlflow_experiment,
             mlflow_tracking_uri=FLAGS.mlflow_tracking_uri,
             verbose=FLAGS.verbose,
+            resume=FLAGS.resume,
         )  # fmt: skip
     except (ImportError, ValueError) as e:
         raise TrainError(str(e)) from e
@@ -349,6 +312,7 @@ def _trackers(name: str) -> list:
 
 def _train() -> int:
     from impala_tf import checkpoints
+    from impala_tf.training import reporting
     from impala_tf.training.reporting import stop_reached
 
     _common.import_from_cwd()  # Before the plan imports a config's custom model or callbacks.
@@ -376,7 +340,7 @@ def _train() -> int:
     last = None
     if resume_from:
         state = checkpoints.read_driver_state(resume_from)
-        last = truncate_results(logdir, int(state["iteration"]))
+        last = reporting.truncate_results(logdir, int(state["iteration"]))
         steps = int(state["counters"].get("num_env_steps_sampled", 0))
         print(
             f"impala-train: resuming from {resume_from} (iteration {state['iteration']}, "
@@ -387,7 +351,7 @@ def _train() -> int:
             print(f"impala-train: already stopped at {stop_reached(last, stop)}", flush=True)
             return 0
     else:  # Results of an earlier start that never saved a checkpoint belong to no run now.
-        truncate_results(logdir, 0)
+        reporting.truncate_results(logdir, 0)
     run_flags = {key: _stored(key, stored_flags) for key in _STORED_FLAGS}
     checkpoint_freq = run_flags["checkpoint_freq"]  # None (stored so): the config's key.
     if checkpoint_freq is None:

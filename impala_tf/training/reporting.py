@@ -69,7 +69,12 @@ __all__ = [
     "progress_line",
     "stop_reached",
     "tensorboard_scalars",
+    "truncate_results",
 ]
+
+#: A run's results, one RLlib result dict per line, and those a resume left behind.
+RESULT_FILE = "result.json"
+DISCARDED_FILE = "result.discarded.json"
 
 _POLICY = "info/learner/default_policy"
 _STATS = f"{_POLICY}/learner_stats"
@@ -222,7 +227,7 @@ class ResultWriter:
         os.makedirs(logdir, exist_ok=True)
         self.logdir = logdir
         self.raw = raw
-        self._json = open(os.path.join(logdir, "result.json"), "a", encoding="utf-8")  # noqa: SIM115
+        self._json = open(os.path.join(logdir, RESULT_FILE), "a", encoding="utf-8")  # noqa: SIM115
         self._writer = None
         if tensorboard:
             import tensorflow as tf
@@ -339,3 +344,42 @@ def _duration(seconds: float) -> str:
     if seconds < 3600:
         return f"{seconds // 60}m{seconds % 60:02d}s"
     return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
+
+
+def truncate_results(logdir: str, iteration: int) -> dict | None:
+    """Keeps the results up to `iteration` in result.json; returns the last one kept.
+
+    Results after it (logged after the checkpoint a run resumes from) are appended to
+    `result.discarded.json`.
+    """
+    path = os.path.join(logdir, RESULT_FILE)
+    if not os.path.isfile(path):
+        return None
+    kept, discarded, last = [], [], None
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            if not line.strip():
+                continue
+            try:
+                result = json.loads(line)
+            except json.JSONDecodeError:  # A line cut by the kill that ended the run.
+                discarded.append(line)
+                continue
+            if int(result.get("training_iteration", 0)) <= iteration:
+                kept.append(line)
+                last = result
+            else:
+                discarded.append(line)
+    if discarded:
+        with open(os.path.join(logdir, DISCARDED_FILE), "a", encoding="utf-8") as f:
+            f.writelines(line if line.endswith("\n") else line + "\n" for line in discarded)
+        tmp = path + ".tmp"
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.writelines(line if line.endswith("\n") else line + "\n" for line in kept)
+        os.replace(tmp, path)
+        print(
+            f"impala_tf: moved {len(discarded)} result(s) logged after iteration {iteration} "
+            f"to {DISCARDED_FILE}",
+            flush=True,
+        )
+    return last

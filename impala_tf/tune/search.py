@@ -23,6 +23,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ray import tune
+from ray.tune.error import TuneError
 from ray.tune.search.variant_generator import generate_variants
 
 from impala_tf.config.experiments import search_space_paths
@@ -36,12 +37,14 @@ __all__ = [
     "resolved_points",
     "run_search",
     "summary_table",
+    "trial_status",
 ]
 
 #: A YAML entry's `scheduler: {type: ...}` -> Tune's scheduler class (by import path).
 SCHEDULERS = {
     "pbt": "ray.tune.schedulers:PopulationBasedTraining",
     "populationbasedtraining": "ray.tune.schedulers:PopulationBasedTraining",
+    "pb2": "ray.tune.schedulers.pb2:PB2",
     "asha": "ray.tune.schedulers:ASHAScheduler",
     "ashascheduler": "ray.tune.schedulers:ASHAScheduler",
 }
@@ -65,26 +68,33 @@ def resolved_points(param_space: Mapping[str, Any], num_samples: int = 1) -> lis
 def make_scheduler(spec: Mapping[str, Any]) -> Any:
     """Tune's trial scheduler from a YAML entry's `scheduler` block.
 
-    `type` names it (`PopulationBasedTraining` / `pbt`, `ASHAScheduler` / `asha`; any case);
-    the other keys are the scheduler's own arguments (`metric`, `mode`, `time_attr`,
-    `perturbation_interval`, `hyperparam_mutations`, ...).
+    `type` names it (`PopulationBasedTraining` / `pbt`, `PB2`, `ASHAScheduler` / `asha`; any
+    case); the other keys are the scheduler's own arguments (`metric`, `mode`, `time_attr`,
+    `perturbation_interval`, `hyperparam_mutations`, PB2's `hyperparam_bounds`, ...).
 
     Raises:
       SearchError: an unknown `type`, or arguments the scheduler refuses.
+      ImportError: PB2 without scikit-learn, naming the extra that installs it.
     """
     import importlib
+    import importlib.util
 
     spec = dict(spec)
     kind = str(spec.pop("type", "")).lower().replace("_", "")
     if kind not in SCHEDULERS:
         raise SearchError(
-            f"`scheduler.type` must be one of PopulationBasedTraining (pbt) or ASHAScheduler "
-            f"(asha), got {kind!r}."
+            f"`scheduler.type` must be one of PopulationBasedTraining (pbt), PB2 or "
+            f"ASHAScheduler (asha), got {kind!r}."
         )
     module, _, name = SCHEDULERS[kind].partition(":")
+    if kind == "pb2" and importlib.util.find_spec("sklearn") is None:
+        raise ImportError(
+            "`scheduler.type: PB2` needs scikit-learn (Tune's PB2 fits a Gaussian process): "
+            "pip install 'impala_tf[pb2]'"
+        )
     try:
         return getattr(importlib.import_module(module), name)(**spec)
-    except (TypeError, ValueError) as e:
+    except (TypeError, ValueError, TuneError) as e:  # TuneError: Tune's checks of them.
         raise SearchError(f"`scheduler` ({name}): {e}") from e
 
 
@@ -131,8 +141,14 @@ def run_search(
     keep_checkpoints_num: int | None = None,
     callbacks: Sequence[Any] = (),
     verbose: int = 1,
+    resume: bool = True,
 ) -> Any:
     """Runs every point of `param_space` as a Tune trial and returns Tune's `ResultGrid`.
+
+    An experiment already in `<storage_path>/<name>/` (one that was interrupted, or that
+    ended) is continued with Tune's `Tuner.restore`: its unfinished and failed trials go on
+    from their latest checkpoints; its stop criteria, scheduler and callbacks are the stored
+    ones.
 
     Ray must be initialised (`impala-train` connects to `ray_address` or starts a local Ray).
 
@@ -148,15 +164,31 @@ def run_search(
       keep_checkpoints_num: Checkpoints kept per trial (None: all).
       callbacks: Tune callbacks (e.g. Ray's `WandbLoggerCallback`, `MLflowLoggerCallback`).
       verbose: Tune's verbosity (0 silent, 1 status updates, 2 trial results).
+      resume: Continue the experiment in `<storage_path>/<name>/` if there is one; False
+        refuses to run over it.
 
     Raises:
-      SearchError: a point's config is invalid, or a trial would not fit in the cluster.
+      SearchError: a point's config is invalid, a trial would not fit in the cluster, or
+        (with `resume=False`) the experiment's directory holds an experiment.
     """
     import ray
 
     trainable = _TRAINABLES[str(algo_name).upper()]
     configs = _check_points(trainable.algo_name, resolved_points(param_space, num_samples))
     _check_fits(configs, ray.cluster_resources())
+    path = os.path.join(os.path.abspath(storage_path), name)
+    if tune.Tuner.can_restore(path):
+        if not resume:
+            raise SearchError(
+                f"{path} holds a search; pass --resume to continue it, or another --logdir."
+            )
+        return tune.Tuner.restore(
+            path,
+            trainable,
+            resume_unfinished=True,
+            resume_errored=True,
+            param_space=dict(param_space),
+        ).fit()
     tuner = tune.Tuner(
         trainable,
         param_space=dict(param_space),
@@ -187,6 +219,15 @@ def _at(config: Mapping[str, Any], path: str) -> Any:
     return value
 
 
+def trial_status(result: Any) -> str:
+    """A trial's status from its Tune `Result`: ERROR (it failed past `max_failures`),
+    TERMINATED (a stop criterion ended it) or UNFINISHED (the search was interrupted first;
+    running the search again resumes it)."""
+    if result.error:
+        return "ERROR"
+    return "TERMINATED" if (result.metrics or {}).get("done") else "UNFINISHED"
+
+
 def summary_table(results: Any, param_space: Mapping[str, Any]) -> str:
     """One line per trial: name, varied keys, status, iterations, env steps, time, return."""
     varied = search_space_paths(param_space)
@@ -194,7 +235,7 @@ def summary_table(results: Any, param_space: Mapping[str, Any]) -> str:
     rows = [header]
     for result in sorted(results, key=lambda r: os.path.basename(r.path or "")):
         metrics = result.metrics or {}
-        status = "ERROR" if result.error else "TERMINATED"
+        status = trial_status(result)
         reward = metrics.get("episode_reward_mean")
         rows.append(
             [

@@ -149,7 +149,14 @@ class AlgorithmTrainable(tune.Trainable):
         self.algorithm.save(checkpoint_dir)
 
     def load_checkpoint(self, checkpoint: str) -> None:
+        from impala_tf.training.reporting import ResultWriter, truncate_results
+
         self.algorithm.restore(checkpoint)
+        # Results logged after the checkpoint (by the trial's process that died or was
+        # interrupted) go to `result.discarded.json`, as a resumed `impala-train` run's do.
+        self._writer.close()
+        truncate_results(self._writer.logdir, self.algorithm.iteration)
+        self._writer = ResultWriter(self._writer.logdir)
 
     def cleanup(self) -> None:
         try:

@@ -4,6 +4,7 @@ subclassed), `RecurrentNetwork`s, callbacks classes, and broken models for the e
 
 from __future__ import annotations
 
+import os
 import threading
 
 import keras
@@ -232,3 +233,29 @@ class EpisodeStats(DefaultCallbacks):
 class FailingEpisodeEnd(DefaultCallbacks):
     def on_episode_end(self, **kwargs):
         raise KeyError("no such metric")
+
+
+class ExitOnceAtIterationTwo(DefaultCallbacks):
+    """Ends the process of the run whose `lr` is 0.001 at its second result, once: a dead Tune
+    trial for Tune's fault tolerance to restore from its last checkpoint. A marker file in the
+    run's logdir (which a restored trial keeps) makes it once."""
+
+    def on_train_result(self, *, algorithm, result, **kwargs):
+        marker = os.path.join(algorithm.logdir, "exited-once")
+        second = algorithm.config.lr == 0.001 and result["training_iteration"] == 2
+        if second and not os.path.exists(marker):
+            open(marker, "w").close()  # noqa: SIM115
+            os._exit(1)
+
+
+class NodesOfTheRun(DefaultCallbacks):
+    """Puts the Ray node ids of the driver and of the actors (Ray backend) in each result, as
+    `node_ids`: where a Tune trial's parts run on a cluster."""
+
+    def on_train_result(self, *, algorithm, result, **kwargs):
+        import ray
+
+        result["node_ids"] = {
+            "driver": ray.get_runtime_context().get_node_id(),
+            "actors": sorted(set(algorithm.actors.workers.node_ids().values())),
+        }
