@@ -27,7 +27,9 @@ A trial is one algorithm, built and driven as `impala-train` drives it:
   bundle must be on the trial's own node ("STRICT_PACK").
 
 Importing this module registers the Trainables with Tune as `"impala_tf.IMPALA"` and
-`"impala_tf.APPO"`, so `tune.Tuner("impala_tf.IMPALA", ...)` works too.
+`"impala_tf.APPO"`, so `tune.Tuner("impala_tf.IMPALA", ...)` works too. Tune keeps registered
+names in the Ray cluster it is connected to, so a `ray.init` after a `ray.shutdown` would start
+without them: they are registered again after every `ray.init` of this process.
 """
 
 from __future__ import annotations
@@ -48,7 +50,14 @@ except ImportError as e:  # pragma: no cover - depends on the install.
 from impala_tf.config.base import AlgorithmConfig
 from impala_tf.config.registry import config_class
 
-__all__ = ["APPO", "IMPALA", "AlgorithmTrainable", "trial_resources", "tune_result"]
+__all__ = [
+    "APPO",
+    "IMPALA",
+    "AlgorithmTrainable",
+    "register_trainables",
+    "trial_resources",
+    "tune_result",
+]
 
 #: Where a trial writes impala_tf's own `result.json` and TensorBoard files, in its directory
 #: (Tune writes its `result.json`, `progress.csv` and event files at the top).
@@ -177,5 +186,24 @@ class APPO(AlgorithmTrainable):
     algo_name = "APPO"
 
 
-for _trainable in (IMPALA, APPO):
-    tune.register_trainable(f"impala_tf.{_trainable.algo_name}", _trainable)
+def register_trainables() -> None:
+    """Registers `IMPALA` and `APPO` with Tune as `"impala_tf.IMPALA"` and `"impala_tf.APPO"`
+    (in the connected Ray's store; before Ray starts, when it starts)."""
+    for trainable in (IMPALA, APPO):
+        tune.register_trainable(f"impala_tf.{trainable.algo_name}", trainable)
+
+
+register_trainables()
+
+
+def _register_after_each_init() -> None:
+    # After each `ray.init` of this process, as Tune's own registry flushes its names then
+    # (through the same list of Ray's post-init hooks; Ray is pinned, see setup.py).
+    import ray._private.worker as ray_worker
+
+    hooks = getattr(ray_worker, "_post_init_hooks", None)
+    if hooks is not None and register_trainables not in hooks:
+        hooks.append(register_trainables)
+
+
+_register_after_each_init()
