@@ -363,6 +363,7 @@ def test_rllibs_unedited_four_game_atari_yaml_runs_one_trial_per_game(tmp_path):
         "--set=rollout_fragment_length=10",
         "--set=train_batch_size=20",
         "--set=model.conv_filters=[[4, 8, 4], [8, 4, 2], [16, 3, 1]]",
+        "--set=min_time_s_per_iteration=1",  # RLlib's default is 10 s.
         "--set=num_cpus_for_main_process=0.25",
         "--set=num_cpus_per_env_runner=0.25",
         "--ray_num_cpus=2",
