@@ -312,8 +312,7 @@ def _trackers(name: str) -> list:
 
 def _train() -> int:
     from impala_tf import checkpoints
-    from impala_tf.training import reporting
-    from impala_tf.training.reporting import stop_reached
+    from impala_tf.training.reporting import stop_reached, truncate_results
 
     _common.import_from_cwd()  # Before the plan imports a config's custom model or callbacks.
     try:
@@ -340,18 +339,19 @@ def _train() -> int:
     last = None
     if resume_from:
         state = checkpoints.read_driver_state(resume_from)
-        last = reporting.truncate_results(logdir, int(state["iteration"]))
+        last = truncate_results(logdir, int(state["iteration"]))
         steps = int(state["counters"].get("num_env_steps_sampled", 0))
         print(
             f"impala-train: resuming from {resume_from} (iteration {state['iteration']}, "
             f"{steps:,d} env steps)",
             flush=True,
         )
-        if last is not None and stop_reached(last, stop):
-            print(f"impala-train: already stopped at {stop_reached(last, stop)}", flush=True)
+        reached = stop_reached(last, stop) if last is not None else None
+        if reached:
+            print(f"impala-train: already stopped at {reached}", flush=True)
             return 0
     else:  # Results of an earlier start that never saved a checkpoint belong to no run now.
-        reporting.truncate_results(logdir, 0)
+        truncate_results(logdir, 0)
     run_flags = {key: _stored(key, stored_flags) for key in _STORED_FLAGS}
     checkpoint_freq = run_flags["checkpoint_freq"]  # None (stored so): the config's key.
     if checkpoint_freq is None:

@@ -66,7 +66,6 @@ class Evaluator:
         config): its env runner's spec (one env) and what it records.
 
     Attributes:
-      spec: `spec`.
       video: What is recorded (`spec.video`); None records nothing.
       recorder: The `EpisodeRecorder` around the env, when `video` is set.
       videos: The episodes the last `run` recorded (`impala_tf.envs.video.Recording`: frames and
@@ -74,7 +73,6 @@ class Evaluator:
     """
 
     def __init__(self, spec: EvaluatorSpec):
-        self.spec = spec
         self.video = spec.video
         self.runner = make_env_runner(spec.runner, worker_index=0, update_filter=False)
         self.recorder: EpisodeRecorder | None = None
