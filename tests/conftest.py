@@ -45,7 +45,7 @@ def pytest_configure(config):
 
 
 #: The modules that take longest (worker-seconds in `pytest --durations=0`), run first so that
-#: the two xdist workers end together: started last, one of them ran alone for a minute.
+#: the two xdist workers end together instead of one finishing a long module alone.
 _LONGEST_FIRST = (
     "tune_test",
     "ray_cluster_test",
@@ -63,8 +63,4 @@ def pytest_collection_modifyitems(config, items):
     """Puts the tests of `_LONGEST_FIRST` first, in that order (the rest keep theirs)."""
     rank = {name: i for i, name in enumerate(_LONGEST_FIRST)}
 
-    def key(item):
-        module = item.nodeid.split("::", 1)[0].rsplit("/", 1)[-1].removesuffix(".py")
-        return rank.get(module, len(rank))
-
-    items.sort(key=key)
+    items.sort(key=lambda item: rank.get(item.path.stem, len(rank)))
