@@ -44,9 +44,11 @@ setup(
         "gymnasium[classic-control]",
     ],
     extras_require={
+        # Not scikit-learn (the pb2 extra): keras imports it, when installed, in every process
+        # that imports TensorFlow (1.1 s each), and the suite starts ~90 such processes.
         "test": [
             "pytest", "pytest-xdist", "ruff", "matplotlib", "hypothesis", "ray[tune]==2.60.0",
-            "pettingzoo>=1.24", "wandb", "mlflow-skinny", "scikit-learn",
+            "pettingzoo>=1.24", "wandb", "mlflow-skinny",
             # pygame: the multi-agent CartPole and impala-evaluate --video render real CartPoles.
             "gymnasium[classic-control]",
         ],

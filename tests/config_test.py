@@ -16,6 +16,7 @@ import re
 import subprocess
 import sys
 import warnings
+from importlib.util import find_spec
 
 import gymnasium as gym
 import keras
@@ -759,8 +760,15 @@ def test_every_shipped_yaml_reads_and_validates(path):
     assert len(points) > 1 or search.scheduler is not None
     for point in points:
         config_class(search.algo_name).from_dict(point).validate(require_env=True)
-    if search.scheduler is not None:
-        make_scheduler(search.scheduler)
+    if search.scheduler is None:
+        return
+    if str(search.scheduler.get("type", "")).lower() == "pb2" and not find_spec("sklearn"):
+        # The test extra leaves scikit-learn out (see setup.py): the PB2 config reads and
+        # validates up to the error that names the extra it needs.
+        with pytest.raises(ImportError, match=r"impala_tf\[pb2\]"):
+            make_scheduler(search.scheduler)
+        return
+    make_scheduler(search.scheduler)
 
 
 def test_from_yaml_cartpole():
