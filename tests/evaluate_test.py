@@ -1,5 +1,5 @@
 """Tests of checkpoint round trips, the one evaluation path (`impala_tf.driver.evaluation`) and the
-impala-evaluate binary (run as a subprocess), for single-agent and multi-agent checkpoints.
+impala-evaluate binary (its runs in one subprocess), for single-agent and multi-agent checkpoints.
 
 Checkpoints are written from `ImpalaLearner`s with random weights (no algorithm, no actor
 processes). Video is tested on a CartPole whose frames are drawn with numpy, since gymnasium's
@@ -21,8 +21,8 @@ import numpy as np
 import pytest
 from gymnasium.envs.classic_control.cartpole import CartPoleEnv
 
+from tests.support.binaries import run_binary_in_one_process
 from tests.support.configs import small_config
-from tests.support.processes import kill_session, run_in_background
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RENDER_ENV_ID = "ImpalaTfRenderedCartPole-v0"
@@ -294,8 +294,8 @@ def _summary(episodes):
 
 @pytest.fixture(scope="module")
 def evaluations(tmp_path_factory):
-    """Runs impala-evaluate on the checkpoints below, all at once (each start imports
-    TensorFlow), as a job manager starts it (stdout and stderr in one log).
+    """Runs impala-evaluate on the checkpoints below, one after another in one process started
+    as a job manager starts it (each start of the binary imports TensorFlow).
 
     Returns:
       (root, {run name: (exit status, its output)}).
@@ -336,18 +336,9 @@ def evaluations(tmp_path_factory):
         ],
     }
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONPATH": REPO}
-    procs = {
-        name: run_in_background(
-            [sys.executable, "-m", "impala_tf.bin.evaluate", *args], REPO, env, root / f"{name}.log"
-        )
-        for name, args in runs.items()
-    }
-    try:
-        codes = {name: proc.wait(timeout=240) for name, proc in procs.items()}
-    finally:
-        for proc in procs.values():
-            kill_session(proc)
-    return root, {name: (codes[name], (root / f"{name}.log").read_text()) for name in runs}
+    return root, run_binary_in_one_process(
+        "impala_tf.bin.evaluate", runs, cwd=REPO, env=env, log_dir=root, timeout_s=240
+    )
 
 
 def _summary_line(output):

@@ -1,9 +1,9 @@
 """Tests of the impala-export binary: SavedModels that act like the checkpoint's policy.
 
-The binary runs as a subprocess; the CartPole export is loaded in a second, fresh process with
-TensorFlow alone (no impala_tf) and acts for one episode there. A checkpoint of several policies
-exports the one `--policy_id` names (and needs it). Every export runs at once to keep the file
-fast (each subprocess spends seconds importing TensorFlow).
+The binary's runs go one after another through its flags and `main` in one subprocess (each
+start spends seconds importing TensorFlow); the CartPole export is loaded in a second, fresh
+process with TensorFlow alone (no impala_tf) and acts for one episode there. A checkpoint of
+several policies exports the one `--policy_id` names (and needs it).
 """
 
 from __future__ import annotations
@@ -18,7 +18,8 @@ import numpy as np
 import pytest
 
 from tests.evaluate_test import write_multi_agent_checkpoint
-from tests.support.processes import EXIT_WITHOUT_TEARDOWN, kill_session, run_in_background
+from tests.support.binaries import run_binary_in_one_process
+from tests.support.processes import EXIT_WITHOUT_TEARDOWN
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _ENV = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONPATH": REPO}
@@ -77,7 +78,8 @@ def write_test_checkpoint(directory, env, model, seed=0):
 
 @pytest.fixture(scope="module")
 def exports(tmp_path_factory):
-    """Runs impala-export on the checkpoints below, all at once (each start imports TensorFlow).
+    """Runs impala-export on the checkpoints below, one after another in one process (each
+    start of the binary imports TensorFlow).
 
     Returns:
       (root, {run name: (exit status, its output)}).
@@ -101,18 +103,9 @@ def exports(tmp_path_factory):
         "multi": [f"--checkpoint={root / 'multi'}", f"--out={root / 'multi_export'}"],
         "missing": [f"--checkpoint={root / 'missing'}", f"--out={root / 'missing_export'}"],
     }
-    procs = {
-        name: run_in_background(
-            [sys.executable, "-m", "impala_tf.bin.export", *args], REPO, _ENV, root / f"{name}.log"
-        )
-        for name, args in runs.items()
-    }
-    try:
-        codes = {name: proc.wait(timeout=_TIMEOUT_S) for name, proc in procs.items()}
-    finally:
-        for proc in procs.values():
-            kill_session(proc)
-    return root, {name: (codes[name], (root / f"{name}.log").read_text()) for name in runs}
+    return root, run_binary_in_one_process(
+        "impala_tf.bin.export", runs, cwd=REPO, env=_ENV, log_dir=root, timeout_s=_TIMEOUT_S
+    )
 
 
 def load_policy(logdir):

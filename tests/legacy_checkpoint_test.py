@@ -22,6 +22,7 @@ from tensorflow.core.protobuf import trackable_object_graph_pb2
 
 from impala_tf import checkpoints
 from impala_tf.driver.evaluation import load_policy_model
+from tests.support.binaries import run_binary_in_one_process
 from tests.support.processes import EXIT_WITHOUT_TEARDOWN, kill_session, log_tail, run_in_background
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -184,27 +185,26 @@ print(json.dumps(logits))
 
 def test_evaluates_and_exports_with_the_binaries(tmp_path):
     env = {**os.environ, "PYTHONPATH": REPO, "TF_CPP_MIN_LOG_LEVEL": "2"}
-    runs = {}
+    runs = {"evaluate": {}, "export": {}}
     for name, case in CASES.items():
         directory = _copy(name, tmp_path)
         out = str(tmp_path / f"{name}_saved_model")
-        for binary, args in (
-            ("evaluate", [f"--checkpoint={directory}", "--episodes=2", *case["evaluate"]]),
-            ("export", [f"--checkpoint={directory}", f"--out={out}", *case["export"]]),
-        ):
-            log = tmp_path / f"{name}_{binary}.log"
-            argv = [sys.executable, "-m", f"impala_tf.bin.{binary}", *args]
-            runs[name, binary] = (run_in_background(argv, REPO, env, log), log)
-    try:
-        for (name, binary), (process, log) in runs.items():
-            assert process.wait(timeout=_TIMEOUT_S) == 0, (name, binary, log_tail(log))
-    finally:
-        for process, _ in runs.values():
-            kill_session(process)
+        runs["evaluate"][name] = [f"--checkpoint={directory}", "--episodes=2", *case["evaluate"]]
+        runs["export"][name] = [f"--checkpoint={directory}", f"--out={out}", *case["export"]]
+    outputs = {}
+    for binary, binary_runs in runs.items():
+        logs = tmp_path / binary
+        logs.mkdir()
+        outputs[binary] = run_binary_in_one_process(
+            f"impala_tf.bin.{binary}", binary_runs, cwd=REPO, env=env, log_dir=logs,
+            timeout_s=_TIMEOUT_S,
+        )  # fmt: skip
+        for name, (code, output) in outputs[binary].items():
+            assert code == 0, (name, binary, output[-3000:])
 
     expected, served_args = {}, []
     for name, case in CASES.items():
-        lines = runs[name, "evaluate"][1].read_text().strip().splitlines()
+        lines = outputs["evaluate"][name][1].strip().splitlines()
         summary = json.loads(lines[-1])
         assert summary["episodes"] == 2
         assert summary["episode_reward_min"] <= summary["episode_reward_max"]

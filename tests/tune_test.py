@@ -280,14 +280,14 @@ def test_a_search_over_an_experiment_is_refused_without_resume(ray_session, tmp_
         run_search("grid", "IMPALA", space, STOP, storage_path=str(tmp_path), resume=False)
 
 
-def test_impala_train_refuses_a_trial_larger_than_the_cluster(tmp_path):
-    code, out = _train_binary(
-        tmp_path, "--set=lr={grid_search: [0.001, 0.002]}", "--set=num_env_runners=4",
-        "--ray_num_cpus=2", f"--logdir={tmp_path / 'big'}",
-    )  # fmt: skip
-    assert code == 1
-    assert "one trial needs {'CPU': 5.0} but the Ray cluster has {'CPU': 2.0}" in out
-    assert "num_cpus_per_env_runner" in out
+def test_a_search_with_a_trial_larger_than_the_cluster_is_refused(ray_session, tmp_path):
+    # impala-train reports a SearchError as it reports any bad config ("impala-train: error:").
+    space = {**small_config(num_env_runners=4).to_dict(), "lr": tune.grid_search([0.001, 0.002])}
+    with pytest.raises(SearchError) as refused:
+        run_search("big", "IMPALA", space, STOP, storage_path=str(tmp_path))
+    assert "one trial needs {'CPU': 5.0} but the Ray cluster has {'CPU': 2.0}" in str(refused.value)
+    assert "num_cpus_per_env_runner" in str(refused.value)
+    assert not (tmp_path / "big").exists()  # Refused before Tune started.
 
 
 def test_pbt_exploit_copies_a_checkpoint_and_the_new_lr_is_trained_with(ray_session, tmp_path):
@@ -348,33 +348,24 @@ def test_pb2_without_scikit_learn_names_the_extra(monkeypatch):
         make_scheduler({"type": "PB2", "hyperparam_bounds": {"lr": [0.001, 0.01]}})
 
 
-@pytest.mark.slow
-def test_rllibs_unedited_four_game_atari_yaml_runs_one_trial_per_game(tmp_path):
+def test_rllibs_unedited_four_game_atari_yaml_is_a_search_of_one_valid_trial_per_game():
+    # What impala-train does with the YAML before Tune runs the trials (each trial then trains
+    # as a one-game run does: atari_test runs impala-train on each Atari config; the CartPole
+    # grid above runs a YAML's trials through impala-train end to end).
+    from impala_tf.bin._search import search_request
+    from impala_tf.tune.search import _check_points, resolved_points
+
     rllib_yaml = os.path.join(REPO, "tests", "data", "rllib", "atari-impala.yaml")
-    code, out = _train_binary(
-        tmp_path,
-        f"--config={rllib_yaml}",
-        f"--logdir={tmp_path / 'atari'}",
-        "--stop_iters=1",
-        # RLlib's 32 actors x 5 envs and Nature CNN, scaled to a test on 2 cores: each trial
-        # samples in its driver (no actor processes to start).
-        "--set=num_workers=0",
-        "--set=num_envs_per_worker=1",
-        "--set=rollout_fragment_length=10",
-        "--set=train_batch_size=20",
-        "--set=model.conv_filters=[[4, 8, 4], [8, 4, 2], [16, 3, 1]]",
-        "--set=min_time_s_per_iteration=1",  # RLlib's default is 10 s.
-        "--set=num_cpus_for_main_process=0.25",
-        "--set=num_cpus_per_env_runner=0.25",
-        "--ray_num_cpus=2",
-        timeout_s=900,
-    )
-    assert code == 0, out[-3000:]
-    assert "impala-train: 4 of 4 trials ended" in out
-    table = out[out.index("trial ") :].splitlines()
-    for game in ("Breakout", "BeamRider", "Qbert", "SpaceInvaders"):
-        (row,) = [line for line in table[1:] if f"{game}NoFrameskip-v4" in line]
-        assert "TERMINATED" in row and " 1 " in row, row  # One iteration, trained.
+    name, algo_name, settings, stop, scheduler = search_request(rllib_yaml, {}, None, {}, 1)
+    assert (name, algo_name, stop, scheduler) == ("atari-impala", "IMPALA", {}, None)
+    configs = _check_points(algo_name, resolved_points(settings))
+    games = ("Breakout", "BeamRider", "Qbert", "SpaceInvaders")
+    assert [c.env for c in configs] == [f"{game}NoFrameskip-v4" for game in games]
+    for config in configs:  # RLlib's settings, the same in every trial.
+        assert config.num_env_runners == 32 and config.num_envs_per_env_runner == 5
+        assert (config.rollout_fragment_length, config.train_batch_size) == (50, 500)
+        assert config.clip_rewards is True
+        assert config.lr_schedule == [[0, 0.0005], [20000000, 1e-12]]
 
 
 def test_a_trials_ray_actors_run_inside_its_placement_group(ray_session, tmp_path):
