@@ -1,13 +1,14 @@
 """Multi-agent IMPALA end to end: config and YAML, envs (MultiAgentCartPole, PettingZoo),
 per-policy learners, replay, results, checkpoints, evaluation and export, the binaries; and what
 multi-agent configs run like single-agent ones: recurrent policies, aggregation workers,
-deterministic mode, `impala-evaluate --video`.
+deterministic mode.
 
 The runner (per-agent streams, bootstrapping, states, snapshots) is tested in
 `tests/multi_agent_runner_test.py`; the runtime scenarios (restarts, hangs, save/restore,
 evaluation during training) on every placement, two policies included, in
 `tests/runtime_conformance_test.py`; central inference for two policies, on local processes
-and on Ray, in `tests/inference_test.py`.
+and on Ray, in `tests/inference_test.py`; `impala-evaluate --video` of a multi-agent checkpoint
+(the agents side by side) in `tests/evaluate_test.py`.
 """
 
 from __future__ import annotations
@@ -419,29 +420,3 @@ def test_binary_trains_every_policy_of_rllibs_yaml(tmp_path):
     assert set(lines[-1]["policy_reward_mean"]) == {"p0", "p1", "p2", "p3"}
     assert set(lines[-1]["info"]["learner"]) >= {"p0", "p1", "p2", "p3"}
     assert lines[1]["num_env_steps_sampled"] > lines[0]["num_env_steps_sampled"]
-
-
-def test_evaluate_binary_records_a_multi_agent_checkpoint_as_a_gif(trained, tmp_path):
-    from PIL import Image
-
-    _, _, _, path = trained
-    video = tmp_path / "agents.gif"
-    proc = _run_module(
-        "impala_tf.bin.evaluate",
-        f"--checkpoint={path}",
-        "--episodes=1",
-        "--explore=false",
-        "--seed=5",
-        f"--video={video}",
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    summary = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert summary["episodes"] == 1
-    config = checkpoints.load_config(path).debugging(seed=5)
-    (episode,) = evaluation.evaluate_checkpoint(path, config, 1, explore=False)
-    assert summary["episode_reward_mean"] == pytest.approx(episode.ret)
-    # One frame after the reset, one after each env step, counted as written (the GIF encoder
-    # merges identical consecutive frames); the agents' CartPoles side by side (600 x 400 each).
-    assert f"wrote {episode.length + 1} frames" in proc.stdout
-    with Image.open(video) as gif:
-        assert gif.size == (2 * 600, 400)

@@ -549,6 +549,53 @@ def test_a_script_without_main_guard_is_not_rerun_in_its_workers(tmp_path):
     assert len((tmp_path / "runs.txt").read_text().split()) == 1
 
 
+def test_ended_workers_leave_no_semaphore_for_the_resource_tracker_to_free_at_exit(tmp_path):
+    # A Ray actor that exits gracefully (a Tune trial's process) kills its child processes,
+    # Python's resource tracker among them, before the interpreter's finalizers run: a command
+    # queue still held then restarted the tracker with a warning and KeyError tracebacks.
+    script = tmp_path / "script.py"
+    script.write_text(
+        textwrap.dedent(
+            """
+            import os, signal
+            from multiprocessing import resource_tracker
+            from impala_tf.workers import ProcessBackend, WorkerGroup, WorkerSpec
+
+
+            class Echo:
+                def __init__(self, worker_id):
+                    pass
+
+                def hello(self):
+                    return "hi"
+
+
+            if __name__ == "__main__":
+                spec = WorkerSpec(
+                    role="actor", factory=Echo, make_args=lambda i: (), start_method="forkserver"
+                )
+                group = WorkerGroup(ProcessBackend(), spec, 2)
+                print(group.call_and_wait([0, 1], Echo.hello, timeout_s=30.0))
+                group.stop()  # `group` is still referenced when the interpreter exits.
+                tracker = resource_tracker._resource_tracker._pid
+                os.kill(tracker, signal.SIGKILL)
+                os.waitpid(tracker, 0)  # Dead before the interpreter's exit begins.
+            """
+        )
+    )
+    result = subprocess.run(
+        [sys.executable, str(script)],
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": REPO},
+        capture_output=True,
+        text=True,
+        timeout=_WAIT_S,
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "{0: 'hi', 1: 'hi'}"
+    assert "resource_tracker" not in result.stderr and "KeyError" not in result.stderr
+
+
 def test_calls_name_the_hosted_classs_method_not_a_string():
     from impala_tf.workers.protocol import method_name
 

@@ -208,7 +208,7 @@ class _Process:
     def __init__(self, process: Any, results: Any, commands: CommandQueue, progress: Any):
         self.process = process
         self.results = results
-        self.commands = commands
+        self.commands: CommandQueue | None = commands  # None once ended.
         self.progress = progress
         self.live = True  # Not yet ended by the driver.
 
@@ -347,8 +347,15 @@ class _ProcessGroup:
         """Ends the worker, then removes the segments of its unanswered `parts` calls."""
         proc = self._procs[worker_id]
         proc.live = False
-        with contextlib.suppress(ValueError, OSError):
-            end_worker(proc.process, proc.commands, proc.results, _JOIN_S)
+        if proc.commands is not None:
+            with contextlib.suppress(ValueError, OSError):
+                end_worker(proc.process, proc.commands, proc.results, _JOIN_S)
+            # Freed now, not with the group: the queue's semaphores are unregistered from
+            # Python's resource tracker while it runs. (A Ray actor that exits gracefully, a
+            # Tune trial's process say, kills its child processes, the tracker among them,
+            # before the interpreter's finalizers run; each semaphore freed then restarted the
+            # tracker with a warning and a KeyError traceback.)
+            proc.commands = None
         self._segments.lost(worker_id)
 
     def kill(self, worker_id: int) -> None:
