@@ -10,13 +10,6 @@ import pytest
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-import tensorflow as tf  # noqa: E402
-
-_cpus = tf.config.list_physical_devices("CPU")
-tf.config.set_logical_device_configuration(
-    _cpus[0], [tf.config.LogicalDeviceConfiguration(), tf.config.LogicalDeviceConfiguration()]
-)
-
 
 @pytest.fixture(autouse=True)
 def _fresh_config_warning_registry(monkeypatch):
@@ -28,16 +21,24 @@ def _fresh_config_warning_registry(monkeypatch):
 
 
 def pytest_configure(config):
-    """Each process that runs tests starts its actors' fork server now, with TensorFlow loaded.
+    """Each process that runs tests gets two logical CPU devices and starts its actors' fork
+    server now, with TensorFlow loaded. xdist's controller, which runs no test, imports no
+    TensorFlow (seconds of CPU).
 
     The fork server is one per driver process and its first build picks what it preloads; in
     a test process that first build is usually a numpy-acting one, and every later actor that
     acts in TensorFlow (custom models, LSTMs, CNNs) then imported TensorFlow itself, seconds of
-    CPU each. Tests of what numpy actors load run their driver in a fresh process. Not in
-    xdist's controller, which runs no test.
+    CPU each. Tests of what numpy actors load run their driver in a fresh process.
     """
     if getattr(config.option, "numprocesses", None) and not hasattr(config, "workerinput"):
         return
+    import tensorflow as tf
+
+    cpu = tf.config.list_physical_devices("CPU")[0]
+    tf.config.set_logical_device_configuration(
+        cpu, [tf.config.LogicalDeviceConfiguration(), tf.config.LogicalDeviceConfiguration()]
+    )
+
     from impala_tf.driver.plan import TENSORFLOW_PRELOAD
     from impala_tf.workers.process import prestart_fork_server
 
