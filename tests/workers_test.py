@@ -509,11 +509,24 @@ def test_a_pipe_passed_to_a_worker_process_sees_eof_when_it_dies():
         group.stop()
 
 
+def _run_script(directory, source: str) -> subprocess.CompletedProcess:
+    """Runs `source` (dedented) as `directory/script.py` in a fresh Python."""
+    script = directory / "script.py"
+    script.write_text(textwrap.dedent(source))
+    return subprocess.run(
+        [sys.executable, str(script)],
+        cwd=directory,
+        env={**os.environ, "PYTHONPATH": REPO},
+        capture_output=True,
+        text=True,
+        timeout=_WAIT_S,
+    )
+
+
 def test_a_script_without_main_guard_is_not_rerun_in_its_workers(tmp_path):
-    script = tmp_path / "script.py"
-    script.write_text(
-        textwrap.dedent(
-            """
+    result = _run_script(
+        tmp_path,
+        """
             import os
             from impala_tf.workers import ProcessBackend, WorkerGroup, WorkerSpec
 
@@ -533,16 +546,7 @@ def test_a_script_without_main_guard_is_not_rerun_in_its_workers(tmp_path):
             group = WorkerGroup(ProcessBackend(), spec, 2)
             print(group.call_and_wait([0, 1], Echo.hello, "!", timeout_s=30.0))
             group.stop()
-            """
-        )
-    )
-    result = subprocess.run(
-        [sys.executable, str(script)],
-        cwd=tmp_path,
-        env={**os.environ, "PYTHONPATH": REPO},
-        capture_output=True,
-        text=True,
-        timeout=_WAIT_S,
+            """,
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "{0: 'w0!', 1: 'w1!'}"
@@ -553,10 +557,9 @@ def test_ended_workers_leave_no_semaphore_for_the_resource_tracker_to_free_at_ex
     # A Ray actor that exits gracefully (a Tune trial's process) kills its child processes,
     # Python's resource tracker among them, before the interpreter's finalizers run: a command
     # queue still held then restarted the tracker with a warning and KeyError tracebacks.
-    script = tmp_path / "script.py"
-    script.write_text(
-        textwrap.dedent(
-            """
+    result = _run_script(
+        tmp_path,
+        """
             import os, signal
             from multiprocessing import resource_tracker
             from impala_tf.workers import ProcessBackend, WorkerGroup, WorkerSpec
@@ -580,16 +583,7 @@ def test_ended_workers_leave_no_semaphore_for_the_resource_tracker_to_free_at_ex
                 tracker = resource_tracker._resource_tracker._pid
                 os.kill(tracker, signal.SIGKILL)
                 os.waitpid(tracker, 0)  # Dead before the interpreter's exit begins.
-            """
-        )
-    )
-    result = subprocess.run(
-        [sys.executable, str(script)],
-        cwd=tmp_path,
-        env={**os.environ, "PYTHONPATH": REPO},
-        capture_output=True,
-        text=True,
-        timeout=_WAIT_S,
+            """,
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "{0: 'hi', 1: 'hi'}"
