@@ -167,11 +167,11 @@ def _start_train_binary(tmp_path, *args: str, **env_vars: str):
     return process, log
 
 
-def _train_binary(tmp_path, *args: str, timeout_s: float = 600, **env_vars: str) -> tuple[int, str]:
+def _train_binary(tmp_path, *args: str, **env_vars: str) -> tuple[int, str]:
     """`impala-train` run to its end: (exit status, output)."""
     process, log = _start_train_binary(tmp_path, *args, **env_vars)
     try:
-        code = process.wait(timeout=timeout_s)
+        code = process.wait(timeout=600)
     finally:
         kill_session(process)
     return code, log.read_text()

@@ -208,9 +208,13 @@ class _Process:
     def __init__(self, process: Any, results: Any, commands: CommandQueue, progress: Any):
         self.process = process
         self.results = results
-        self.commands: CommandQueue | None = commands  # None once ended.
+        self.commands: CommandQueue | None = commands  # None once the driver ended it.
         self.progress = progress
-        self.live = True  # Not yet ended by the driver.
+
+    @property
+    def live(self) -> bool:
+        """Not yet ended by the driver."""
+        return self.commands is not None
 
 
 class ProcessBackend:
@@ -346,8 +350,7 @@ class _ProcessGroup:
     def _end(self, worker_id: int) -> None:
         """Ends the worker, then removes the segments of its unanswered `parts` calls."""
         proc = self._procs[worker_id]
-        proc.live = False
-        if proc.commands is not None:
+        if proc.live:
             with contextlib.suppress(ValueError, OSError):
                 end_worker(proc.process, proc.commands, proc.results, _JOIN_S)
             # Freed now, not with the group: the queue's semaphores are unregistered from
