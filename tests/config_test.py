@@ -781,7 +781,9 @@ def test_from_yaml_cartpole():
     assert config.train_batch_size == 1000
     assert config.lr == 0.002
     assert config.min_time_s_per_iteration == 1
-    assert config.model["fcnet_hiddens"] == [256, 256]
+    assert config.clip_rewards == 0.1
+    assert config.entropy_coeff == 0.005
+    assert config.model["fcnet_hiddens"] == [64, 64]
 
 
 def test_from_yaml_separate_losses_with_new_stop_keys():
