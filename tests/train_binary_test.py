@@ -100,8 +100,31 @@ def check_console(first, second):
     assert all(" ETA " in line and " pi " in line for line in progress)
     assert '"training_iteration": 3' in first  # --verbose
     assert "stopped at training_iteration=3 >= 3" in first
+    check_timeline(first)
+    assert "timeline" not in second  # Only with --verbose.
     assert "resuming from" in second and "checkpoint_000003" in second
     assert '"training_iteration"' not in second  # --verbose is not a stored flag.
+
+
+def check_timeline(stdout):
+    # --verbose: where start-up and shut-down went, phase by phase, in the order they ended.
+    (line,) = [line for line in stdout.splitlines() if "timeline (s since process start)" in line]
+    marks = [part.rsplit(" ", 1) for part in line.split(": ", 2)[2].split(", ")]
+    names, seconds = [name for name, _ in marks], [float(s) for _, s in marks]
+    assert names == [
+        "flags",
+        "plan",
+        "fork server",
+        "tensorflow",
+        "built",
+        "iteration 1",
+        "stop line",
+        "stopped evaluation",
+        "stopped learners",
+        "stopped aggregation",
+        "stopped actors",
+    ], names
+    assert seconds == sorted(seconds) and 0 < seconds[0] < seconds[-1] < 120, seconds
 
 
 def check_evaluation(first_results, results):

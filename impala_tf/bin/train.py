@@ -57,6 +57,7 @@ from absl import logging as absl_logging  # noqa: E402
 
 from impala_tf.bin import _common  # noqa: E402 - defines --verbose.
 from impala_tf.bin import _search as _search_lib  # noqa: E402
+from impala_tf.utils import timeline  # noqa: E402
 
 FLAGS = flags.FLAGS
 
@@ -228,6 +229,8 @@ def _make_wall_clock(offset_s: float):
         """Adds `time_since_start_s` (wall time, continued across resumes) to each result."""
 
         def on_epoch_end(self, epoch, logs=None):
+            if epoch == 0:
+                timeline.mark("iteration 1")  # The first includes the learner's first trace.
             value = offset_s + time.time() - _START
             result_of(logs)["time_since_start_s"] = value
             if logs is not None:
@@ -245,6 +248,7 @@ def _stored(name: str, stored_flags: dict):
 
 def main(argv: list[str]) -> int:
     del argv
+    timeline.mark("flags")  # The interpreter, absl and this module's imports, the flags parsed.
     from impala_tf.utils.quiet import quiet_start
 
     # Before anything imports TensorFlow; `_train` imports it once the fork server starts.
@@ -433,11 +437,14 @@ def _train() -> int:
             f"({result['timesteps_total']:,d} env steps); checkpoint {periodic.last_checkpoint}",
             flush=True,
         )
+        timeline.mark("stop line")  # The final checkpoint is saved before it.
         return 0
     finally:
         if _SHUTDOWN is not None:
             _SHUTDOWN.shutting_down()
         algo.stop()
+        if FLAGS.verbose:  # What is left after this: atexit handlers, then `os._exit`.
+            print(f"impala-train: timeline (s since process start): {timeline.summary()}", flush=True)
 
 
 def run() -> None:

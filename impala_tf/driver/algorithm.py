@@ -52,6 +52,7 @@ from impala_tf.learning.learner import ImpalaLearner
 from impala_tf.learning.strategy import make_strategy
 from impala_tf.learning.thread import LearnerThread
 from impala_tf.rollout.fragment import DEFAULT_POLICY_ID
+from impala_tf.utils import timeline
 from impala_tf.utils.seeds import Stream, stream_seed
 
 __all__ = ["Impala", "MultiAgentImpala", "check_deterministic"]
@@ -470,13 +471,20 @@ class Impala:
         self._stopped = True
         # Aggregation workers before the actors: the actors' store removes the fragments it
         # still holds, which an aggregation worker may be reading.
-        for part in (self._evaluator, self.learners, self.aggregation, self.actors):
+        parts = (
+            ("evaluation", self._evaluator),
+            ("learners", self.learners),
+            ("aggregation", self.aggregation),
+            ("actors", self.actors),
+        )
+        for name, part in parts:
             if part is None:
                 continue
             try:
                 part.close() if isinstance(part, Evaluator) else part.stop()
             except Exception as e:  # noqa: BLE001 - stopping goes on with the other parts.
                 logger.warning("Stopping %s failed: %s", type(part).__name__, e)
+            timeline.mark(f"stopped {name}")  # `impala-train --verbose` prints them.
         _live_algorithms.discard(self)
 
     def __enter__(self) -> Impala:

@@ -18,6 +18,7 @@ from typing import Any
 from impala_tf.config.base import AlgorithmConfig
 from impala_tf.config.keys import ConfigWarning
 from impala_tf.driver.plan import make_plan
+from impala_tf.utils import timeline
 from impala_tf.utils.quiet import import_tensorflow
 from impala_tf.workers.process import prestart_fork_server
 
@@ -55,17 +56,22 @@ def build_algorithm(
     if logger_creator is not None:
         logdir = _logdir_of(logger_creator(config.to_dict()), logdir)
     plan = make_plan(config, deterministic)
+    timeline.mark("plan")
     if plan.backend == "process":
         prestart_fork_server(plan.preload)  # Its imports overlap TensorFlow's below.
+        timeline.mark("fork server")
     import_tensorflow()  # Without TensorFlow's C++ start-up lines unless asked for.
+    timeline.mark("tensorflow")
     from impala_tf.driver.algorithm import Impala
 
     if callable(callbacks):
         callbacks = callbacks()
 
-    return Impala(
+    algo = Impala(
         config, callbacks=callbacks, deterministic=deterministic, logdir=logdir, plan=plan
     )
+    timeline.mark("built")
+    return algo
 
 
 def _logdir_of(logger: Any, logdir: str | None) -> str | None:
