@@ -211,6 +211,35 @@ def test_event_files_read_back_with_tags_and_steps(tmp_path):
     assert [e.step for e in histogram] == [1200]
 
 
+def test_hist_stats_and_scalars_read_back_as_tensorflow_writes_them(tmp_path):
+    # Written in one Summary built in numpy; read back as `tf.summary.histogram` and
+    # `tf.summary.scalar` would have written them (float64 [30, 3] buckets, float32 scalars).
+    import tensorflow as tf
+    from tensorboard.backend.event_processing import event_accumulator
+
+    rewards = [9.0, 10.0, 10.0, 35.0, 500.0]
+    result = make_result(1, 400, reward=21.5)
+    result["hist_stats"] = {"episode_reward": rewards, "empty": []}
+    writer = ResultWriter(str(tmp_path))
+    writer.write(result)
+    writer.close()
+    accumulator = event_accumulator.EventAccumulator(
+        str(tmp_path), size_guidance={event_accumulator.TENSORS: 0}
+    )
+    accumulator.Reload()
+    assert "hist_stats/empty" not in accumulator.Tags()["tensors"]
+    (event,) = accumulator.Tensors("hist_stats/episode_reward")
+    buckets = tf.make_ndarray(event.tensor_proto)
+    assert event.step == 400 and buckets.shape == (30, 3) and buckets.dtype == np.float64
+    assert buckets[0, 0] == 9.0 and buckets[-1, 1] == 500.0 and buckets[:, 2].sum() == 5
+    assert buckets[0, 2] == 3 and buckets[-1, 2] == 1  # 9, 10, 10 in the first; 500 in the last.
+    (scalar,) = accumulator.Tensors("episode/return_mean")
+    assert scalar.tensor_proto.dtype == tf.float32.as_datatype_enum
+    assert float(tf.make_ndarray(scalar.tensor_proto)) == 21.5
+    metadata = accumulator.SummaryMetadata("episode/return_mean")
+    assert metadata.plugin_data.plugin_name == "scalars"
+
+
 def test_progress_line_summarises_an_iteration():
     result = make_result(3, 1200, reward=21.5, evaluation=True)
     line = progress_line(result, timestep_budget=1200 + 812 * 125)

@@ -247,15 +247,33 @@ class ResultWriter:
         self._json.flush()
         if self._writer is not None:
             with self._writer.as_default(step=self.step_of(result)):
-                for tag, value in tensorboard_scalars(result, raw=self.raw).items():
-                    self._tf.summary.scalar(tag, value)
-                for name, values in (result.get("hist_stats") or {}).items():
-                    if len(values):
-                        self._tf.summary.histogram(f"hist_stats/{name}", np.asarray(values))
+                # One op writes them all: a result has ~300 scalars, and an eager
+                # `tf.summary.scalar` each held up every iteration by 0.2-0.4 s.
+                summary = self._summary(result, self.raw)
+                self._tf.summary.experimental.write_raw_pb(summary.SerializeToString())
                 videos = lookup(result, "evaluation/episode_media/video")
                 if videos:
                     self._write_gifs("evaluation/video", videos)
             self._writer.flush()
+
+    @staticmethod
+    def _summary(result: Mapping[str, Any], raw: bool) -> Any:
+        """The result's scalars and `hist_stats` histograms as one `Summary` proto.
+
+        Each value is what `tf.summary.scalar` / `tf.summary.histogram` write (a float32
+        scalar, or [30, 3] float64 buckets, with the plugin's metadata), built in numpy.
+        """
+        from tensorboard.compat.proto import summary_pb2
+        from tensorboard.plugins.histogram.summary_v2 import histogram_pb
+        from tensorboard.plugins.scalar.summary_v2 import scalar_pb
+
+        summary = summary_pb2.Summary()
+        for tag, value in tensorboard_scalars(result, raw=raw).items():
+            summary.value.extend(scalar_pb(tag, value).value)
+        for name, values in (result.get("hist_stats") or {}).items():
+            if len(values):
+                summary.value.extend(histogram_pb(f"hist_stats/{name}", values).value)
+        return summary
 
     def _write_gifs(self, tag: str, videos: Sequence[Video]) -> None:
         """One image summary of GIFs (one sample each), which TensorBoard shows animated."""
