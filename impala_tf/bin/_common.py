@@ -48,10 +48,11 @@ def run_binary(main: Callable[[list[str]], int], module_name: str, doc: str | No
 
     When `main` returns, the process exits at once with its code: the non-daemon threads are
     waited for, the atexit handlers run (logging, Ray, multiprocessing), the output is flushed,
-    and the interpreter's teardown is skipped. With TensorFlow loaded that teardown (freeing
-    every graph, kernel and dataset object, one by one) took 1.5-4 s after the run had ended,
-    every child stopped and the last checkpoint written, all of which `main` finishes before it
-    returns. A `main` that raises exits the ordinary way, through absl's error handling.
+    the fork server and resource tracker are ended, and the interpreter's teardown is skipped.
+    With TensorFlow loaded that teardown (freeing every graph, kernel and dataset object, one
+    by one) took 1.5-4 s after the run had ended, every child stopped and the last checkpoint
+    written, all of which `main` finishes before it returns. A `main` that raises exits the
+    ordinary way, through absl's error handling.
 
     Args:
       main: the binary's main(argv) -> exit code.
@@ -81,6 +82,10 @@ def _exit_without_teardown(code: int | None) -> None:
         if thread is not threading.current_thread() and not thread.daemon:
             thread.join()
     atexit._run_exitfuncs()  # What sys.exit would run; the teardown after it is what we skip.
+    if "multiprocessing" in sys.modules:  # Not to leave the fork server running as we go.
+        from impala_tf.workers.process import stop_helper_processes
+
+        stop_helper_processes()
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(Exception):
             stream.flush()

@@ -50,6 +50,7 @@ __all__ = [
     "WORKER_ENV",
     "ProcessBackend",
     "prestart_fork_server",
+    "stop_helper_processes",
     "worker_env_vars",
     "worker_environment",
     "worker_main",
@@ -120,6 +121,39 @@ def prestart_fork_server(preload: tuple[str, ...]) -> None:
     mp.get_context("forkserver").set_forkserver_preload(list(preload))
     with worker_environment():
         forkserver.ensure_running()
+
+
+def stop_helper_processes(timeout_s: float = 2.0) -> None:
+    """Ends multiprocessing's fork server and resource tracker, and waits until they have.
+
+    Left alone, each ends only after its parent has exited (it reads the end of a pipe), so a
+    binary's prompt came back while they still ran. For a process's last moments, once its
+    workers have stopped: a later worker would start a new fork server. Each gets `timeout_s`
+    after its pipe closes, then SIGKILL; the resource tracker goes last, after it has removed
+    whatever shared memory a killed worker left registered.
+    """
+    from multiprocessing import forkserver, resource_tracker
+
+    helpers = (
+        (forkserver._forkserver, "_forkserver_alive_fd", "_forkserver_pid"),
+        (resource_tracker._resource_tracker, "_fd", "_pid"),
+    )
+    for helper, fd_name, pid_name in helpers:
+        fd, pid = getattr(helper, fd_name, None), getattr(helper, pid_name, None)
+        if fd is None or pid is None:
+            continue
+        setattr(helper, fd_name, None)
+        setattr(helper, pid_name, None)
+        with contextlib.suppress(OSError):
+            os.close(fd)  # Its end of file asks it to stop.
+        deadline = time.monotonic() + timeout_s
+        with contextlib.suppress(ChildProcessError):
+            while os.waitpid(pid, os.WNOHANG) == (0, 0):
+                if time.monotonic() > deadline:
+                    os.kill(pid, signal.SIGKILL)
+                    os.waitpid(pid, 0)
+                    break
+                time.sleep(0.005)
 
 
 def _exit_now(code: int) -> None:
