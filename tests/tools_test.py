@@ -169,9 +169,10 @@ def test_bench_robustness_summary_counts_a_run_that_never_reached_at_its_whole_t
     assert t == {"median": 165.0, "p90": pytest.approx(300.0), "worst": 300.0}
     # `outcome` is where a miss gets its whole time: process start to exit.
     run = {"results": [], "stop_value": None, "stop_s": None, "exit_s": 301.0, "returncode": 0}
-    run["first_iter_s"] = 5.0
+    run.update(first_iter_s=5.0, left_at_exit=2)
     missed = bench_robustness.outcome(run, 450.0, 2_000_000)
     assert not missed["reached"] and missed["to_target_s"] == 301.0
+    assert bench_robustness.summarise([missed, *rows])["runs_leaving_processes"] == 1
 
 
 def _cartpole_run(seed: int, reached: bool, to_target_s: float, steps: int) -> dict:

@@ -35,17 +35,19 @@ Runs go one at a time; the machine should be otherwise idle. Results go to BENCH
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import re
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
 
-from tools import benchlib
+from tools import benchlib, proclib
 
 __all__ = ["collapses", "main", "run_once", "summarise"]
 
@@ -136,7 +138,13 @@ def run_once(
     env = dict(os.environ if env is None else env, PYTHONUNBUFFERED="1")
     start = time.perf_counter()
     proc = subprocess.Popen(
-        command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=cwd, env=env
+        command,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        cwd=cwd,
+        env=env,
+        start_new_session=True,  # As a shell's job: its whole tree is one session.
     )
     first_iter_s = stop_s = None
     stop_value = None
@@ -165,6 +173,10 @@ def run_once(
             proc.kill()
             proc.wait(30)
     exit_s = time.perf_counter() - start
+    # What still runs once the prompt would be back (workers, the fork server, trackers).
+    left_at_exit = len(proclib.session_pids(proc.pid))
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
     results = []
     if logdir is not None:
         path = os.path.join(cwd, logdir, "result.json")
@@ -180,6 +192,7 @@ def run_once(
         "stop_s": stop_s,
         "stop_value": stop_value,
         "exit_s": exit_s,
+        "left_at_exit": left_at_exit,
         "results": results,
         "tail": tail,
     }
@@ -207,6 +220,7 @@ def outcome(run: dict, target: float, max_steps: int) -> dict:
         "to_target_s": run["stop_s"] if reached else run["exit_s"],
         "exit_s": run["exit_s"],
         "shutdown_s": None if run["stop_s"] is None else run["exit_s"] - run["stop_s"],
+        "left_at_exit": run["left_at_exit"],
         "returncode": run["returncode"],
     }
 
@@ -234,6 +248,7 @@ def summarise(rows: list[dict]) -> dict:
         "first_iter_s": stats("first_iter_s"),
         "shutdown_s": stats("shutdown_s"),
         "steps_median": statistics.median(r["steps"] for r in rows) if rows else None,
+        "runs_leaving_processes": sum(r.get("left_at_exit", 0) > 0 for r in rows),
         "policy_lag_median": statistics.median(lags) if lags else None,
     }
 
@@ -262,7 +277,25 @@ def _fmt(value: float | None, unit: str = " s") -> str:
     return "-" if value is None else f"{value:.1f}{unit}"
 
 
-def report(args, rows: list[dict], install_s: float | None, load: tuple) -> str:
+def tensorflow_import_s(tries: int = 3) -> float:
+    """The median time of `import tensorflow` alone in a fresh process: the floor under every
+    run's start-up, and the machine's speed that day."""
+    times = []
+    for _ in range(tries):
+        start = time.perf_counter()
+        subprocess.run(
+            [sys.executable, "-c", "import tensorflow"],
+            check=True,
+            capture_output=True,
+            env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"),
+        )
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def report(
+    args, rows: list[dict], install_s: float | None, load: tuple, import_s: float | None = None
+) -> str:
     summary = summarise(rows)
     command = (
         "python -m tools.bench_robustness"
@@ -300,7 +333,14 @@ def report(args, rows: list[dict], install_s: float | None, load: tuple) -> str:
         f"{_fmt(e['p90'])}, worst {_fmt(e['worst'])}; stop line to exit: median "
         f"{_fmt(summary['shutdown_s']['median'])}, worst {_fmt(summary['shutdown_s']['worst'])}; "
         f"process start to the first iteration line: median "
-        f"{_fmt(summary['first_iter_s']['median'])}",
+        f"{_fmt(summary['first_iter_s']['median'])}; runs whose processes outlived the "
+        f"binary's exit: {summary['runs_leaving_processes']}"
+        + (
+            f"; `import tensorflow` alone took {import_s:.1f} s that day (median of 3 fresh "
+            "processes before the runs)"
+            if import_s is not None
+            else ""
+        ),
         "",
         "| run | reached | env steps | lasting collapses | dips | min entropy | to 450 | exit |",
         "|---:|:---:|---:|---:|---:|---:|---:|---:|",
@@ -336,6 +376,7 @@ def main() -> None:
     command = [binary, f"--config={README_CONFIG}", *(f"--set={s}" for s in args.set)]
 
     load = os.getloadavg()
+    import_s = tensorflow_import_s()
     rows = []
     install_s = None
     for i in range(args.runs):
@@ -351,7 +392,7 @@ def main() -> None:
     if args.json:
         with open(args.json, "w", encoding="utf-8") as f:
             json.dump({"args": vars(args), "rows": rows, "summary": summarise(rows)}, f, indent=1)
-    text = report(args, rows, install_s, load)
+    text = report(args, rows, install_s, load, import_s)
     print(text)
     if not args.no_write:
         benchlib.write_section("bench_robustness_probe" if args.set else "bench_robustness", text)
