@@ -119,10 +119,10 @@ def check_timeline(stdout):
         "built",
         "iteration 1",
         "stop line",
-        "stopped evaluation",
-        "stopped learners",
-        "stopped aggregation",
-        "stopped actors",
+        "stopped Evaluator",
+        "stopped LearnerGroup",
+        "stopped AggregationStage",
+        "stopped EnvRunnerGroup",
     ], names
     assert seconds == sorted(seconds) and 0 < seconds[0] < seconds[-1] < 120, seconds
 

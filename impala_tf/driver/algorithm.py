@@ -471,20 +471,14 @@ class Impala:
         self._stopped = True
         # Aggregation workers before the actors: the actors' store removes the fragments it
         # still holds, which an aggregation worker may be reading.
-        parts = (
-            ("evaluation", self._evaluator),
-            ("learners", self.learners),
-            ("aggregation", self.aggregation),
-            ("actors", self.actors),
-        )
-        for name, part in parts:
+        for part in (self._evaluator, self.learners, self.aggregation, self.actors):
             if part is None:
                 continue
             try:
                 part.close() if isinstance(part, Evaluator) else part.stop()
             except Exception as e:  # noqa: BLE001 - stopping goes on with the other parts.
                 logger.warning("Stopping %s failed: %s", type(part).__name__, e)
-            timeline.mark(f"stopped {name}")  # `impala-train --verbose` prints them.
+            timeline.mark(f"stopped {type(part).__name__}")  # `impala-train --verbose` prints them.
         _live_algorithms.discard(self)
 
     def __enter__(self) -> Impala:

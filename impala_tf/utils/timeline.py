@@ -1,16 +1,18 @@
 """Where a process's start-up and shut-down time goes: named wall-clock marks.
 
-`impala-train --verbose` prints them at its end, e.g.
+`impala-train --verbose` prints them at its end, e.g. (the README's CartPole command):
 
-    impala-train: timeline (s since process start): flags 0.6, plan 0.9, fork server 0.9,
-    tensorflow 6.3, built 7.0, iteration 1 8.1, stop line 10.9, stopped learners 10.9, ...
+    impala-train: timeline (s since process start): flags 0.2, plan 0.6, fork server 0.6,
+    tensorflow 7.1, built 7.9, iteration 1 9.5, stop line 14.1, stopped LearnerGroup 14.1,
+    stopped AggregationStage 14.1, stopped EnvRunnerGroup 14.2
 
 The marks are set where the phases end: `impala_tf.driver.factory.build_algorithm` (the plan,
-the actors' fork server, TensorFlow's import, the built algorithm with its actors started and
-its learner traced lazily), `impala_tf.driver.algorithm.Impala.stop` (each part stopped) and the
-binary (its flags, each iteration's line, the stop line). Time counts from the process's start
-as the kernel records it (Linux), so the interpreter's own start and the first imports are in
-the first phase; elsewhere from this module's import.
+the actors' fork server started, TensorFlow's import, the algorithm built with its actors
+started), the binary (its flags parsed, the first iteration's result, which includes the
+learner's first trace, and the stop line, after the final checkpoint) and
+`impala_tf.driver.algorithm.Impala.stop` (each part stopped, by its class's name). Time counts
+from the process's start as the kernel records it (Linux), so the interpreter's own start and
+the first imports are in the first phase; elsewhere from this module's import.
 """
 
 from __future__ import annotations
