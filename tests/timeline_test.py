@@ -25,10 +25,9 @@ def test_a_fresh_process_counts_from_its_own_start():
 
 
 def test_marks_are_in_order_and_after_the_start():
-    before = len(timeline.marks())
     timeline.mark("a")
     time.sleep(0.02)
     timeline.mark("b")
-    (a, ta), (b, tb) = timeline.marks()[before:]
+    (a, ta), (b, tb) = timeline.marks()[-2:]
     assert (a, b) == ("a", "b") and 0 < ta < tb
     assert timeline.process_start_time() < time.time() - ta + 0.05

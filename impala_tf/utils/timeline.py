@@ -17,12 +17,15 @@ the first imports are in the first phase; elsewhere from this module's import.
 
 from __future__ import annotations
 
+import collections
 import os
 import time
 
 __all__ = ["mark", "marks", "process_start_time", "summary"]
 
-_MARKS: list[tuple[str, float]] = []
+#: The newest marks: a long-lived process (a notebook, Tune's reused workers) adds four at each
+#: `Impala.stop` and never prints them, so the oldest go.
+_MARKS: collections.deque[tuple[str, float]] = collections.deque(maxlen=256)
 
 
 def process_start_time() -> float:
