@@ -7,6 +7,7 @@ import glob
 import json
 import os
 import signal
+import subprocess
 import sys
 
 import pytest
@@ -73,7 +74,7 @@ def test_a_grid_runs_one_trial_per_point_restores_a_dead_trial_and_ends_every_pr
 ):
     # The lr=0.001 trial's process dies at its second result (before Tune saves it): Tune's
     # fault tolerance restarts the trial from its checkpoint of iteration 1.
-    space = _tiny(callbacks="tests.support.models:ExitOnceAtIterationTwo").to_dict()
+    space = _tiny(callbacks="tests.support.callbacks:ExitOnceAtIterationTwo").to_dict()
     space["lr"] = tune.grid_search([0.0005, 0.001])
     tuner = tune.Tuner(
         IMPALA,
@@ -231,6 +232,21 @@ def test_impala_train_runs_a_yaml_grid_as_tune_trials_logged_by_tunes_own_tracke
     (run,) = runs
     assert len(client.get_metric_history(run.info.run_id, "episode_reward_mean")) == 2
     assert len(glob.glob(str(tmp_path / "**" / "offline-run-*"), recursive=True)) == 1
+
+
+def test_a_searchs_driver_makes_tunes_tracker_callbacks_without_importing_tensorflow(tmp_path):
+    # The trials import TensorFlow; the process that only drives Tune need not (seconds of CPU
+    # and hundreds of MB). MLflow's store comes from the same function as the MLflow logger's.
+    code = (
+        "import sys\n"
+        "from impala_tf.bin._search import _tracker_callbacks\n"
+        f"made = _tracker_callbacks('grid', 'project', 'grid', 'file:{tmp_path / 'mlruns'}')\n"
+        "assert [type(c).__name__ for c in made] == "
+        "['WandbLoggerCallback', 'MLflowLoggerCallback'], made\n"
+        "assert 'tensorflow' not in sys.modules and 'keras' not in sys.modules\n"
+    )
+    env = {**os.environ, "WANDB_MODE": "offline", "WANDB_DIR": str(tmp_path)}
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=REPO, env=env, timeout=120)
 
 
 def test_an_interrupted_impala_train_search_is_resumed_by_the_same_command(tmp_path):

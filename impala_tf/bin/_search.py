@@ -74,7 +74,7 @@ def _tracker_callbacks(
     if mlflow_experiment:
         from ray.air.integrations.mlflow import MLflowLoggerCallback
 
-        from impala_tf.training.trackers import mlflow_store
+        from impala_tf.training.reporting import mlflow_store
 
         callbacks.append(
             MLflowLoggerCallback(

@@ -444,7 +444,8 @@ def _train() -> int:
             _SHUTDOWN.shutting_down()
         algo.stop()
         if FLAGS.verbose:  # What is left after this: atexit handlers, then `os._exit`.
-            print(f"impala-train: timeline (s since process start): {timeline.summary()}", flush=True)
+            summary = timeline.summary()
+            print(f"impala-train: timeline (s since process start): {summary}", flush=True)
 
 
 def run() -> None:

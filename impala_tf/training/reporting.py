@@ -66,6 +66,7 @@ __all__ = [
     "ResultWriter",
     "flatten",
     "lookup",
+    "mlflow_store",
     "progress_line",
     "stop_reached",
     "tensorboard_scalars",
@@ -401,3 +402,15 @@ def truncate_results(logdir: str, iteration: int) -> dict | None:
             flush=True,
         )
     return last
+
+
+def mlflow_store(uri: str | None) -> str:
+    """The MLflow store to use: `uri`, else `MLFLOW_TRACKING_URI`, else `file:./mlruns`.
+
+    Here, not beside the MLflow logger (`impala_tf.training.trackers`, which imports Keras), so
+    that a search's driver gives Tune's MLflow callback the same store without importing
+    TensorFlow."""
+    uri = uri or os.environ.get("MLFLOW_TRACKING_URI") or "file:" + os.path.abspath("mlruns")
+    if uri.startswith("file:") or "://" not in uri:
+        os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")  # MLflow 3's opt-in.
+    return uri

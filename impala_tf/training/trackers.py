@@ -30,7 +30,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from impala_tf.training.callbacks import AlgorithmCallback, result_of
-from impala_tf.training.reporting import ResultWriter, lookup, tensorboard_scalars
+from impala_tf.training.reporting import ResultWriter, lookup, mlflow_store, tensorboard_scalars
 
 __all__ = ["MLflowLogger", "WandbLogger", "flat_params", "mlflow_store"]
 
@@ -207,14 +207,6 @@ class MLflowLogger(AlgorithmCallback):
             self.client.set_terminated(self.run_id)
             self.run_id = None
             self.client = None
-
-
-def mlflow_store(uri: str | None) -> str:
-    """The MLflow store to use: `uri`, else `MLFLOW_TRACKING_URI`, else `file:./mlruns`."""
-    uri = uri or os.environ.get("MLFLOW_TRACKING_URI") or "file:" + os.path.abspath("mlruns")
-    if uri.startswith("file:") or "://" not in uri:
-        os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")  # MLflow 3's opt-in.
-    return uri
 
 
 def _metric_name(tag: str) -> str:
