@@ -31,7 +31,7 @@ from impala_tf.rollout.env_runner import EnvRunner
 from impala_tf.rollout.fragment import DEFAULT_POLICY_ID, Episode, Fragment
 from impala_tf.rollout.multi_agent_runner import MultiAgentEnvRunner
 from impala_tf.training.reporting import tensorboard_scalars
-from tests.support import models
+from tests.support import callbacks as cbs
 
 #: Every hook call of the `Recorder` callbacks of this process: (hook, env index, length).
 CALLS: list[tuple] = []
@@ -153,7 +153,7 @@ def test_a_multi_agent_runner_calls_the_hooks_per_episode_and_on_sample_end_with
 
 
 def test_a_raising_hook_names_the_hook_and_the_class():
-    runner = _runner(_config(), models.FailingEpisodeEnd)
+    runner = _runner(_config(), cbs.FailingEpisodeEnd)
     with pytest.raises(CallbackError, match="FailingEpisodeEnd.on_episode_end raised in actor 0"):
         for _ in range(5):
             runner.sample()
@@ -162,11 +162,11 @@ def test_a_raising_hook_names_the_hook_and_the_class():
 
 def test_the_callbacks_setting_is_checked_when_the_config_is():
     assert resolve_callbacks(None) is None and resolve_callbacks(DefaultCallbacks) is None
-    assert resolve_callbacks("tests.support.models:EpisodeStats").obj is models.EpisodeStats
+    assert resolve_callbacks("tests.support.callbacks:EpisodeStats").obj is cbs.EpisodeStats
     with pytest.raises(ValueError, match="callbacks_class.*subclass of impala_tf.DefaultCallbacks"):
         resolve_callbacks(dict)
     with pytest.raises(ValueError, match="does not resolve"):
-        resolve_callbacks("tests.support.models:NoSuchCallbacks")
+        resolve_callbacks("tests.support.callbacks:NoSuchCallbacks")
 
     class LearnOnBatch(DefaultCallbacks):
         def on_learn_on_batch(self, **kwargs):
@@ -174,8 +174,8 @@ def test_the_callbacks_setting_is_checked_when_the_config_is():
 
     with pytest.raises(ValueError, match="on_learn_on_batch.*does not call"):
         ImpalaConfig().callbacks(LearnOnBatch).validate()
-    config = ImpalaConfig.from_dict({"callbacks": "tests.support.models:EpisodeStats"})
-    assert config.callbacks_class == "tests.support.models:EpisodeStats"
+    config = ImpalaConfig.from_dict({"callbacks": "tests.support.callbacks:EpisodeStats"})
+    assert config.callbacks_class == "tests.support.callbacks:EpisodeStats"
 
 
 def test_multi_callbacks_call_every_member_in_turn():

@@ -88,7 +88,7 @@ def _a_tune_trial_puts_its_actors_on_the_cluster(cluster, node2: str, tmp_path) 
             custom_resources_per_env_runner={"node2": 1},
             num_cpus_per_env_runner=1,
             num_cpus_for_main_process=1.5,
-            callbacks="tests.support.models:NodesOfTheRun",
+            callbacks="tests.support.callbacks:NodesOfTheRun",
         ).to_dict()
         results = tune.Tuner(
             IMPALA,

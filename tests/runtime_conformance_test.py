@@ -29,7 +29,7 @@ from impala_tf.config.base import AlgorithmConfig
 from impala_tf.config.policies import PolicySpec
 from impala_tf.driver.aggregation import AggregatorHost
 from impala_tf.workers.shared_arrays import SEGMENT_PREFIX
-from tests.support import envs, models
+from tests.support import callbacks, envs, models
 from tests.support.configs import BACKENDS, POLICY_COUNTS, small_config
 from tests.support.processes import alive, wait_until
 
@@ -289,7 +289,7 @@ def test_evaluation_during_training_reports_summed_and_per_policy_returns(placem
 def _own_config(placement: tuple[str, int]) -> ImpalaConfig:
     """A user's models and callbacks: RLlib's TFModelV2 example for the one policy; a Keras
     functional model for p0 and a subclassed one for p1 (a custom model per policy)."""
-    config = _config(placement).callbacks(models.EpisodeStats)
+    config = _config(placement).callbacks(callbacks.EpisodeStats)
     if placement[1] == 1:
         return config.training(model={"custom_model": "tests.support.models:TwoHeadedModel"})
     functional = {
@@ -344,7 +344,7 @@ def test_a_users_models_and_callbacks_reach_actors_learners_evaluation_and_check
 
 
 def test_a_raising_callback_stops_the_run_naming_the_hook_and_class(placement):
-    algo = _config(placement).callbacks(models.FailingEpisodeEnd).build()
+    algo = _config(placement).callbacks(callbacks.FailingEpisodeEnd).build()
     try:
         with pytest.raises(RuntimeError, match="FailingEpisodeEnd.on_episode_end raised in actor"):
             _train_until(algo, lambda r: False)
