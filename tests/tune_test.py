@@ -324,7 +324,7 @@ def test_pbt_exploit_copies_a_checkpoint_and_the_new_lr_is_trained_with(ray_sess
     results = tune.Tuner(
         IMPALA,
         param_space=space,
-        tune_config=tune.TuneConfig(scheduler=pbt),
+        tune_config=tune.TuneConfig(scheduler=pbt, reuse_actors=True),
         run_config=tune.RunConfig(
             name="pbt",
             storage_path=str(tmp_path),
@@ -347,6 +347,10 @@ def test_pbt_exploit_copies_a_checkpoint_and_the_new_lr_is_trained_with(ray_sess
             changed.append(lrs)
     # The exploited trial trains on with a mutated lr (PBT resamples from the mutations).
     assert changed and all(round(lrs[-1], 6) in (0.001, 0.002) for lrs in changed)
+    # ... in a trial process that was there before (`reset_config`): two trials, at most two
+    # processes (without reuse, each exploit starts one more and imports TensorFlow again).
+    pids = {pid for result in results for pid in result.metrics_dataframe["pid"]}
+    assert len(pids) <= 2, pids
     wait_until(lambda: not _actor_processes(), timeout_s=60)
     assert _actor_processes() == []
 

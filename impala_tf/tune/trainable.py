@@ -17,6 +17,8 @@ A trial is one algorithm, built and driven as `impala-train` drives it:
   and entropy coefficient are the config's (the learner evaluates them every update from its
   spec), so a restored trial trains with the hyperparameters PBT gave it, not the donor's;
 * `cleanup` stops every process of the trial (actors, aggregation workers, learner threads);
+* `reset_config` (Tune's `TuneConfig(reuse_actors=True)`, which `impala-train` searches set)
+  stops the algorithm and builds one from another trial's config in the same process;
 * `default_resource_request` reserves the trial's actors: one bundle for the driver and its
   learner (`num_cpus_for_main_process` CPUs, and `num_gpus` GPUs on a cluster that has GPUs,
   unless `_fake_gpus`), one per
@@ -166,6 +168,16 @@ class AlgorithmTrainable(tune.Trainable):
         self._writer.close()
         truncate_results(self._writer.logdir, self.algorithm.iteration)
         self._writer = ResultWriter(self._writer.logdir)
+
+    def reset_config(self, new_config: dict) -> bool:
+        """Tune's `reuse_actors`: this trial's process takes on another config (a PBT exploit,
+        or the next trial of a search) instead of Tune starting a process for it. The algorithm
+        is stopped and built again from `new_config` into the (new) trial's directory; Tune then
+        restores the checkpoint it chose, if any. TensorFlow and the local actors' fork server
+        stay loaded: a new process would spend seconds of CPU importing them again."""
+        self.cleanup()
+        self.setup(new_config)
+        return True
 
     def cleanup(self) -> None:
         try:
