@@ -16,6 +16,7 @@ import keras
 import pytest
 
 from impala_tf import checkpoints
+from tests.support.binaries import run_binary_in_one_process
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _TIMEOUT_S = 240
@@ -231,20 +232,30 @@ def test_resume_discards_results_after_the_checkpoint_and_stops_if_done(tmp_path
     assert len(discarded) == 2 and json.loads(discarded[0])["training_iteration"] == 3
 
 
-@pytest.mark.parametrize(
-    ("args", "message"),
-    [
-        (["--noresume"], "holds checkpoints"),
-        (["--callbacks=tests.train_binary_test:nothing_here"], "cannot import callback"),
-        ([*RUN_ARGS, "--set=num_env_runners=1000000"], "`num_env_runners`=1000000 needs about"),
-    ],
-)
-def test_errors_are_explained(tmp_path, args, message):
-    logdir = tmp_path / "run"
-    if "--noresume" in args:
-        ckpt = logdir / "checkpoints" / "checkpoint_000001"
-        ckpt.mkdir(parents=True)
-        (ckpt / checkpoints.DRIVER_STATE_FILE).write_text("{}")
-    proc = train(f"--logdir={logdir}", *args)
-    assert proc.returncode == 1
-    assert "impala-train: error: " in proc.stderr and message in proc.stderr
+_ERRORS = {  # run name: (arguments, what the error says)
+    "noresume": (["--noresume"], "holds checkpoints"),
+    "callback": (["--callbacks=tests.train_binary_test:nothing_here"], "cannot import callback"),
+    "memory": (
+        [*RUN_ARGS, "--set=num_env_runners=1000000"],
+        "`num_env_runners`=1000000 needs about",
+    ),
+}
+
+
+def test_errors_are_explained(tmp_path):
+    # One case after another through the binary's flags and `main`, in one fresh process (a
+    # process each would import TensorFlow three times).
+    ckpt = tmp_path / "noresume" / "checkpoints" / "checkpoint_000001"
+    ckpt.mkdir(parents=True)
+    (ckpt / checkpoints.DRIVER_STATE_FILE).write_text("{}")
+    runs = run_binary_in_one_process(
+        "impala_tf.bin.train",
+        {name: [f"--logdir={tmp_path / name}", *args] for name, (args, _) in _ERRORS.items()},
+        cwd=REPO,
+        env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONPATH": REPO},
+        log_dir=tmp_path,
+    )
+    for name, (_, message) in _ERRORS.items():
+        code, output = runs[name]
+        assert code == 1, (name, output[-3000:])
+        assert "impala-train: error: " in output and message in output, (name, output[-3000:])
