@@ -202,47 +202,74 @@ SMALL = (
 )
 
 
-def test_impala_train_runs_a_yaml_grid_as_tune_trials_logged_by_tunes_own_trackers(
+def test_impala_train_runs_a_yaml_grid_with_tunes_trackers_and_the_same_command_resumes_it(
     tmp_path, monkeypatch
 ):
+    # One search, interrupted and resumed (each run of impala-train starts a Ray and a trial).
     yaml_path = tmp_path / "grid.yaml"
     yaml_path.write_text(
         "grid:\n"
         "    env: CartPole-v1\n"
         "    run: IMPALA\n"
-        "    stop: {training_iteration: 2}\n"
+        "    stop: {training_iteration: 6}\n"
         "    config:\n"
         "        lr: {grid_search: [0.001]}\n"
         "        model: {fcnet_hiddens: {grid_search: [[8], [16]]}}\n"
     )
+    logdir = tmp_path / "runs" / "grid"
     mlruns = f"file:{tmp_path / 'mlruns'}"
-    code, out = _train_binary(
-        tmp_path,
+    command = (
         f"--config={yaml_path}",
-        f"--logdir={tmp_path / 'runs' / 'grid'}",
+        f"--logdir={logdir}",
+        "--checkpoint_freq=1",
         "--mlflow_experiment=grid",
         f"--mlflow_tracking_uri={mlruns}",
         "--wandb_project=grid",
         *SMALL,
-        WANDB_MODE="offline",
-        WANDB_DIR=str(tmp_path / "wandb-runs"),
     )
+    trackers = {"WANDB_MODE": "offline", "WANDB_DIR": str(tmp_path / "wandb-runs")}
+
+    def lines(path) -> list[dict]:
+        with open(path) as f:
+            return [json.loads(line) for line in f]
+
+    def results() -> list:
+        return sorted(glob.glob(str(logdir / "*" / "impala_tf" / "result.json")))
+
+    process, log = _start_train_binary(tmp_path, *command, **trackers)
+    try:  # Ctrl-C once the trial has results: Tune saves the experiment's state and stops.
+        wait_until(lambda: results() and len(lines(results()[0])) >= 2, timeout_s=120)
+        process.send_signal(signal.SIGINT)
+        code = process.wait(timeout=120)
+    finally:
+        kill_session(process)
+    out = log.read_text()
+    assert code == 130, out[-3000:]
+    assert "UNFINISHED" in out and "the same command resumes them" in out
+    (trial,) = results()  # `--set=model.fcnet_hiddens` wins over the YAML's grid of it.
+    assert len(lines(trial)) < 6
+    code, out = _train_binary(tmp_path, *command, **trackers)
     assert code == 0, out[-3000:]
-    # `--set=model.fcnet_hiddens` wins over the YAML's grid of it: 1 trial, not 2.
     table = out[out.index("trial ") :]
     assert "lr" in table.splitlines()[0] and "TERMINATED" in table.splitlines()[1]
     assert "impala-train: 1 of 1 trials ended" in out
-    (trial,) = [p for p in (tmp_path / "runs" / "grid").iterdir() if p.is_dir()]
-    assert (trial / "impala_tf" / "result.json").is_file()
-    # Ray Tune's own MLflow and W&B logger callbacks: a run of the trial, every result logged.
+    # The same trial went on from its checkpoint: one result per iteration.
+    assert results() == [trial]
+    assert [r["training_iteration"] for r in lines(trial)] == list(range(1, 7))
+    # Ray Tune's own MLflow and W&B logger callbacks logged the trial's results (the resumed
+    # search's too, in the run of the first or a run of its own).
     from mlflow.tracking import MlflowClient
 
     monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")  # MLflow 3's opt-in.
     client = MlflowClient(tracking_uri=mlruns)
     runs = client.search_runs([client.get_experiment_by_name("grid").experiment_id])
-    (run,) = runs
-    assert len(client.get_metric_history(run.info.run_id, "episode_reward_mean")) == 2
-    assert len(glob.glob(str(tmp_path / "**" / "offline-run-*"), recursive=True)) == 1
+    logged = {
+        m.value
+        for run in runs
+        for m in client.get_metric_history(run.info.run_id, "training_iteration")
+    }
+    assert logged == set(range(1, 7)), logged
+    assert glob.glob(str(tmp_path / "wandb-runs" / "**" / "offline-run-*"), recursive=True)
 
 
 def test_a_searchs_driver_makes_tunes_tracker_callbacks_without_importing_tensorflow(tmp_path):
@@ -258,45 +285,6 @@ def test_a_searchs_driver_makes_tunes_tracker_callbacks_without_importing_tensor
     )
     env = {**os.environ, "WANDB_MODE": "offline", "WANDB_DIR": str(tmp_path)}
     subprocess.run([sys.executable, "-c", code], check=True, cwd=REPO, env=env, timeout=120)
-
-
-def test_an_interrupted_impala_train_search_is_resumed_by_the_same_command(tmp_path):
-    yaml_path = tmp_path / "grid.yaml"
-    yaml_path.write_text(
-        "grid:\n"
-        "    env: CartPole-v1\n"
-        "    run: IMPALA\n"
-        "    stop: {training_iteration: 6}\n"
-        "    config: {lr: {grid_search: [0.001]}}\n"
-    )
-    logdir = tmp_path / "runs" / "grid"
-    command = (f"--config={yaml_path}", f"--logdir={logdir}", "--checkpoint_freq=1", *SMALL)
-
-    def lines(path) -> list[dict]:
-        with open(path) as f:
-            return [json.loads(line) for line in f]
-
-    def results() -> list:
-        return sorted(glob.glob(str(logdir / "*" / "impala_tf" / "result.json")))
-
-    process, log = _start_train_binary(tmp_path, *command)
-    try:  # Ctrl-C once the trial has results: Tune saves the experiment's state and stops.
-        wait_until(lambda: results() and len(lines(results()[0])) >= 2, timeout_s=120)
-        process.send_signal(signal.SIGINT)
-        code = process.wait(timeout=120)
-    finally:
-        kill_session(process)
-    out = log.read_text()
-    assert code == 130, out[-3000:]
-    assert "UNFINISHED" in out and "the same command resumes them" in out
-    (trial,) = results()
-    assert len(lines(trial)) < 6
-    code, out = _train_binary(tmp_path, *command)
-    assert code == 0, out[-3000:]
-    assert "impala-train: 1 of 1 trials ended" in out
-    # The same trial went on from its checkpoint: one result per iteration.
-    assert results() == [trial]
-    assert [r["training_iteration"] for r in lines(trial)] == list(range(1, 7))
 
 
 def test_a_search_over_an_experiment_is_refused_without_resume(ray_session, tmp_path):

@@ -68,7 +68,7 @@ def _tracker_callbacks(
 ) -> list:
     callbacks = []
     if wandb_project:
-        from ray.air.integrations.wandb import WandbLoggerCallback
+        from impala_tf.tune.loggers import WandbLoggerCallback
 
         callbacks.append(WandbLoggerCallback(project=wandb_project, group=name))
     if mlflow_experiment:
