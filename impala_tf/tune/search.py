@@ -195,8 +195,8 @@ def run_search(
         tune_config=tune.TuneConfig(
             num_samples=max(1, int(num_samples)),
             scheduler=make_scheduler(scheduler) if scheduler else None,
-            # A PBT exploit or the next trial of a search goes on in a finished trial's
-            # process (`AlgorithmTrainable.reset_config`): no new TensorFlow import.
+            # A PBT exploit or the next trial of a search may go on in a paused or ended
+            # trial's process (`AlgorithmTrainable.reset_config`): no new TensorFlow import.
             reuse_actors=True,
         ),
         run_config=tune.RunConfig(

@@ -18,7 +18,9 @@ A trial is one algorithm, built and driven as `impala-train` drives it:
   spec), so a restored trial trains with the hyperparameters PBT gave it, not the donor's;
 * `cleanup` stops every process of the trial (actors, aggregation workers, learner threads);
 * `reset_config` (Tune's `TuneConfig(reuse_actors=True)`, which `impala-train` searches set)
-  stops the algorithm and builds one from another trial's config in the same process;
+  stops the algorithm and builds one from another trial's config in the same process, when
+  Tune hands this trial's process to another (it does when a trial is already waiting for the
+  same resources as this one pauses or ends);
 * `default_resource_request` reserves the trial's actors: one bundle for the driver and its
   learner (`num_cpus_for_main_process` CPUs, and `num_gpus` GPUs on a cluster that has GPUs,
   unless `_fake_gpus`), one per
