@@ -98,23 +98,22 @@ class _HostReads(keras.callbacks.Callback):
 
 # Every pair of values of the three settings, in 6 runs of the 12 combinations (a mirrored run
 # traces for seconds): each strategy with and without microbatches and the accelerator path.
+_HOST_READ_CASES = [
+    ("default", 1, False),
+    ("default", 2, True),
+    ("one_device", 1, True),
+    ("one_device", 2, False),
+    ("mirrored", 1, True),
+    ("mirrored", 2, False),
+]
+
+
 @pytest.mark.parametrize(
     "name, microbatches, accelerator",
-    [
-        ("default", 1, False),
-        ("default", 2, True),
-        ("one_device", 1, True),
-        ("one_device", 2, False),
-        ("mirrored", 1, True),
-        ("mirrored", 2, False),
-    ],
+    _HOST_READ_CASES,
     ids=[
-        "default-batch-cpu",
-        "default-microbatches-accelerator",
-        "one_device-batch-accelerator",
-        "one_device-microbatches-cpu",
-        "mirrored-batch-accelerator",
-        "mirrored-microbatches-cpu",
+        f"{name}-{'microbatches' if micro == 2 else 'batch'}-{'accelerator' if acc else 'cpu'}"
+        for name, micro, acc in _HOST_READ_CASES
     ],
 )
 def test_an_update_reads_one_value_back_to_the_host(monkeypatch, name, microbatches, accelerator):
