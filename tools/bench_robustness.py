@@ -10,9 +10,12 @@ Each run is the README's command, `impala-train --config=configs/cartpole-impala
 as a person starts it: a new process, no seed, no other flag, from the repository root, writing
 to `runs/<name>-<time>/` (read afterwards, then deleted unless `--keep`). `--set KEY=VALUE`
 (repeatable) adds `--set` overrides, for probes; the block in BENCHMARKS.md names them. With
-`--fresh-clone` the first run is the README's whole first command in a fresh clone of this
-checkout's HEAD (a new virtualenv and `pip install -e .`, then the train command); the install
-time is reported apart from the run's.
+`--fresh-clone` every run is in a fresh clone of this checkout's HEAD with the README's install
+(a new virtualenv and `pip install -e .`, no extras; the install time is reported apart from
+the runs'), the first right after the install: what the README's first command does. Without
+it the runs use this interpreter's virtualenv, whose extras (the test extra's Ray Tune and
+matplotlib: Keras imports pandas and matplotlib when they are installed) add about a second
+to every start; the block says which.
 
 Per run, from the binary's output and its `result.json`:
 
@@ -253,8 +256,9 @@ def summarise(rows: list[dict]) -> dict:
     }
 
 
-def fresh_clone_run(timeout: float, keep: bool) -> tuple[dict, float]:
-    """The README's first command in a fresh clone of HEAD; returns (run, install seconds)."""
+def fresh_clone() -> tuple[str, dict, float]:
+    """A fresh clone of HEAD with the README's install (a new virtualenv, `pip install -e .`);
+    returns (its directory, the environment to run it in, the install's seconds)."""
     work = tempfile.mkdtemp(prefix="bench-robustness-clone-")
     clone = os.path.join(work, "impala_tf")
     subprocess.run(["git", "clone", "-q", ROOT, clone], check=True)
@@ -265,29 +269,24 @@ def fresh_clone_run(timeout: float, keep: bool) -> tuple[dict, float]:
     )
     install_s = time.perf_counter() - start
     env = {k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "PYTHONPATH")}
-    run = run_once(
-        [".venv/bin/impala-train", f"--config={README_CONFIG}"], clone, timeout, keep, env
-    )
-    if not keep:
-        shutil.rmtree(work, ignore_errors=True)
-    return run, install_s
+    return clone, env, install_s
 
 
 def _fmt(value: float | None, unit: str = " s") -> str:
     return "-" if value is None else f"{value:.1f}{unit}"
 
 
-def tensorflow_import_s(tries: int = 3) -> float:
-    """The median time of `import tensorflow` alone in a fresh process: the floor under every
-    run's start-up, and the machine's speed that day."""
+def tensorflow_import_s(python: str, env: dict | None = None, tries: int = 3) -> float:
+    """The median time of `import tensorflow` alone in a fresh process of `python`: the floor
+    under every run's start-up, and the machine's speed that day."""
     times = []
     for _ in range(tries):
         start = time.perf_counter()
         subprocess.run(
-            [sys.executable, "-c", "import tensorflow"],
+            [python, "-c", "import tensorflow"],
             check=True,
             capture_output=True,
-            env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"),
+            env=dict(os.environ if env is None else env, TF_CPP_MIN_LOG_LEVEL="3"),
         )
         times.append(time.perf_counter() - start)
     return statistics.median(times)
@@ -312,10 +311,10 @@ def report(
         f"average before {load[0]:.2f}). {summary['runs']} fresh, unseeded processes of "
         f"`impala-train --config={README_CONFIG}`{variant}, one at a time"
         + (
-            f"; the first from a fresh clone (its `pip install -e .` took {install_s:.0f} s, "
-            "not counted below)"
+            f", all in a fresh clone with the README's install (`pip install -e .`, no extras; "
+            f"it took {install_s:.0f} s, not counted below), the first right after the install"
             if install_s is not None
-            else ""
+            else ", in this checkout's virtualenv (with its extras installed)"
         )
         + ".",
         "",
@@ -337,7 +336,7 @@ def report(
         f"binary's exit: {summary['runs_leaving_processes']}"
         + (
             f"; `import tensorflow` alone took {import_s:.1f} s that day (median of 3 fresh "
-            "processes before the runs)"
+            "processes of the runs' virtualenv, after the runs)"
             if import_s is not None
             else ""
         ),
@@ -372,23 +371,27 @@ def main() -> None:
     _, stop = ImpalaConfig.from_yaml(os.path.join(ROOT, README_CONFIG))
     target = float(stop.get("episode_reward_mean", 450))
     max_steps = int(stop.get("timesteps_total", 2_000_000))
-    binary = os.path.join(os.path.dirname(sys.executable), "impala-train")
-    command = [binary, f"--config={README_CONFIG}", *(f"--set={s}" for s in args.set)]
-
     load = os.getloadavg()
-    import_s = tensorflow_import_s()
+    cwd, env, install_s, bin_dir = ROOT, None, None, os.path.dirname(sys.executable)
+    if args.fresh_clone:
+        cwd, env, install_s = fresh_clone()
+        bin_dir = os.path.join(cwd, ".venv", "bin")
+    command = [
+        os.path.join(bin_dir, "impala-train"),
+        f"--config={README_CONFIG}",
+        *(f"--set={s}" for s in args.set),
+    ]
     rows = []
-    install_s = None
     for i in range(args.runs):
-        if i == 0 and args.fresh_clone:
-            run, install_s = fresh_clone_run(args.timeout, args.keep)
-        else:
-            run = run_once(command, ROOT, args.timeout, args.keep)
+        run = run_once(command, cwd, args.timeout, args.keep, env)
         row = outcome(run, target, max_steps)
         rows.append(row)
         print(json.dumps({"run": i + 1, **row}), flush=True)
         if run["returncode"] != 0 and not run["timed_out"]:
             print("\n".join(run["tail"]), file=sys.stderr)
+    import_s = tensorflow_import_s(os.path.join(bin_dir, "python"), env)
+    if args.fresh_clone and not args.keep:
+        shutil.rmtree(os.path.dirname(cwd), ignore_errors=True)
     if args.json:
         with open(args.json, "w", encoding="utf-8") as f:
             json.dump({"args": vars(args), "rows": rows, "summary": summarise(rows)}, f, indent=1)
