@@ -31,6 +31,7 @@ from impala_tf.config import (
 )
 from impala_tf.config.experiments import read_search_file, search_space_paths
 from impala_tf.config.registry import config_class
+from tests.support.binaries import run_binary_in_one_process
 from tests.support.configs import small_config
 from tests.support.envs import HugeRewardCartPole
 from tests.support.processes import (
@@ -1055,7 +1056,8 @@ for backend in sys.argv[1:]:
 
 def test_build_and_impala_train_go_through_one_factory_that_honours_actor_backend(tmp_path):
     """Both start the local actors' fork server only for `actor_backend: local` (the train
-    binary used to start one for Ray actors too)."""
+    binary used to start one for Ray actors too). Each runs Ray first, then local, in one
+    process of its own (a local build leaves the fork server running in its process)."""
     env = {
         **os.environ,
         "PYTHONPATH": str(REPO),
@@ -1064,36 +1066,35 @@ def test_build_and_impala_train_go_through_one_factory_that_honours_actor_backen
         "RAY_USAGE_STATS_ENABLED": "0",
     }
     env.pop("RAY_ADDRESS", None)
-    runs = {}
     log = tmp_path / "build.log"
-    runs["build"] = (
-        run_in_background([sys.executable, "-c", _BUILD_SCRIPT, "ray", "local"], REPO, env, log),
-        log,
-    )
-    for backend in ("local", "ray"):
-        name = f"impala-train-{backend}"
-        argv = [
-            sys.executable, "-m", "impala_tf.bin.train", f"--logdir={tmp_path / name}",
-            "--set=num_env_runners=1", "--set=num_gpus=0", f"--set=actor_backend={backend}",
-            "--learner_callbacks=tests.config_test:ForkServerProbe",
-        ]  # fmt: skip
-        log = tmp_path / f"{name}.log"
-        runs[name] = (run_in_background(argv, REPO, env, log), log)
+    build = run_in_background([sys.executable, "-c", _BUILD_SCRIPT, "ray", "local"], REPO, env, log)
     try:
-        for name, (process, log) in runs.items():
-            process.wait(timeout=240)
-            text = log.read_text()
-            if name == "build":
-                for backend, expected in (("ray", "False"), ("local", "True")):
-                    line = f"build-{backend}: ForkServerProbe: fork server running={expected}"
-                    assert line in text, (name, log_tail(log))
-                continue
-            expected = "True" if name.endswith("-local") else "False"
-            assert f"ForkServerProbe: fork server running={expected}" in text, (name, log_tail(log))
-            assert process.returncode == 1 and "impala-train: error: ForkServerProbe" in text
+        train_runs = run_binary_in_one_process(
+            "impala_tf.bin.train",
+            {
+                backend: [
+                    f"--logdir={tmp_path / backend}",
+                    "--set=num_env_runners=1",
+                    "--set=num_gpus=0",
+                    f"--set=actor_backend={backend}",
+                    "--learner_callbacks=tests.config_test:ForkServerProbe",
+                ]  # fmt: skip
+                for backend in ("ray", "local")
+            },
+            cwd=REPO,
+            env=env,
+            log_dir=tmp_path,
+        )
+        build.wait(timeout=240)
+        text = log.read_text()
     finally:
-        for process, _ in runs.values():
-            kill_session(process)
+        kill_session(build)
+    for backend, expected in (("ray", "False"), ("local", "True")):
+        line = f"build-{backend}: ForkServerProbe: fork server running={expected}"
+        assert line in text, log_tail(log)
+        code, output = train_runs[backend]
+        assert f"ForkServerProbe: fork server running={expected}" in output, (backend, output)
+        assert code == 1 and "impala-train: error: ForkServerProbe" in output, (backend, output)
 
 
 @pytest.mark.parametrize(

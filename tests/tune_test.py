@@ -69,52 +69,6 @@ def test_trial_resources_reserve_the_driver_the_actors_and_the_aggregation_worke
     assert trial_resources(gpu, cluster_gpus=0).bundles[0] == {"CPU": 2.0}  # One CPU device.
 
 
-def test_a_grid_runs_one_trial_per_point_restores_a_dead_trial_and_ends_every_process(
-    ray_session, tmp_path
-):
-    # The lr=0.001 trial's process dies at its second result (before Tune saves it): Tune's
-    # fault tolerance restarts the trial from its checkpoint of iteration 1.
-    space = _tiny(callbacks="tests.support.callbacks:ExitOnceAtIterationTwo").to_dict()
-    space["lr"] = tune.grid_search([0.0005, 0.001])
-    tuner = tune.Tuner(
-        IMPALA,
-        param_space=space,
-        run_config=tune.RunConfig(
-            name="grid",
-            storage_path=str(tmp_path),
-            stop=STOP,
-            checkpoint_config=tune.CheckpointConfig(checkpoint_frequency=1),
-            failure_config=tune.FailureConfig(max_failures=1),
-            verbose=0,
-        ),
-    )
-    results = tuner.fit()
-    assert not results.errors
-    assert sorted(r.config["lr"] for r in results) == [0.0005, 0.001]
-    for result in results:
-        assert result.metrics["training_iteration"] == 2
-        assert "episode_reward_mean" in result.metrics
-        directory = os.path.join(result.path, "impala_tf")
-        with open(os.path.join(directory, "result.json")) as f:
-            lines = [json.loads(line) for line in f]
-        # The restored trial went on from iteration 1's checkpoint: its counters too.
-        assert [r["training_iteration"] for r in lines] == [1, 2]
-        assert 0 < lines[0]["timesteps_total"] < lines[1]["timesteps_total"]
-        assert os.path.isfile(os.path.join(result.checkpoint.path, "driver_state.json"))
-        assert os.path.exists(os.path.join(directory, "exited-once")) == (
-            result.config["lr"] == 0.001
-        )
-    # The trials' processes end with them: their actors at `stop()` (or, for the dead trial's
-    # first process, when it died), the fork server when Tune ends the trial's worker process
-    # (Ray's own processes are not ours).
-    wait_until(lambda: not _actor_processes(), timeout_s=60)
-    leftover = {
-        pid: (proclib.cmdline(proclib.parent_pid(pid) or 0), proclib.cmdline(pid))
-        for pid in _actor_processes()
-    }
-    assert leftover == {}
-
-
 def test_the_names_are_registered_again_in_a_new_ray_session(ray_session):
     import ray._private.worker as ray_worker
     from ray.tune.registry import TRAINABLE_CLASS, _global_registry
@@ -332,6 +286,7 @@ def test_pbt_exploit_copies_a_checkpoint_and_the_new_lr_is_trained_with(ray_sess
         ),
     ).fit()
     assert not results.errors
+    assert len(results) == 2  # One trial per point of the grid.
     with open(tmp_path / "pbt" / "pbt_global.txt") as f:
         exploits = [json.loads(line) for line in f if line.strip()]
     assert exploits  # [target tag, donor tag, target iteration, donor iteration, old, new]
@@ -383,19 +338,47 @@ def test_rllibs_unedited_four_game_atari_yaml_is_a_search_of_one_valid_trial_per
         assert config.lr_schedule == [[0, 0.0005], [20000000, 1e-12]]
 
 
-def test_a_trials_ray_actors_run_inside_its_placement_group(ray_session, tmp_path):
+def test_a_trials_ray_actors_run_inside_its_placement_group_and_a_dead_trial_is_restored(
+    ray_session, tmp_path
+):
     # The trial reserves both of the cluster's CPUs (1.5 + 2 x 0.25): Ray actors placed
     # outside its placement group could not start, and the trial would time out sampling.
-    # It is APPO's, by its registered name.
-    space = _tiny(backend="ray", sample_timeout_s=30, num_env_runners=2).to_dict()
+    # It is APPO's, by its registered name. Its process dies at its second result (before Tune
+    # saves it), once: Tune's fault tolerance restarts the trial from its checkpoint of
+    # iteration 1, and the restarted trial's actors again have to fit in its placement group
+    # (the dead process's actors gone with it).
+    space = _tiny(
+        backend="ray",
+        sample_timeout_s=30,
+        num_env_runners=2,
+        lr=0.001,
+        callbacks="tests.support.callbacks:ExitOnceAtIterationTwo",
+    ).to_dict()
     space.update(num_cpus_for_main_process=1.5, circular_buffer_num_batches=2)  # An APPO key.
     results = tune.Tuner(
         "impala_tf.APPO",
         param_space=space,
-        run_config=tune.RunConfig(storage_path=str(tmp_path), stop=STOP, verbose=0),
+        run_config=tune.RunConfig(
+            storage_path=str(tmp_path),
+            stop=STOP,
+            checkpoint_config=tune.CheckpointConfig(checkpoint_frequency=1),
+            failure_config=tune.FailureConfig(max_failures=1),
+            verbose=0,
+        ),
     ).fit()
     assert not results.errors
     (result,) = results
     assert result.metrics["training_iteration"] == 2
     assert result.metrics["num_healthy_workers"] == 2
     assert "kl" in json.dumps(result.metrics)  # APPO's learner stats.
+    directory = os.path.join(result.path, "impala_tf")
+    assert os.path.exists(os.path.join(directory, "exited-once"))
+    with open(os.path.join(directory, "result.json")) as f:
+        lines = [json.loads(line) for line in f]
+    # The restored trial went on from iteration 1's checkpoint: its counters too.
+    assert [r["training_iteration"] for r in lines] == [1, 2]
+    assert 0 < lines[0]["timesteps_total"] < lines[1]["timesteps_total"]
+    assert os.path.isfile(os.path.join(result.checkpoint.path, "driver_state.json"))
+    # The trial's processes end with it (Ray's own processes are not ours).
+    wait_until(lambda: not _actor_processes(), timeout_s=60)
+    assert _actor_processes() == []
