@@ -148,6 +148,20 @@ def test_watch_training_times_the_process_to_its_end_when_it_never_reaches(tmp_p
     assert missed.reached_s is None and missed.exit_s >= 0.6 and missed.results == []
 
 
+def test_the_machine_line_names_the_cpu_and_its_widest_vector_extension(tmp_path):
+    from tools import benchlib
+
+    info = tmp_path / "cpuinfo"
+    info.write_text(
+        "processor\t: 0\nmodel name\t: AMD EPYC\nflags\t\t: fpu sse4_2 avx fma avx2\n\n"
+        "processor\t: 1\nmodel name\t: AMD EPYC\nflags\t\t: fpu sse4_2 avx fma avx2\n"
+    )
+    assert benchlib.cpu_model(str(info)) == "AMD EPYC, AVX2"
+    info.write_text("model name\t: Intel Xeon\nflags\t\t: avx2 avx512f avx512_bf16 amx_bf16\n")
+    assert benchlib.cpu_model(str(info)) == "Intel Xeon, AVX-512"
+    assert benchlib.cpu_model(str(tmp_path / "missing")) == ""
+
+
 def test_bench_robustness_summary_counts_a_run_that_never_reached_at_its_whole_time():
     from tools import bench_robustness
 
