@@ -507,11 +507,10 @@ _ADOPTION_GAIN = 1.2
 
 def _has_avx512_bf16() -> str:
     """ "yes" or "no" from /proc/cpuinfo's flags, "unknown" where it cannot be read."""
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            return "yes" if "avx512_bf16" in f.read() else "no"
-    except OSError:
+    info = benchlib.read_cpuinfo()
+    if info is None:
         return "unknown"
+    return "yes" if "avx512_bf16" in info[1] else "no"
 
 
 #: The two implementations the `conv` part compares, and the layer's shapes.

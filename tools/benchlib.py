@@ -247,21 +247,33 @@ def git_commit(root: str, digits: int = 12) -> str:
     return commit + ("+dirty" if git("status", "--porcelain", "--untracked-files=no") else "")
 
 
+def read_cpuinfo(path: str = "/proc/cpuinfo") -> tuple[str, frozenset[str]] | None:
+    """The first CPU's model name ("" if none) and flags, from `path`; None where it cannot be
+    read (not Linux)."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    except OSError:
+        return None
+    model = re.search(r"^model name\s*:\s*(.+)$", text, re.M)
+    flags = re.search(r"^flags\s*:\s*(.+)$", text, re.M)
+    return (
+        model.group(1).strip() if model else "",
+        frozenset(flags.group(1).split()) if flags else frozenset(),
+    )
+
+
 def cpu_model(cpuinfo: str = "/proc/cpuinfo") -> str:
     """The CPU's model name and its widest vector extension ("AMD EPYC, AVX2"), or "" where
     `cpuinfo` cannot be read. A virtual machine of the same name can land on different hosts
     from day to day, and the figures move with the host: the Nature CNN's update of 500 steps
     took 31-51 ms on hosts with AVX-512 and ~350 ms on one with AVX2 only."""
-    try:
-        with open(cpuinfo, encoding="utf-8") as f:
-            text = f.read()
-    except OSError:
+    info = read_cpuinfo(cpuinfo)
+    if info is None:
         return ""
-    model = re.search(r"^model name\s*:\s*(.+)$", text, re.M)
-    flags = re.search(r"^flags\s*:\s*(.+)$", text, re.M)
-    have = set(flags.group(1).split()) if flags else set()
-    vector = next((name for flag, name in _VECTOR_FLAGS if flag in have), "")
-    return ", ".join(part for part in (model.group(1).strip() if model else "", vector) if part)
+    model, flags = info
+    vector = next((name for flag, name in _VECTOR_FLAGS if flag in flags), "")
+    return ", ".join(part for part in (model, vector) if part)
 
 
 #: (cpuinfo flag, name), widest first.

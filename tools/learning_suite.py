@@ -383,15 +383,8 @@ def best_point(curve: Sequence[Mapping[str, Any]]) -> dict | None:
 
 def machine_info() -> dict[str, Any]:
     """What a run ran on: CPU model, cores, memory, GPUs, Python, TensorFlow, commit."""
-    cpu = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    cpu = line.split(":", 1)[1].strip()
-                    break
-    except OSError:
-        pass
+    info = benchlib.read_cpuinfo()
+    cpu = (info[0] if info else "") or platform.processor() or platform.machine()
     memory = 0
     try:
         with open("/proc/meminfo", encoding="utf-8") as f:
