@@ -1078,7 +1078,7 @@ def test_build_and_impala_train_go_through_one_factory_that_honours_actor_backen
                     "--set=num_gpus=0",
                     f"--set=actor_backend={backend}",
                     "--learner_callbacks=tests.config_test:ForkServerProbe",
-                ]  # fmt: skip
+                ]
                 for backend in ("ray", "local")
             },
             cwd=REPO,

@@ -51,6 +51,17 @@ def _actor_processes() -> list[int]:
     return sorted({child for pid in trials for child in proclib.descendants(pid)})
 
 
+def _assert_the_trials_processes_ended() -> None:
+    """Waits for the trials' processes to end (their actors at `stop()`, the fork server when
+    Tune ends the trial's worker process); names any left with its parent's command line."""
+    wait_until(lambda: not _actor_processes(), timeout_s=60)
+    leftover = {
+        pid: (proclib.cmdline(proclib.parent_pid(pid) or 0), proclib.cmdline(pid))
+        for pid in _actor_processes()
+    }
+    assert leftover == {}
+
+
 def test_trial_resources_reserve_the_driver_the_actors_and_the_aggregation_workers():
     pgf = trial_resources(
         small_config(num_cpus_per_env_runner=0.5, num_aggregation_workers=1), cluster_gpus=0
@@ -301,8 +312,7 @@ def test_pbt_exploit_copies_a_checkpoint_and_the_new_lr_is_trained_with(ray_sess
             changed.append(lrs)
     # The exploited trial trains on with a mutated lr (PBT resamples from the mutations).
     assert changed and all(round(lrs[-1], 6) in (0.001, 0.002) for lrs in changed)
-    wait_until(lambda: not _actor_processes(), timeout_s=60)
-    assert _actor_processes() == []
+    _assert_the_trials_processes_ended()
 
 
 def test_pb2_without_scikit_learn_names_the_extra(monkeypatch):
@@ -351,7 +361,6 @@ def test_a_trials_ray_actors_run_inside_its_placement_group_and_a_dead_trial_is_
         backend="ray",
         sample_timeout_s=30,
         num_env_runners=2,
-        lr=0.001,
         callbacks="tests.support.callbacks:ExitOnceAtIterationTwo",
     ).to_dict()
     space.update(num_cpus_for_main_process=1.5, circular_buffer_num_batches=2)  # An APPO key.
@@ -380,5 +389,4 @@ def test_a_trials_ray_actors_run_inside_its_placement_group_and_a_dead_trial_is_
     assert 0 < lines[0]["timesteps_total"] < lines[1]["timesteps_total"]
     assert os.path.isfile(os.path.join(result.checkpoint.path, "driver_state.json"))
     # The trial's processes end with it (Ray's own processes are not ours).
-    wait_until(lambda: not _actor_processes(), timeout_s=60)
-    assert _actor_processes() == []
+    _assert_the_trials_processes_ended()
