@@ -102,15 +102,17 @@ def run_in_background(
       env: Its whole environment; None inherits this process's.
       log_path: The file (created or truncated) that gets its stdout and stderr, interleaved.
       ignore_sigint: Start it with SIGINT ignored, as a non-interactive shell starts a
-        background job (`cmd &`); otherwise it has the default signal handlers.
+        background job (`cmd &`); otherwise with SIGINT's default action, even when this
+        process ignores SIGINT (a test run started as a background job: the child would
+        inherit the ignored SIGINT).
 
     Returns:
       The process; its pid is also its process group and session id. It outlives the test
       unless the test ends it (`kill_session`).
     """
 
-    def _ignore_sigint() -> None:
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
+    def _set_sigint() -> None:
+        signal.signal(signal.SIGINT, signal.SIG_IGN if ignore_sigint else signal.SIG_DFL)
 
     # The child gets its own copy of the descriptor; ours is closed when Popen returns.
     with open(log_path, "wb") as log:
@@ -122,7 +124,7 @@ def run_in_background(
             stdout=log,
             stderr=subprocess.STDOUT,
             start_new_session=True,
-            preexec_fn=_ignore_sigint if ignore_sigint else None,
+            preexec_fn=_set_sigint,
         )
 
 
