@@ -9,7 +9,8 @@ running algorithm, in the driver and in a worker, is
 `tests/replay_runtime_test.py`'s; a killed aggregation worker in a running algorithm is
 `tests/runtime_conformance_test.py`'s.
 
-`make_stuck_aggregator` below is imported by an aggregation worker as `tests.aggregation_test`.
+The aggregation workers' gated and stuck hosts are `tests.support.aggregators`' (no TensorFlow in
+those worker processes).
 """
 
 from __future__ import annotations
@@ -17,7 +18,6 @@ from __future__ import annotations
 import collections
 import os
 import signal
-import time
 
 import gymnasium as gym
 import numpy as np
@@ -27,13 +27,14 @@ from impala_tf.config import ImpalaConfig
 from impala_tf.data.sample_batch import SampleBatch, compress
 from impala_tf.data.train_batch import BatchLost, TrainBatch
 from impala_tf.driver import aggregation
-from impala_tf.driver.aggregation import AggregationStage, Aggregator, AggregatorHost, BatchRef
+from impala_tf.driver.aggregation import AggregationStage, Aggregator, BatchRef
 from impala_tf.driver.counters import Counters
 from impala_tf.driver.specs import aggregator_spec
 from impala_tf.rollout.fragment import DEFAULT_POLICY_ID, Fragment
 from impala_tf.workers import ProcessBackend, StoredValue
 from impala_tf.workers import shared_values as sv
 from impala_tf.workers.shared_arrays import SEGMENT_PREFIX
+from tests.support import aggregators
 from tests.support.batches import sequence_batch
 from tests.support.processes import wait_until
 
@@ -147,26 +148,12 @@ def test_a_reset_drops_what_workers_were_sent_before_it(stage):
     np.testing.assert_array_equal(batch["obs"], after.batches[PID]["obs"])
 
 
-class _GatedAggregator(AggregatorHost):
-    def process_parts(self, batches, versions):
-        while not os.path.exists(os.environ["IMPALA_TF_TEST_GATE"]):  # Until the test opens it.
-            time.sleep(0.01)
-        return super().process_parts(batches, versions)
-
-
-def make_gated_aggregator(index, spec):
-    """An aggregation worker that answers once the test creates the gate file."""
-    return _GatedAggregator(index, spec)
-
-
 @pytest.fixture
 def gated(monkeypatch, tmp_path):
     """Aggregation workers that hold every fragment until `open_gate()`; yields `open_gate`."""
-    import tests.aggregation_test as toys  # The module as the aggregation worker imports it.
-
     gate = tmp_path / "gate"
-    monkeypatch.setenv("IMPALA_TF_TEST_GATE", str(gate))
-    monkeypatch.setattr(aggregation, "make_aggregator_host", toys.make_gated_aggregator)
+    monkeypatch.setenv(aggregators.GATE_ENV, str(gate))
+    monkeypatch.setattr(aggregation, "make_aggregator_host", aggregators.make_gated_aggregator)
     yield gate.touch
 
 
@@ -302,20 +289,8 @@ def test_at_the_in_flight_limit_the_driver_reads_the_fragment_from_shared_memory
         stage.stop()
 
 
-class _StuckAggregator(AggregatorHost):
-    def process_parts(self, batches, versions):
-        time.sleep(600)  # Until killed.
-
-
-def make_stuck_aggregator(index, spec):
-    """An aggregation worker that never answers (the worker factory the test puts in place)."""
-    return _StuckAggregator(index, spec)
-
-
 def test_a_killed_worker_loses_its_fragments_and_the_driver_removes_them(monkeypatch):
-    import tests.aggregation_test as toys  # The module as the aggregation worker imports it.
-
-    monkeypatch.setattr(aggregation, "make_aggregator_host", toys.make_stuck_aggregator)
+    monkeypatch.setattr(aggregation, "make_aggregator_host", aggregators.make_stuck_aggregator)
     actors = _Actors()
     stage = _stage()
     try:
