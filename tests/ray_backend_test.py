@@ -12,6 +12,7 @@ TCP in `tests/inference_test.py`, a lost node in `tests/ray_cluster_test.py`.
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -230,7 +231,9 @@ def test_a_broadcast_puts_the_weights_into_the_object_store_once(ray_local, monk
         actors.stop()
 
 
-def _driver(tmp_path, address: str, token: bool, *args: str) -> subprocess.CompletedProcess:
+def _driver(
+    tmp_path, address: str, token: bool, *args: str, python_flags: tuple[str, ...] = ()
+) -> subprocess.CompletedProcess:
     """impala-train in a fresh process joining `address`, with or without the token."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
     env.update(
@@ -245,6 +248,7 @@ def _driver(tmp_path, address: str, token: bool, *args: str) -> subprocess.Compl
     return subprocess.run(
         [
             sys.executable,
+            *python_flags,
             "-m",
             "impala_tf.bin.train",
             f"--logdir={tmp_path / 'run'}",
@@ -271,10 +275,14 @@ def _driver(tmp_path, address: str, token: bool, *args: str) -> subprocess.Compl
 @pytest.mark.slow
 def test_impala_train_joins_with_the_token_and_is_refused_without(ray_local, tmp_path):
     address = ray_local.get_runtime_context().gcs_address
-    refused = _driver(tmp_path / "a", address, token=False)
+    # `-X importtime` lists every module the process imported, on stderr.
+    refused = _driver(tmp_path / "a", address, token=False, python_flags=("-X", "importtime"))
     assert refused.returncode != 0
     assert "impala-train: error: RayAuthenticationError" in refused.stderr, refused.stderr[-3000:]
     assert "refused this driver: token authentication is on" in refused.stderr
+    # Refused before TensorFlow's import (seconds): Ray is joined first.
+    assert re.search(r"\| ray$", refused.stderr, re.MULTILINE)
+    assert not re.search(r"\|\s+tensorflow$", refused.stderr, re.MULTILINE)
     joined = _driver(tmp_path / "b", address, token=True)
     assert joined.returncode == 0, joined.stderr[-3000:]
     assert (tmp_path / "b" / "run" / "result.json").exists()

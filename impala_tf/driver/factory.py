@@ -1,12 +1,13 @@
 """`build_algorithm`: the one factory behind `ImpalaConfig.build()` and `impala-train`.
 
 It validates the config (never changing it), decides the run's modes once (`make_plan`, which
-probes the env's spaces once), starts the local actors' fork server before TensorFlow is imported
-here, so that the two imports overlap, and builds the `Impala` algorithm with the Keras callbacks
-for its learner threads, deterministic mode and the run's logdir. RLlib's
-`build(logger_creator=...)` is accepted: the logger it returns gives the logdir when it has one
-(RLlib's loggers have a `logdir`); otherwise it is ignored with a warning, since results go
-through Keras callbacks here (`impala_tf.training.callbacks`).
+probes the env's spaces once), starts the local actors' fork server before TensorFlow is
+imported here, so that the two imports overlap (with `actor_backend: ray` it connects to Ray
+first instead, so that a refused or missing cluster fails before that import), and builds the
+`Impala` algorithm with the Keras callbacks for its learner threads, deterministic mode and the
+run's logdir. RLlib's `build(logger_creator=...)` is accepted: the logger it returns gives the
+logdir when it has one (RLlib's loggers have a `logdir`); otherwise it is ignored with a
+warning, since results go through Keras callbacks here (`impala_tf.training.callbacks`).
 """
 
 from __future__ import annotations
@@ -60,18 +61,38 @@ def build_algorithm(
     if plan.backend == "process":
         prestart_fork_server(plan.preload)  # Its imports overlap TensorFlow's below.
         timeline.mark("fork server")
-    import_tensorflow()  # Without TensorFlow's C++ start-up lines unless asked for.
-    timeline.mark("tensorflow")
-    from impala_tf.driver.algorithm import Impala
+    else:
+        _join_ray(config, plan)
+        timeline.mark("ray")
+    try:
+        import_tensorflow()  # Without TensorFlow's C++ start-up lines unless asked for.
+        timeline.mark("tensorflow")
+        from impala_tf.driver.algorithm import Impala
 
-    if callable(callbacks):
-        callbacks = callbacks()
+        if callable(callbacks):
+            callbacks = callbacks()
 
-    algo = Impala(
-        config, callbacks=callbacks, deterministic=deterministic, logdir=logdir, plan=plan
-    )
+        algo = Impala(
+            config, callbacks=callbacks, deterministic=deterministic, logdir=logdir, plan=plan
+        )
+    finally:
+        if plan.backend == "ray":  # The algorithm's Ray pools hold their own use of it.
+            from impala_tf.workers import ray_session
+
+            ray_session.release()
     timeline.mark("built")
     return algo
+
+
+def _join_ray(config: AlgorithmConfig, plan: Any) -> None:
+    """Connects to Ray (or starts it, as the actors' pool would) before TensorFlow's import, so
+    that a cluster that refuses this driver, none at `ray_address` or a missing Ray is an error
+    in a second rather than after it; the caller releases it once the algorithm is built."""
+    from impala_tf.driver.sampling import ray_request
+    from impala_tf.driver.specs import sampling_spec
+    from impala_tf.workers import ray_session
+
+    ray_session.acquire(*ray_request(sampling_spec(config, plan)))
 
 
 def _logdir_of(logger: Any, logdir: str | None) -> str | None:

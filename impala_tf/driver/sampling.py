@@ -60,7 +60,7 @@ from impala_tf.workers import (
 )
 from impala_tf.workers.shared_arrays import ArrayRings
 
-__all__ = ["EnvRunnerGroup", "make_backend"]
+__all__ = ["EnvRunnerGroup", "make_backend", "ray_request"]
 
 logger = logging.getLogger(__name__)
 
@@ -68,17 +68,23 @@ logger = logging.getLogger(__name__)
 _STATE_TIMEOUT_S = 120.0
 
 
+def ray_request(spec: SamplingSpec) -> tuple[str | None, float, dict[str, float]]:
+    """What the Ray backend of `spec` asks of Ray (`impala_tf.workers.ray_session.acquire`'s
+    arguments): `ray_address`, and the CPUs and custom resources of a Ray started here, sized
+    for the actors and the aggregation workers."""
+    actors = spec.num_actors
+    cpus = actors * spec.num_cpus + spec.num_aggregation_workers
+    resources = {k: v * actors for k, v in spec.resources.items()}
+    return spec.ray_address, max(float(os.cpu_count() or 1), cpus), resources
+
+
 def make_backend(spec: SamplingSpec, plan: RuntimePlan) -> Any:
-    """The worker backend of the plan: local processes, or Ray (`ray_address`), sized for the
-    actors and the aggregation workers."""
+    """The worker backend of the plan: local processes, or Ray (`ray_request`)."""
     if plan.backend == "process":
         return ProcessBackend()
     from impala_tf.workers.ray_backend import RayBackend  # Ray is an optional extra.
 
-    actors = spec.num_actors
-    cpus = actors * spec.num_cpus + spec.num_aggregation_workers
-    resources = {k: v * actors for k, v in spec.resources.items()}
-    return RayBackend(spec.ray_address, max(float(os.cpu_count() or 1), cpus), resources)
+    return RayBackend(*ray_request(spec))
 
 
 def _describe_hang(env: str, progress: Any) -> str:
