@@ -281,7 +281,7 @@ def test_impala_train_joins_with_the_token_and_is_refused_without(ray_local, tmp
     assert "impala-train: error: RayAuthenticationError" in refused.stderr, refused.stderr[-3000:]
     assert "refused this driver: token authentication is on" in refused.stderr
     # Refused before TensorFlow's import (seconds): Ray is joined first.
-    assert re.search(r"\| ray$", refused.stderr, re.MULTILINE)
+    assert re.search(r"\|\s+ray$", refused.stderr, re.MULTILINE)  # The list is there.
     assert not re.search(r"\|\s+tensorflow$", refused.stderr, re.MULTILINE)
     joined = _driver(tmp_path / "b", address, token=True)
     assert joined.returncode == 0, joined.stderr[-3000:]

@@ -12,8 +12,9 @@ warning, since results go through Keras callbacks here (`impala_tf.training.call
 
 from __future__ import annotations
 
+import contextlib
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from impala_tf.config.base import AlgorithmConfig
@@ -58,13 +59,13 @@ def build_algorithm(
         logdir = _logdir_of(logger_creator(config.to_dict()), logdir)
     plan = make_plan(config, deterministic)
     timeline.mark("plan")
-    if plan.backend == "process":
-        prestart_fork_server(plan.preload)  # Its imports overlap TensorFlow's below.
-        timeline.mark("fork server")
-    else:
-        _join_ray(config, plan)
-        timeline.mark("ray")
-    try:
+    with contextlib.ExitStack() as held:
+        if plan.backend == "process":
+            prestart_fork_server(plan.preload)  # Its imports overlap TensorFlow's below.
+            timeline.mark("fork server")
+        else:  # Released once built: the algorithm's Ray pools hold their own use of it.
+            held.enter_context(_ray_held(config, plan))
+            timeline.mark("ray")
         import_tensorflow()  # Without TensorFlow's C++ start-up lines unless asked for.
         timeline.mark("tensorflow")
         from impala_tf.driver.algorithm import Impala
@@ -75,24 +76,24 @@ def build_algorithm(
         algo = Impala(
             config, callbacks=callbacks, deterministic=deterministic, logdir=logdir, plan=plan
         )
-    finally:
-        if plan.backend == "ray":  # The algorithm's Ray pools hold their own use of it.
-            from impala_tf.workers import ray_session
-
-            ray_session.release()
     timeline.mark("built")
     return algo
 
 
-def _join_ray(config: AlgorithmConfig, plan: Any) -> None:
-    """Connects to Ray (or starts it, as the actors' pool would) before TensorFlow's import, so
-    that a cluster that refuses this driver, none at `ray_address` or a missing Ray is an error
-    in a second rather than after it; the caller releases it once the algorithm is built."""
+@contextlib.contextmanager
+def _ray_held(config: AlgorithmConfig, plan: Any) -> Iterator[None]:
+    """Holds a use of Ray from before TensorFlow's import (connecting, or starting Ray as the
+    actors' pool would), so that a cluster that refuses this driver, none at `ray_address` or
+    a missing Ray is an error in a second rather than after that import."""
     from impala_tf.driver.sampling import ray_request
     from impala_tf.driver.specs import sampling_spec
     from impala_tf.workers import ray_session
 
     ray_session.acquire(*ray_request(sampling_spec(config, plan)))
+    try:
+        yield
+    finally:
+        ray_session.release()
 
 
 def _logdir_of(logger: Any, logdir: str | None) -> str | None:
